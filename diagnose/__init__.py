@@ -1,0 +1,3 @@
+"""diagnose: performance profiling and bottleneck diagnosis for LLM inference servers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,302 @@
+"""Capture bundle v1: a directory with manifest.json plus one JSON-lines file per evidence stream.
+
+Writing: :class:`BundleWriter` rewrites ``manifest.json`` atomically (temp file + rename) whenever something
+changes, and appends stream records line by line with a flush after each write, so an interrupted capture is
+still a valid, readable bundle (marked partial). Reading: :func:`open_bundle` validates the manifest and
+schema version, and reads streams tolerating a truncated last line. See docs/bundle-format.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import platform
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from diagnose import __version__
+from diagnose.errors import BundleError
+from diagnose.model import ProbeStatus
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+MANIFEST = "manifest.json"
+
+
+def utc_iso(unix_ns: int) -> str:
+    return datetime.fromtimestamp(unix_ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import psutil
+
+        info["memory_total_bytes"] = int(psutil.virtual_memory().total)
+    except Exception:  # pragma: no cover - psutil is a dependency, but host info is best effort
+        pass
+    return info
+
+
+class StreamWriter:
+    """Appends JSON records to one stream file, one per line, flushed after every write."""
+
+    def __init__(self, path: Path, lock: threading.Lock) -> None:
+        self.path = path
+        self._fh: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed by close()
+        self._lock = lock
+        self.records = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        with self._lock:
+            if self._fh is None:
+                return
+            self._fh.write(line)
+            self._fh.flush()
+            self.records += 1
+
+    def write_many(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        data = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
+        with self._lock:
+            if self._fh is None:
+                return
+            self._fh.write(data)
+            self._fh.flush()
+            self.records += len(records)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+
+class BundleWriter:
+    """Creates a bundle directory and keeps its manifest current while probes write their streams."""
+
+    def __init__(self, path: str | Path, *, target: dict[str, Any] | None = None,
+                 workload: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.exists() and any(self.path.iterdir()):
+            if not overwrite:
+                raise BundleError(f"output directory {self.path} exists and is not empty (use --force to replace it)")
+            shutil.rmtree(self.path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "artifacts").mkdir(exist_ok=True)
+        except OSError as e:
+            raise BundleError(f"cannot create bundle directory {self.path}: {e.strerror or e}") from e
+        self._lock = threading.RLock()
+        self._stream_lock = threading.Lock()
+        self._streams: dict[str, StreamWriter] = {}
+        unix_ns = time.time_ns()
+        mono_ns = time.monotonic_ns()
+        self.anchor_unix_ns = unix_ns
+        self.anchor_mono_ns = mono_ns
+        self.manifest: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "diagnose", "version": __version__},
+            "capture": {
+                "started_at": utc_iso(unix_ns),
+                "started_unix_ns": unix_ns,
+                "ended_at": None,
+                "ended_unix_ns": None,
+                "clock_anchor": {"unix_ns": unix_ns, "monotonic_ns": mono_ns},
+                "complete": False,
+                "interrupted": None,
+            },
+            "target": dict(target or {}),
+            "host": host_info(),
+            "workload": dict(workload or {}),
+            "options": dict(options or {}),
+            "probes": {},
+            "streams": {},
+            "artifacts": {},
+        }
+        self.write_manifest()
+
+    # -- time --------------------------------------------------------------------------------------
+    def mono_to_rel_s(self, mono_ns: int) -> float:
+        """Seconds since the capture started, from a CLOCK_MONOTONIC timestamp in ns."""
+        return (mono_ns - self.anchor_mono_ns) / 1e9
+
+    def unix_to_rel_s(self, unix_ns: int) -> float:
+        return (unix_ns - self.anchor_unix_ns) / 1e9
+
+    # -- manifest ----------------------------------------------------------------------------------
+    def write_manifest(self) -> None:
+        with self._lock:
+            for name, sw in self._streams.items():
+                self.manifest["streams"][name]["records"] = sw.records
+            data = orjson.dumps(self.manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+            tmp = self.path / (MANIFEST + ".tmp")
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path / MANIFEST)
+            except OSError as e:
+                raise BundleError(f"cannot write {self.path / MANIFEST}: {e.strerror or e}") from e
+
+    def update(self, section: str, values: dict[str, Any]) -> None:
+        with self._lock:
+            self.manifest.setdefault(section, {}).update(values)
+            self.write_manifest()
+
+    def set_probe_status(self, status: ProbeStatus) -> None:
+        with self._lock:
+            self.manifest["probes"][status.name] = status.to_json()
+            self.write_manifest()
+
+    # -- streams and artifacts ---------------------------------------------------------------------
+    def stream(self, name: str, description: str = "") -> StreamWriter:
+        """The writer for stream ``name`` (file ``<name>.jsonl``), created on first use."""
+        with self._lock:
+            sw = self._streams.get(name)
+            if sw is None:
+                sw = StreamWriter(self.path / f"{name}.jsonl", self._stream_lock)
+                self._streams[name] = sw
+                self.manifest["streams"][name] = {"file": f"{name}.jsonl", "description": description, "records": 0}
+                self.write_manifest()
+            return sw
+
+    def artifact_path(self, name: str) -> Path:
+        return self.path / "artifacts" / name
+
+    def add_artifact(self, name: str, kind: str, description: str = "", **extra: Any) -> None:
+        with self._lock:
+            p = self.artifact_path(name)
+            entry = {"file": f"artifacts/{name}", "kind": kind, "description": description,
+                     "bytes": p.stat().st_size if p.exists() else None}
+            entry.update(extra)
+            self.manifest["artifacts"][name] = entry
+            self.write_manifest()
+
+    def finish(self, *, interrupted: str | None = None) -> None:
+        with self._lock:
+            for sw in self._streams.values():
+                sw.close()
+            now = time.time_ns()
+            cap = self.manifest["capture"]
+            cap["ended_unix_ns"] = now
+            cap["ended_at"] = utc_iso(now)
+            cap["interrupted"] = interrupted
+            cap["complete"] = interrupted is None
+            self.write_manifest()
+
+
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Bundle:
+    """A capture bundle opened for reading."""
+
+    path: Path
+    manifest: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return not bool(self.manifest.get("capture", {}).get("complete", False))
+
+    @property
+    def anchor_unix_ns(self) -> int:
+        return int(self.manifest.get("capture", {}).get("clock_anchor", {}).get("unix_ns", 0))
+
+    @property
+    def anchor_mono_ns(self) -> int:
+        return int(self.manifest.get("capture", {}).get("clock_anchor", {}).get("monotonic_ns", 0))
+
+    def probe_statuses(self) -> list[ProbeStatus]:
+        return [ProbeStatus.from_json(v) for v in (self.manifest.get("probes") or {}).values()]
+
+    def stream_file(self, name: str) -> Path | None:
+        for cand in (f"{name}.jsonl", f"{name}.jsonl.gz"):
+            p = self.path / cand
+            if p.exists():
+                return p
+        return None
+
+    def has_stream(self, name: str) -> bool:
+        return self.stream_file(name) is not None
+
+    def iter_records(self, name: str) -> Iterator[dict[str, Any]]:
+        """Records of one stream; a truncated or corrupt line is skipped and noted in ``warnings``."""
+        p = self.stream_file(name)
+        if p is None:
+            return
+        bad = 0
+        try:
+            opener = gzip.open if p.suffix == ".gz" else open
+            with opener(p, "rb") as fh:
+                for raw in fh:
+                    line = raw.strip()
+                    if not line:
+                        continue
+                    try:
+                        rec = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        bad += 1
+                        continue
+                    if isinstance(rec, dict):
+                        yield rec
+                    else:
+                        bad += 1
+        except (OSError, EOFError) as e:
+            self.warnings.append(f"{p}: stream ends early ({e}); records before that point were kept")
+        if bad:
+            self.warnings.append(f"{p}: skipped {bad} unreadable line(s) (truncated or corrupt)")
+
+    def records(self, name: str) -> list[dict[str, Any]]:
+        return list(self.iter_records(name))
+
+    def artifacts(self) -> dict[str, dict[str, Any]]:
+        return dict(self.manifest.get("artifacts") or {})
+
+
+def open_bundle(path: str | Path) -> Bundle:
+    p = Path(path)
+    if not p.exists():
+        raise BundleError(f"{p}: no such file or directory")
+    if not p.is_dir():
+        raise BundleError(f"{p} is not a capture bundle (a bundle is a directory with manifest.json)")
+    mf = p / MANIFEST
+    if not mf.exists():
+        raise BundleError(f"{p} is not a capture bundle: it has no {MANIFEST}")
+    try:
+        manifest = orjson.loads(mf.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise BundleError(f"{mf}: not valid JSON ({e})") from e
+    except OSError as e:
+        raise BundleError(f"{mf}: cannot read ({e.strerror or e})") from e
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{mf}: expected a JSON object")
+    ver = manifest.get("schema_version")
+    if ver not in SUPPORTED_SCHEMA_VERSIONS:
+        raise BundleError(
+            f"{mf}: unknown schema_version {ver!r}; this diagnose {__version__} reads "
+            f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}"
+        )
+    b = Bundle(path=p, manifest=manifest)
+    if b.partial:
+        why = manifest.get("capture", {}).get("interrupted") or "capture did not finish (no end recorded)"
+        b.warnings.append(f"partial capture: {why}")
+    return b

@@ -1,0 +1,130 @@
+"""What load to send: the workload spec shared by the CLI, the load probe and the manifest."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from diagnose.errors import InputError
+
+Mode = Literal["concurrency", "rate", "observe"]
+Arrival = Literal["poisson", "gamma", "constant"]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One level of a sweep (or the only level of a plain run)."""
+
+    index: int
+    name: str
+    concurrency: int | None = None  # closed loop: requests kept in flight
+    rate: float | None = None  # open loop: requests per second
+    max_concurrency: int | None = None  # open loop cap on in-flight requests (None = unbounded)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    mode: Mode = "concurrency"
+    phases: tuple[Phase, ...] = ()
+    duration_s: float | None = 30.0  # per phase; None when num_requests bounds it
+    num_requests: int | None = None  # per phase
+    warmup_requests: int = 0  # per phase, excluded from statistics
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0  # gamma shape; 1.0 = Poisson, < 1 burstier
+    input_tokens: int = 128
+    output_tokens: int = 64
+    ignore_eos: bool = True
+    api: Literal["completions", "chat"] = "completions"
+    shared_prefix_fraction: float = 0.0  # fraction of each prompt that is a prefix shared by all requests
+    seed: int = 0
+    request_timeout_s: float = 60.0
+    model: str | None = None  # None: first model of /v1/models
+    store_text: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["phases"] = [asdict(p) for p in self.phases]
+        return d
+
+
+_DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'30s', '2m', '500ms', '1.5h', '45' (seconds) -> seconds."""
+    m = _DUR.match(text or "")
+    if not m:
+        raise InputError(f"bad duration {text!r}: use a number with ms, s, m or h (for example 30s)")
+    val = float(m.group(1))
+    unit = m.group(2) or "s"
+    return val * {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[unit]
+
+
+def parse_levels(text: str, kind: str) -> list[float]:
+    """'1,4,16' or '1:16:x2' (geometric ladder) or '2:10:+2' (arithmetic) -> list of levels."""
+    text = text.strip()
+    try:
+        if ":" in text:
+            start_s, stop_s, step_s = text.split(":")
+            start, stop = float(start_s), float(stop_s)
+            out: list[float] = []
+            v = start
+            if step_s.startswith("x"):
+                f = float(step_s[1:])
+                if f <= 1:
+                    raise ValueError
+                while v <= stop * (1 + 1e-9):
+                    out.append(v)
+                    v *= f
+            else:
+                d = float(step_s.lstrip("+"))
+                if d <= 0:
+                    raise ValueError
+                while v <= stop * (1 + 1e-9):
+                    out.append(v)
+                    v += d
+            levels = out
+        else:
+            levels = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise InputError(f"bad {kind} list {text!r}: use '1,4,16', '1:64:x2' or '2:10:+2'") from e
+    if not levels or any(v <= 0 for v in levels):
+        raise InputError(f"bad {kind} list {text!r}: levels must be positive")
+    return levels
+
+
+def build_phases(concurrency: str | None, rate: str | None, max_concurrency: int | None = None) -> tuple[Mode, tuple[Phase, ...]]:
+    if concurrency and rate:
+        raise InputError("give --concurrency or --rate, not both")
+    if rate:
+        levels = parse_levels(rate, "rate")
+        return "rate", tuple(
+            Phase(index=i, name=f"rate={v:g}/s", rate=v, max_concurrency=max_concurrency) for i, v in enumerate(levels)
+        )
+    levels = parse_levels(concurrency or "1", "concurrency")
+    if any(v != int(v) for v in levels):
+        raise InputError(f"bad concurrency list {concurrency!r}: concurrency must be whole numbers")
+    return "concurrency", tuple(Phase(index=i, name=f"c={int(v)}", concurrency=int(v)) for i, v in enumerate(levels))
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft_p99=500ms,itl_p99=50ms,e2e_p95=2s' -> {'ttft_p99_ms': 500.0, ...} (all in milliseconds)."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise InputError(f"bad SLO term {part!r}: use metric_pNN=VALUE, for example ttft_p99=500ms")
+        key, val = (s.strip() for s in part.split("=", 1))
+        m = re.match(r"^(ttft|itl|tpot|e2e)_(p50|p90|p95|p99|max)$", key)
+        if not m:
+            raise InputError(
+                f"bad SLO metric {key!r}: use ttft, itl, tpot or e2e with p50, p90, p95, p99 or max (e.g. ttft_p99)"
+            )
+        out[f"{key}_ms"] = parse_duration(val) * 1000.0
+    return out
