@@ -21,6 +21,12 @@ class Phase:
     concurrency: int | None = None  # closed loop: requests kept in flight
     rate: float | None = None  # open loop: requests per second
     max_concurrency: int | None = None  # open loop cap on in-flight requests (None = unbounded)
+    # Per-phase overrides (None: use the WorkloadSpec's duration_s / num_requests). The load probe honours them.
+    num_requests: int | None = None
+    duration_s: float | None = None
+    # "baseline": a short low-load reference (e.g. sequential requests at concurrency 1) that rules compare
+    # the measured phases against; "measure": a normal phase. Baseline phases come first.
+    role: str = "measure"
 
 
 @dataclass(frozen=True)
