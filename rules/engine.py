@@ -1,0 +1,206 @@
+"""Evaluate rule specs over named signals: findings (ranked) and rules not evaluated (missing signals).
+
+Rules only reference named signals; they never see probes or reports.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from diagnose.model import (
+    SEVERITY_WEIGHT,
+    Cause,
+    Evidence,
+    Experiment,
+    Finding,
+    NotEvaluated,
+    Signal,
+)
+from diagnose.rules.conditions import Evaluator, resolve_threshold
+from diagnose.rules.spec import RuleSpec
+
+SOURCE_RANK = ("client", "server", "host", "gpu", "trace")
+
+
+@dataclass
+class EvaluationResult:
+    findings: list[Finding] = field(default_factory=list)
+    not_evaluated: list[NotEvaluated] = field(default_factory=list)
+    quiet: list[str] = field(default_factory=list)  # rule ids evaluated and not firing
+    suppressed: list[tuple[str, str]] = field(default_factory=list)  # (rule id, suppressed by)
+
+
+class _SafeFormatter(string.Formatter):
+    """str.format over signals that never raises: missing or non-numeric values print as 'n/a'."""
+
+    def get_value(self, key: int | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        if isinstance(key, str):
+            return kwargs.get(key, "n/a")
+        return "n/a"
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        try:
+            return super().format_field(value, format_spec)
+        except (ValueError, TypeError):
+            return str(value)
+
+
+_FMT = _SafeFormatter()
+
+
+def render_text(template: str, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
+                extra: Mapping[str, Any] | None = None) -> str:
+    values: dict[str, Any] = {k: s.value for k, s in signals.items()}
+    values["thr"] = SimpleNamespace(**thresholds)
+    values["phase"] = "run"
+    if extra:
+        values.update(extra)
+    try:
+        return _FMT.vformat(template, (), values)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return template
+
+
+def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float]) -> float:
+    """Estimated impact on the SLO metric, 0..1: how far the impact signal is past its reference."""
+    imp = spec.impact
+    if not imp:
+        return 0.5
+    sig = signals.get(str(imp.get("signal", "")))
+    if sig is None or not sig.is_finite():
+        return 0.5
+    try:
+        ref = Evaluator(signals, thresholds)._rhs(imp.get("over", 1.0))
+    except ValueError:
+        return 0.5
+    if ref is None or ref <= 0:
+        return 0.5
+    ratio = float(sig.value) / ref
+    if imp.get("lower_is_worse"):
+        ratio = 1.0 / ratio if ratio > 0 else 10.0
+    if ratio <= 1.0:
+        return 0.1
+    return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
+
+
+def _causes(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float]) -> tuple[Cause, ...]:
+    out = []
+    for c in spec.causes:
+        exp = c.get("experiment") or {}
+        expect = tuple((str(k), str(v)) for k, v in (exp.get("expect") or {}).items())
+        out.append(
+            Cause(
+                cause=render_text(str(c["cause"]), signals, thresholds),
+                confirm=render_text(str(c.get("confirm", "")), signals, thresholds),
+                refute=render_text(str(c.get("refute", "")), signals, thresholds),
+                experiment=Experiment(change=render_text(str(exp.get("change", "")), signals, thresholds),
+                                      expect=expect) if exp else None,
+            )
+        )
+    return tuple(out)
+
+
+def _evaluate_one(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
+                  phase_label: str | None) -> tuple[bool | None, set[str]]:
+    missing = {s for s in spec.requires if s not in signals or not signals[s].is_finite()}
+    if missing:
+        return None, missing
+    ev = Evaluator(signals, thresholds)
+    result = ev.evaluate(spec.when)
+    return result, ev.missing
+
+
+def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
+             phase_label: str | None) -> Finding:
+    extra = {"phase": phase_label or "run"}
+    ev_names = list(dict.fromkeys(list(spec.evidence) + list(spec.requires)))
+    evidence = tuple(
+        Evidence(signal=n, value=float(signals[n].value), unit=signals[n].unit, source=signals[n].source,
+                 note=signals[n].description)
+        for n in ev_names
+        if n in signals and signals[n].is_finite()
+    )
+    sources = tuple(s for s in SOURCE_RANK if any(e.source == s for e in evidence))
+    confidence = min(1.0, spec.confidence + 0.1 * max(0, len(sources) - 1))
+    impact = _impact(spec, signals, thresholds)
+    score = SEVERITY_WEIGHT.get(spec.severity, 1.0) * confidence * (0.5 + impact)
+    title = render_text(spec.title, signals, thresholds, extra)
+    if phase_label:
+        title = f"{title} [{phase_label}]"
+    return Finding(
+        rule_id=spec.id,
+        name=spec.name,
+        family=spec.family,
+        severity=spec.severity,  # type: ignore[arg-type]
+        title=title,
+        hypothesis=render_text(spec.hypothesis, signals, thresholds, extra),
+        confidence=round(confidence, 3),
+        impact=round(impact, 3),
+        score=round(score, 4),
+        evidence=evidence,
+        causes=_causes(spec, signals, thresholds),
+        sources=sources,
+        runbook=spec.runbook,
+    )
+
+
+def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], thresholds: Mapping[str, float],
+             phase_signals: Sequence[Mapping[str, Signal]] = (),
+             phase_labels: Sequence[str] = ()) -> EvaluationResult:
+    """Evaluate every rule. Run-scope rules see the run-level signals; phase-scope rules are evaluated on
+    each phase's signals (falling back to run level when there are no phases) and report the worst phase."""
+    res = EvaluationResult()
+    fired: dict[str, Finding] = {}
+    for spec in specs:
+        if spec.scope == "phase" and phase_signals:
+            best: Finding | None = None
+            missing_all: set[str] = set()
+            any_known = False
+            for i, psig in enumerate(phase_signals):
+                label = phase_labels[i] if i < len(phase_labels) else f"phase {i}"
+                merged = dict(signals)
+                merged.update(psig)
+                r, missing = _evaluate_one(spec, merged, thresholds, label)
+                if r is None:
+                    missing_all |= missing
+                    continue
+                any_known = True
+                if r:
+                    f = _finding(spec, merged, thresholds, label if len(phase_signals) > 1 else None)
+                    if best is None or f.score > best.score:
+                        best = f
+            if best is not None:
+                fired[spec.id] = best
+            elif any_known:
+                res.quiet.append(spec.id)
+            else:
+                res.not_evaluated.append(NotEvaluated(spec.id, spec.name, tuple(sorted(missing_all))))
+            continue
+        r, missing = _evaluate_one(spec, signals, thresholds, None)
+        if r is None:
+            res.not_evaluated.append(NotEvaluated(spec.id, spec.name, tuple(sorted(missing))))
+        elif r:
+            fired[spec.id] = _finding(spec, signals, thresholds, None)
+        else:
+            res.quiet.append(spec.id)
+    by_id = {s.id: s for s in specs}
+    for rid, f in list(fired.items()):
+        for other in by_id[rid].suppressed_by:
+            if other in fired:
+                res.suppressed.append((rid, other))
+                del fired[rid]
+                break
+    res.findings = sorted(fired.values(), key=lambda f: (-f.score, f.rule_id))
+    return res
+
+
+def threshold_value(ref: Any, thresholds: Mapping[str, float]) -> float:
+    v = resolve_threshold(ref, thresholds)
+    if not math.isfinite(v):
+        raise ValueError(f"threshold {ref!r} is not finite")
+    return v
