@@ -1,0 +1,362 @@
+"""The load probe: streams requests at a workload and records what the client saw of each one.
+
+Closed loop (``concurrency``): C workers, each sending its next request when the previous one ends.
+Open loop (``rate``): arrivals at R/s with Poisson, gamma (``burstiness`` = shape; < 1 is burstier) or constant
+gaps, optionally capped at ``max_concurrency`` in flight. Each level of a sweep is one phase. The first
+``warmup_requests`` of each phase are marked ``warmup`` (kept on disk, left out of statistics).
+
+Streams written (docs/ARCHITECTURE.md, fields in docs/metrics.md): ``requests`` and ``chunks`` (one record
+each per finished request, flushed every 0.1 s and on cancellation; in-flight requests are recorded as
+``error="incomplete"``), ``phases``, ``client_health``. Server options are negotiated once before the run:
+``stream_options.include_usage`` (+ ``continuous_usage_stats``, exact tokens per chunk) and ``ignore_eos`` are
+dropped one by one when the server answers 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import random
+from collections import Counter
+from typing import Any
+
+import orjson
+from diagnose.probes.base import CaptureContext
+from diagnose.probes.load_monitor import Monitor, RunningStats
+from diagnose.probes.prompts import PromptFactory
+from diagnose.probes.sse import HttpClient, RequestFailed, StreamResult, now_ns
+
+from diagnose.model import ProbeStatus
+from diagnose.workload import Phase, WorkloadSpec
+
+CONNECT_ERRORS = ("refused", "connect")
+ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
+STOP_GRACE_S = 5.0  # after an outside stop, in-flight requests get this long before being cancelled
+
+
+class LoadProbe:
+    name = "load"
+
+    def __init__(self, spec: WorkloadSpec, *, progress: bool | None = None) -> None:
+        self.spec = spec
+        self.progress = progress
+
+    def available(self, ctx: CaptureContext) -> tuple[bool, str]:
+        if not self.spec.phases:
+            return False, "workload has no phases"
+        return True, ""
+
+    async def run(self, ctx: CaptureContext) -> ProbeStatus:
+        return await _LoadRun(self.spec, ctx, self.progress).run()
+
+
+def _gap_fn(spec: WorkloadSpec, rate: float, rng: random.Random) -> Any:
+    if spec.arrival == "constant":
+        return lambda: 1.0 / rate
+    if spec.arrival == "gamma" and spec.burstiness != 1.0:
+        k = max(1e-3, spec.burstiness)
+        return lambda: rng.gammavariate(k, 1.0 / (rate * k))
+    return lambda: rng.expovariate(rate)
+
+
+class _LoadRun:
+    def __init__(self, spec: WorkloadSpec, ctx: CaptureContext, progress: bool | None) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.client = HttpClient(ctx.target.url, headers=ctx.target.headers(),
+                                 request_timeout_s=spec.request_timeout_s)
+        self.client.store_text = spec.store_text
+        self.path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+        self.prompts = PromptFactory(spec.input_tokens, shared_prefix_fraction=spec.shared_prefix_fraction,
+                                     seed=spec.seed, api=spec.api)
+        self.rng = random.Random(spec.seed)
+        self.token = os.urandom(4).hex()
+        self.seq = 0
+        self.stats = RunningStats()
+        self.stopping = False
+        self.abort_reason = ""
+        self.consecutive_connect_failures = 0
+        self.counts: Counter[str] = Counter()
+        self.options: dict[str, Any] = {}
+        self.model: str | None = None
+        self._req_buf: list[dict[str, Any]] = []
+        self._chunk_buf: list[dict[str, Any]] = []
+        self.w_requests = ctx.bundle.stream("requests", "one record per finished request (load probe)")
+        self.w_chunks = ctx.bundle.stream("chunks", "content-chunk arrival times and tokens per request")
+        self.w_phases = ctx.bundle.stream("phases", "one record per workload phase (sweep level)")
+        self.w_health = ctx.bundle.stream("client_health", "load client self-check samples every 0.1 s")
+        self.monitor = Monitor(self.stats, self.client.in_flight, self.w_health.write, self.flush, progress)
+        self.notes: dict[str, Any] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+    def flush(self) -> None:
+        if self._req_buf:
+            buf, self._req_buf = self._req_buf, []
+            self.w_requests.write_many(buf)
+        if self._chunk_buf:
+            buf, self._chunk_buf = self._chunk_buf, []
+            self.w_chunks.write_many(buf)
+
+    def _status(self, interrupted: bool) -> ProbeStatus:
+        ok, failed = self.counts["ok"], sum(v for k, v in self.counts.items() if k not in ("ok", "incomplete"))
+        errors = {k: v for k, v in sorted(self.counts.items()) if k != "ok"}
+        detail: dict[str, Any] = {"requests_ok": ok, "requests_failed": failed,
+                                  "requests_incomplete": self.counts["incomplete"], "errors_by_category": errors,
+                                  "model": self.model, "api": self.spec.api, "request_options": self.options,
+                                  **self.notes}
+        if interrupted:
+            detail["interrupted"] = True
+        if self.abort_reason:
+            return ProbeStatus("load", "failed", self.abort_reason, detail)
+        if ok == 0:
+            what = ", ".join(f"{v} {k}" for k, v in errors.items()) or "no requests were sent"
+            return ProbeStatus("load", "failed", f"no request succeeded ({what})", detail)
+        reason = f"{ok} ok, {failed} failed" + (" (stopped early)" if interrupted else "")
+        return ProbeStatus("load", "ok", reason, detail)
+
+    # -- request ------------------------------------------------------------------------------------
+    def _body(self, text: str, max_tokens: int | None = None) -> bytes:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens or self.spec.output_tokens,
+                                "stream": True, **self.options}
+        if self.spec.api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        return orjson.dumps(body)
+
+    async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False) -> StreamResult:
+        seq = self.seq
+        self.seq += 1
+        rid = f"{self.token}-{seq}"
+        prompt = self.prompts.make(seq)
+        trace_id = f"{self.rng.getrandbits(128):032x}"
+        span_id = f"{self.rng.getrandbits(64):016x}"
+        headers = {"x-request-id": rid, "traceparent": f"00-{trace_id}-{span_id}-01"}
+        res = StreamResult()
+        try:
+            await self.client.stream(self.path, self._body(prompt.text), res, headers)
+        except asyncio.CancelledError:
+            res.error, res.error_detail = "incomplete", "capture stopped while the request was in flight"
+            res.end_ns = now_ns()
+            if not res.sent_ns:
+                res.sent_ns = res.end_ns
+            raise
+        finally:
+            self._record(rid, phase, warmup, intended_ns, capped, prompt.text, prompt.tokens, prompt.source,
+                         trace_id, span_id, res)
+        return res
+
+    def _record(self, rid: str, phase: int, warmup: bool, intended_ns: int | None, capped: bool, text: str,
+                ptok: int, psource: str, trace_id: str, span_id: str, res: StreamResult) -> None:
+        usage = res.usage or {}
+        details = usage.get("prompt_tokens_details")
+        rec: dict[str, Any] = {
+            "rid": rid, "phase": phase, "warmup": warmup, "api": self.spec.api, "intended_ns": intended_ns,
+            "capped": capped, "sent_ns": res.sent_ns, "headers_ns": res.headers_ns,
+            "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": res.end_ns or now_ns(),
+            "ok": res.error is None, "http_status": res.status, "error": res.error,
+            "error_detail": res.error_detail, "prompt_tokens": ptok, "prompt_tokens_source": psource,
+            "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": self.spec.output_tokens,
+            "output_tokens_usage": usage.get("completion_tokens"), "output_tokens_chunks": sum(res.tok),
+            "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason, "trace_id": trace_id,
+            "span_id": span_id,
+            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+        }
+        if self.spec.store_text:
+            rec["prompt_text"] = text
+            rec["output_text"] = "".join(res.text or [])
+        self._req_buf.append(rec)
+        if res.t_ns:
+            self._chunk_buf.append({"rid": rid, "t_ns": res.t_ns, "tok": res.tok})
+        cat = res.error or "ok"
+        self.counts[cat] += 1
+        st = self.stats
+        st.done += 1
+        if res.error is None:
+            self.consecutive_connect_failures = 0
+            if res.t_ns:
+                st.ttft_ms.append((res.t_ns[0] - res.sent_ns) / 1e6)
+                if len(res.t_ns) > 1:
+                    st.itl_ms.append((res.t_ns[-1] - res.t_ns[0]) / 1e6 / (len(res.t_ns) - 1))
+        elif cat != "incomplete":
+            st.errors += 1
+            if cat in CONNECT_ERRORS:
+                self.consecutive_connect_failures += 1
+                if self.consecutive_connect_failures >= ABORT_AFTER_CONNECT_FAILURES and not self.abort_reason:
+                    self.abort_reason = (f"server stopped accepting connections ({res.error_detail}); "
+                                         f"stopped after {ABORT_AFTER_CONNECT_FAILURES} failures in a row")
+                    self.stopping = True
+
+    # -- set-up ---------------------------------------------------------------------------------
+    async def _resolve_model(self) -> str | None:
+        model = self.spec.model or self.ctx.target.model
+        if model:
+            return model
+        with contextlib.suppress(RequestFailed, orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            status, body = await self.client.request("GET", "/v1/models")
+            if status == 200:
+                return str(orjson.loads(body)["data"][0]["id"])
+        return None
+
+    async def _negotiate(self) -> StreamResult:
+        """One small request per option set until the server accepts one (400 = option rejected)."""
+        usage_opts: list[dict[str, Any]] = [{"include_usage": True, "continuous_usage_stats": True},
+                                            {"include_usage": True}, {}]
+        eos = [True, False] if self.spec.ignore_eos else [False]
+        res = StreamResult()
+        for ign in eos:
+            for so in usage_opts:
+                self.options = ({"stream_options": so} if so else {}) | ({"ignore_eos": True} if ign else {})
+                self.client.continuous_usage = bool(so.get("continuous_usage_stats"))
+                res = StreamResult()
+                await self.client.stream(self.path, self._body(" hello world", 2), res,
+                                         {"x-request-id": f"{self.token}-preflight"})
+                if res.status != 400:
+                    return res
+        return res
+
+    # -- phases ---------------------------------------------------------------------------------
+    def _num_requests(self, ph: Phase) -> int | None:
+        return ph.num_requests if ph.num_requests is not None else self.spec.num_requests
+
+    async def _closed(self, ph: Phase, start: int, deadline: int | None) -> None:
+        warm_left = self.spec.warmup_requests
+        measured_left = self._num_requests(ph)
+
+        async def worker() -> None:
+            nonlocal warm_left, measured_left
+            prev = start
+            while not self.stopping and (deadline is None or now_ns() < deadline):
+                if warm_left > 0:
+                    warm_left -= 1
+                    warm = True
+                elif measured_left is None or measured_left > 0:
+                    if measured_left is not None:
+                        measured_left -= 1
+                    warm = False
+                else:
+                    return
+                res = await self._one(ph.index, warm, prev)
+                prev = res.end_ns or now_ns()
+
+        await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
+
+    async def _open(self, ph: Phase, start: int, deadline: int | None) -> None:
+        rate = float(ph.rate or 1.0)
+        gap = _gap_fn(self.spec, rate, random.Random(f"{self.spec.seed}-{ph.index}"))
+        sem = asyncio.Semaphore(ph.max_concurrency) if ph.max_concurrency else None
+        tasks: set[asyncio.Task[Any]] = set()
+        n = self._num_requests(ph)
+        total = None if n is None else n + self.spec.warmup_requests
+
+        async def capped_one(warm: bool, intended: int) -> None:
+            assert sem is not None
+            capped = sem.locked()
+            async with sem:
+                await self._one(ph.index, warm, intended, capped)
+
+        t_next = float(start)
+        i = 0
+        try:
+            while not self.stopping and (total is None or i < total):
+                t_next += gap() * 1e9
+                if deadline is not None and t_next >= deadline:
+                    break
+                delay = (t_next - now_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    if self.stopping:
+                        break
+                warm = i < self.spec.warmup_requests
+                coro = capped_one(warm, int(t_next)) if sem else self._one(ph.index, warm, int(t_next))
+                task = asyncio.ensure_future(coro)
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                i += 1
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _phase(self, ph: Phase, rec: dict[str, Any]) -> None:
+        start = now_ns()
+        rec["start_ns"] = start
+        dur = ph.duration_s if ph.duration_s is not None else self.spec.duration_s
+        if ph.duration_s is None and self._num_requests(ph) is not None:
+            dur = None  # a request count bounds the phase
+        deadline = start + int(dur * 1e9) if dur else None
+        self.stats.phase_label = ph.name
+        self.stats.phase_end_s = None if deadline is None else deadline / 1e9
+        if ph.rate is not None:
+            await self._open(ph, start, deadline)
+        else:
+            await self._closed(ph, start, deadline)
+
+    async def _run_phase(self, ph: Phase) -> bool:
+        """Runs one phase; returns False when the capture was stopped from outside during it."""
+        seq0 = self.seq
+        rec: dict[str, Any] = {"phase": ph.index, "name": ph.name, "mode": "rate" if ph.rate else "concurrency",
+                               "concurrency": ph.concurrency, "rate": ph.rate, "max_concurrency": ph.max_concurrency,
+                               "role": ph.role, "arrival": self.spec.arrival, "burstiness": self.spec.burstiness,
+                               "start_ns": now_ns(), "end_ns": None, "warmup_requests": self.spec.warmup_requests}
+        task = asyncio.ensure_future(self._phase(ph, rec))
+        stop_wait = asyncio.ensure_future(self.ctx.stop.wait())
+        outside = False
+        try:
+            await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                outside = True
+                self.stopping = True
+                await asyncio.wait({task}, timeout=STOP_GRACE_S)
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            elif task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        finally:
+            stop_wait.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            rec["end_ns"] = now_ns()
+            rec["requests"] = self.seq - seq0
+            rec["interrupted"] = outside or not task.done() or task.cancelled()
+            self.flush()
+            self.w_phases.write(rec)
+            self.ctx.shared.setdefault("phases", []).append(rec)
+        return not outside
+
+    # -- main -----------------------------------------------------------------------------------
+    async def run(self) -> ProbeStatus:
+        interrupted = False
+        try:
+            self.model = await self._resolve_model()
+            self.notes["prompt_calibration"] = await self.prompts.calibrate(self.client, self.model)
+            self.notes["prompt_tokens_planned"] = self.prompts.planned_tokens()
+            pre = await self._negotiate()
+            if pre.error in CONNECT_ERRORS or pre.error == "timeout":
+                self.counts[pre.error or "?"] += 1
+                self.abort_reason = f"cannot reach {self.ctx.target.url}: {pre.error_detail}"
+                return self._status(False)
+            self.notes["preflight"] = "ok" if pre.ok else f"{pre.error}: {pre.error_detail}"
+            gc.collect()
+            gc.freeze()  # set-up objects never need scanning again: shorter GC pauses while streaming
+            self.monitor.start()
+            for ph in self.spec.phases:
+                if self.stopping:
+                    break
+                if not await self._run_phase(ph):
+                    interrupted = True
+                    break
+            return self._status(interrupted)
+        finally:
+            await self.monitor.stop()
+            self.flush()
+            gc.unfreeze()
+            await self.client.close()
+            self.ctx.stop.set()

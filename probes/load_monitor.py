@@ -1,0 +1,107 @@
+"""The load client's self-check (event-loop lag, CPU, in-flight) and its live progress line.
+
+Self-check: a timer that asks to wake every ``TICK_S``; how late it wakes is the event-loop lag (the time
+any chunk that arrived meanwhile waited before it could be stamped). CPU is this process's CPU time over
+wall time, in percent of one core. Each tick is one ``client_health`` record.
+
+Progress: one line (rich) on stderr, refreshed twice a second from the event loop itself (no extra
+thread), shown only when stderr is a terminal unless forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+TICK_S = 0.1
+
+
+class RunningStats:
+    """Counters and recent latencies the progress line shows."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.errors = 0
+        self.in_flight = 0
+        self.ttft_ms: deque[float] = deque(maxlen=512)
+        self.itl_ms: deque[float] = deque(maxlen=512)
+        self.phase_label = ""
+        self.phase_end_s: float | None = None  # monotonic seconds when the current phase stops issuing
+        self.started_s = time.monotonic()
+
+    def line(self) -> str:
+        now = time.monotonic()
+        el = now - self.started_s
+        rem = "" if self.phase_end_s is None else f" left {max(0.0, self.phase_end_s - now):4.0f}s"
+        ttft = f"{statistics.median(self.ttft_ms):.1f}" if self.ttft_ms else "-"
+        itl = f"{statistics.median(self.itl_ms):.2f}" if self.itl_ms else "-"
+        return (f"{self.phase_label} {el:5.0f}s{rem} | done {self.done} in-flight {self.in_flight} | "
+                f"TTFT p50 {ttft} ms ITL p50 {itl} ms | errors {self.errors}")
+
+
+class Monitor:
+    """Runs the health ticks (and the progress line) until stopped; ``on_tick`` lets the caller flush."""
+
+    def __init__(self, stats: RunningStats, in_flight: Callable[[], int], write: Callable[[dict[str, Any]], None],
+                 on_tick: Callable[[], None], progress: bool | None) -> None:
+        self.stats = stats
+        self.in_flight = in_flight
+        self.write = write
+        self.on_tick = on_tick
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.lag_ms: list[float] = []
+        self.cpu_percent: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        live = None
+        if self.progress:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            live = Live(Text(""), console=Console(stderr=True), auto_refresh=False, transient=False)
+            live.start()
+        try:
+            wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
+            n = 0
+            while True:
+                due = time.monotonic_ns() + int(TICK_S * 1e9)
+                await asyncio.sleep(TICK_S)
+                t = time.monotonic_ns()
+                lag = max(0.0, (t - due) / 1e6)
+                cpu = time.process_time_ns()
+                pct = 100.0 * (cpu - cpu0) / max(1, t - wall0)
+                wall0, cpu0 = t, cpu
+                self.lag_ms.append(lag)
+                self.cpu_percent.append(pct)
+                inflight = self.in_flight()
+                self.stats.in_flight = inflight
+                self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
+                            "cpu_percent": round(pct, 1)})
+                self.on_tick()
+                n += 1
+                if live is not None and n % 5 == 0:
+                    from rich.text import Text
+
+                    live.update(Text(self.stats.line()), refresh=True)
+        finally:
+            if live is not None:
+                live.stop()

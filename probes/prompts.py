@@ -1,0 +1,145 @@
+"""Synthetic prompts with a requested length in tokens, unique per request unless a shared prefix is asked.
+
+A prompt is a run of common English words separated by spaces. Byte-level BPE tokenizers (GPT-2, Llama 3,
+Qwen, and the tiny test model) pre-split text at spaces, so each " word" piece is tokenized on its own: with a
+vocabulary of words that are exactly one token each, a prompt of N words is exactly ``base + N`` tokens, where
+``base`` is what the server adds (BOS, chat template). Calibration asks the server's ``/tokenize`` once per
+candidate word and then checks two whole prompts; when that holds the length is exact (source ``tokenize``).
+Without ``/tokenize`` (or when the check fails) the length is an estimate (source ``estimate``, 1 token per
+word plus 1 for BOS, or the ratio the check measured); the server's ``usage.prompt_tokens`` is recorded next
+to it either way.
+
+Uniqueness: after the shared prefix (``shared_prefix_fraction`` of the words, the same for every request),
+each prompt starts with its request number written in base-K digits using the word list itself, then
+seeded random words. Prefix caching therefore cannot hit beyond the shared prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from diagnose.probes.sse import HttpClient, RequestFailed
+
+Source = Literal["tokenize", "estimate"]
+
+_WORDS = (
+    "the of and to in is that for it as with was on be by this are or from at an not but have all can "
+    "which one if has will their there been more when would so no out up into time other some what only "
+    "its new first also any these may such two like then over used value name data file list type line "
+    "self return none true false default object class def import test error string path key item result "
+    "number set get add make use each where most very well long part make good state make after case"
+)
+CANDIDATES = tuple(_WORDS.split())
+ID_DIGITS = 5  # request numbers up to K**5 are unique (K >= 16: over a million)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    tokens: int  # planned prompt length (tokenize: exact; estimate: expected)
+    source: Source
+
+
+class PromptFactory:
+    """Makes prompt i of a run; :meth:`calibrate` once against the server first (optional)."""
+
+    def __init__(self, input_tokens: int, *, shared_prefix_fraction: float = 0.0, seed: int = 0,
+                 api: str = "completions") -> None:
+        self.input_tokens = max(1, int(input_tokens))
+        self.shared_fraction = min(max(float(shared_prefix_fraction), 0.0), 1.0)
+        self.seed = seed
+        self.api = api
+        self.words: list[str] = list(dict.fromkeys(CANDIDATES))
+        self.base = 1  # tokens the server adds around the text (BOS; chat template)
+        self.per_word = 1.0
+        self.source: Source = "estimate"
+        self.note = "not calibrated: 1 token per word + 1 assumed"
+        self._shared: list[str] = []
+        self._rebuild()
+
+    # -- planning -----------------------------------------------------------------------------
+    def _n_words(self) -> int:
+        return max(ID_DIGITS + 1, round((self.input_tokens - self.base) / self.per_word))
+
+    def _rebuild(self) -> None:
+        n = self._n_words()
+        n_shared = min(int(round(self.shared_fraction * n)), n - ID_DIGITS)
+        rng = random.Random(f"shared-{self.seed}")
+        self._shared = rng.choices(self.words, k=max(0, n_shared))
+
+    def planned_tokens(self) -> int:
+        return self.base + round(self._n_words() * self.per_word)
+
+    def make(self, i: int) -> Prompt:
+        words = self.words
+        k = len(words)
+        n = self._n_words()
+        ident = []
+        v = i
+        for _ in range(ID_DIGITS):
+            ident.append(words[v % k])
+            v //= k
+        rng = random.Random(self.seed * 1_000_003 + i)
+        fill = rng.choices(words, k=max(0, n - len(self._shared) - ID_DIGITS))
+        text = " " + " ".join(self._shared + ident + fill)
+        return Prompt(text=text, tokens=self.planned_tokens(), source=self.source)
+
+    # -- calibration against the server ---------------------------------------------------------
+    def _tok_body(self, model: str | None, text: str) -> dict[str, Any]:
+        if self.api == "chat":
+            return {"model": model, "messages": [{"role": "user", "content": text}]}
+        return {"model": model, "prompt": text}
+
+    async def _count(self, client: HttpClient, model: str | None, text: str) -> int | None:
+        try:
+            status, body = await client.request("POST", "/tokenize", self._tok_body(model, text), timeout_s=10.0)
+        except RequestFailed:
+            return None
+        if status != 200:
+            return None
+        try:
+            js = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(js, dict):
+            if isinstance(js.get("count"), int):
+                return int(js["count"])
+            if isinstance(js.get("tokens"), list):
+                return len(js["tokens"])
+        return None
+
+    async def calibrate(self, client: HttpClient, model: str | None) -> str:
+        """Find one-token words via /tokenize and check whole prompts; returns a note for the manifest."""
+        base = await self._count(client, model, "")
+        if base is None:
+            self.note = "server has no usable /tokenize: prompt length estimated (1 token per word + 1)"
+            return self.note
+        counts = await asyncio.gather(*(self._count(client, model, " " + w) for w in self.words))
+        single = [w for w, c in zip(self.words, counts, strict=True) if c is not None and c - base == 1]
+        if len(single) >= 16:
+            self.words = single[:64]
+            self.base = base
+            self.per_word = 1.0
+            self._rebuild()
+            checks = [self.make(i) for i in (0, 98765)]
+            got = await asyncio.gather(*(self._count(client, model, p.text) for p in checks))
+            if all(g == p.tokens for g, p in zip(got, checks, strict=True)):
+                self.source = "tokenize"
+                self.note = (f"exact via /tokenize: {len(self.words)} one-token words, "
+                             f"{base} token(s) added by the server")
+                return self.note
+        # measure the ratio on a long sample and estimate from it
+        self.base = base
+        sample = self.make(0)
+        got_n = await self._count(client, model, sample.text)
+        if got_n is not None and got_n > base:
+            self.per_word = (got_n - base) / max(1, self._n_words())
+            self._rebuild()
+        self.source = "estimate"
+        self.note = (f"estimated: /tokenize exists but words are not single tokens here "
+                     f"({self.per_word:.2f} tokens per word measured)")
+        return self.note

@@ -1,0 +1,577 @@
+"""A lean HTTP/1.1 + SSE streaming client for OpenAI-compatible completion endpoints.
+
+Why not aiohttp: the load client must not be what it measures. On this machine (one core for the client, one
+for the server) vLLM's aiohttp-based ``bench serve`` client tops out at ~140k-160k streamed tokens/s while a raw
+asyncio client reaches the server's own ceiling (~230k, /work/shared/tools/README.md); the target is 1.3x the
+former. benchmarks/client_bench.py measures both this client and a minimal aiohttp client of the same shape
+(results in benchmarks/results/client_*.md). So this module speaks HTTP/1.1 itself on ``asyncio.Protocol``
+(uvloop when the caller runs one): keep-alive pooled connections, chunked or length-delimited bodies, and an
+SSE parser whose per-event work is a few ``bytes.find`` calls. Full JSON parsing happens only for events the
+fast path does not recognise (usage-only chunks, errors) or when text is stored.
+
+Every chunk is stamped with ``time.monotonic_ns()`` taken when its bytes were handed to ``data_received``
+(events that arrive in one read share that time: they did arrive together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+now_ns = time.monotonic_ns
+
+_TEXT = b'"text":"'
+_CONTENT = b'"content":"'
+_REASONING = (b'"reasoning_content":"', b'"reasoning":"')
+_FINISH = b'"finish_reason":"'
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_MAX_ERROR_BODY = 2048
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """Everything the client saw of one streamed request (times: CLOCK_MONOTONIC ns)."""
+
+    sent_ns: int = 0
+    headers_ns: int | None = None
+    end_ns: int = 0
+    status: int | None = None
+    t_ns: list[int] = field(default_factory=list)  # content chunks only
+    tok: list[int] = field(default_factory=list)  # tokens per content chunk
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    done: bool = False  # saw data: [DONE]
+    error: str | None = None  # category, see docs/metrics.md
+    error_detail: str | None = None
+    text: list[str] | None = None  # only when text is stored
+    cum_tokens: int = 0  # last cumulative usage.completion_tokens seen on a content chunk
+    body: bytes = b""  # the body of a non-SSE response (first 2 KiB)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def status_category(status: int) -> str:
+    if status == 429:
+        return "http_429"
+    return "http_5xx" if status >= 500 else "http_4xx"
+
+
+class RequestFailed(Exception):
+    """Raised by :meth:`HttpClient.request` for a non-streaming call that failed (category + detail)."""
+
+    def __init__(self, category: str, detail: str) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; parses one response at a time."""
+
+    def __init__(self, client: HttpClient) -> None:
+        self.client = client
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.buf = bytearray()
+        self.sse = bytearray()
+        self.res: StreamResult | None = None
+        self.fut: asyncio.Future[None] | None = None
+        self.got_bytes = False
+        self.last_ns = 0
+        self.deadline_ns = 0
+        self.retry = False
+        self.expect_sse = True
+        self.content_type = ""
+        self._reset_parser()
+
+    def _reset_parser(self) -> None:
+        self.head_done = False
+        self.chunked = False
+        self.remaining = -1  # content-length left; -1: until close (or chunked)
+        self.chunk_left = 0  # bytes left in the current HTTP chunk, -1 while reading a size line
+        self.keep_alive = True
+        self.is_sse = False
+        self.body = bytearray()  # non-SSE body (errors, JSON)
+        self.store_text = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.res is not None and self.fut is not None and not self.fut.done():
+            if self.head_done and not self.chunked and self.remaining < 0:
+                self._finish_body(now_ns())  # body delimited by close
+            elif not self.got_bytes:
+                self._fail("reset", f"connection closed before any response byte ({exc or 'EOF'})", retry=True)
+            else:
+                self._fail("reset", f"connection closed mid-response ({exc or 'EOF'})")
+
+    def data_received(self, data: bytes) -> None:
+        t = now_ns()
+        self.last_ns = t
+        if self.res is None:
+            return
+        self.got_bytes = True
+        if self.head_done:
+            self._body(data, t)
+            return
+        self.buf += data
+        idx = self.buf.find(b"\r\n\r\n")
+        if idx < 0:
+            if len(self.buf) > 65536:
+                self._fail("malformed_sse", "response header larger than 64 KiB")
+            return
+        head = bytes(self.buf[:idx]).decode("latin-1")
+        rest = bytes(self.buf[idx + 4:])
+        self.buf.clear()
+        lines = head.split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            self._fail("malformed_sse", f"not an HTTP response: {lines[0][:80]!r}")
+            return
+        status = int(parts[1])
+        if status == 100:
+            self.buf += rest
+            return
+        hdrs: dict[str, str] = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        res = self.res
+        res.status = status
+        res.headers_ns = t
+        self.head_done = True
+        self.chunked = "chunked" in hdrs.get("transfer-encoding", "").lower()
+        cl = hdrs.get("content-length")
+        self.remaining = int(cl) if cl and cl.isdigit() and not self.chunked else -1
+        conn_hdr = hdrs.get("connection", "").lower()
+        self.keep_alive = conn_hdr != "close" and parts[0] != "HTTP/1.0"
+        self.is_sse = status == 200 and "text/event-stream" in hdrs.get("content-type", "")
+        self.content_type = hdrs.get("content-type", "?")
+        if rest:
+            self._body(rest, t)
+        elif self.remaining == 0:
+            self._finish_body(t)
+
+    # -- body framing ----------------------------------------------------------------------------
+    def _body(self, data: bytes, t: int) -> None:
+        if not self.chunked:
+            if self.remaining >= 0:
+                if len(data) >= self.remaining:
+                    data = data[: self.remaining]
+                    self.remaining = 0
+                else:
+                    self.remaining -= len(data)
+            self._payload(data, t)
+            if self.remaining == 0 and self.fut is not None and not self.fut.done():
+                self._finish_body(t)
+            return
+        buf = self.buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            left = self.chunk_left
+            if left > 0:
+                take = min(left, n - pos)
+                self._payload(buf[pos:pos + take], t)
+                pos += take
+                self.chunk_left = left - take
+                if self.chunk_left == 0:
+                    self.chunk_left = -2  # expect CRLF after the data
+                continue
+            if left == -2:
+                if n - pos < 2:
+                    break
+                pos += 2
+                self.chunk_left = 0
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size_txt = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_txt, 16)
+            except ValueError:
+                del buf[:]
+                self._fail("malformed_sse", f"bad chunk size line {size_txt[:40]!r}")
+                return
+            pos = eol + 2
+            if size == 0:
+                del buf[:]
+                self._finish_body(t)
+                return
+            self.chunk_left = size
+        del buf[:pos]
+
+    def _payload(self, data: bytes | bytearray, t: int) -> None:
+        if not self.is_sse:
+            if len(self.body) < _MAX_ERROR_BODY:
+                self.body += data[: _MAX_ERROR_BODY - len(self.body)]
+            return
+        sse = self.sse
+        sse += data
+        if b"\r" in data:
+            sse[:] = sse.replace(b"\r\n", b"\n")
+        start = 0
+        find = sse.find
+        while True:
+            i = find(b"\n\n", start)
+            if i < 0:
+                break
+            self._event(bytes(sse[start:i]), t)
+            start = i + 2
+            if self.res is None:
+                return
+        if start:
+            del sse[:start]
+
+    def _event(self, ev: bytes, t: int) -> None:
+        """One SSE event (without its blank-line terminator)."""
+        res = self.res
+        assert res is not None
+        if ev.startswith(b"data: "):
+            payload = ev[6:]
+            if b"\n" in payload:
+                payload = self._join_data(ev)
+        elif ev.startswith(b"data:"):
+            payload = ev[5:]
+            if b"\n" in payload:
+                payload = self._join_data(ev)
+        elif ev.startswith(b":") or not ev:
+            return  # comment / keep-alive
+        else:
+            payload = self._join_data(ev)
+            if not payload:
+                return  # only event:/id:/retry: lines
+        if payload == b"[DONE]":
+            res.done = True
+            return
+        if not self.store_text:
+            i = payload.find(_TEXT)
+            if i < 0:
+                i = payload.find(_CONTENT)
+                if i >= 0:
+                    i += 11
+                else:
+                    for key in _REASONING:
+                        i = payload.find(key)
+                        if i >= 0:
+                            i += len(key)
+                            break
+            else:
+                i += 8
+            if i >= 0:
+                if payload[i] != 34:  # non-empty string value: a content chunk
+                    self._content_chunk(payload, t)
+                elif payload.find(_FINISH) >= 0:
+                    self._finish_reason(payload)
+                return
+        self._slow_event(payload, t)
+
+    def _join_data(self, ev: bytes) -> bytes:
+        parts = []
+        for line in ev.split(b"\n"):
+            if line.startswith(b"data:"):
+                v = line[5:]
+                parts.append(v[1:] if v.startswith(b" ") else v)
+            elif line.startswith(b":") or line.startswith((b"event:", b"id:", b"retry:")):
+                continue
+            else:
+                self._fail("malformed_sse", f"unexpected line in event stream: {line[:60]!r}")
+                return b""
+        return b"\n".join(parts)
+
+    def _content_chunk(self, payload: bytes, t: int) -> None:
+        res = self.res
+        assert res is not None
+        n = 1
+        if self.client.continuous_usage:
+            m = _COMPLETION_TOKENS.search(payload)
+            if m is not None:
+                cum = int(m.group(1))
+                n = max(1, cum - res.cum_tokens)
+                res.cum_tokens = cum
+        res.t_ns.append(t)
+        res.tok.append(n)
+        if payload.find(_FINISH) >= 0:
+            self._finish_reason(payload)
+
+    def _finish_reason(self, payload: bytes) -> None:
+        assert self.res is not None
+        i = payload.find(_FINISH) + len(_FINISH)
+        j = payload.find(b'"', i)
+        self.res.finish_reason = payload[i:j].decode("utf-8", "replace")
+
+    def _slow_event(self, payload: bytes, t: int) -> None:
+        res = self.res
+        assert res is not None
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self._fail("malformed_sse", f"event data is not JSON: {payload[:60]!r}")
+            return
+        if not isinstance(obj, dict):
+            self._fail("malformed_sse", f"event data is not a JSON object: {payload[:60]!r}")
+            return
+        if "error" in obj or obj.get("object") == "error":
+            err = obj.get("error", obj)
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            self._fail("http_5xx", f"error event in stream: {str(msg)[:200]}")
+            return
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        if isinstance(usage, dict) and not choices:
+            res.usage = usage
+        if not isinstance(choices, list):
+            if usage is None:
+                self._fail("malformed_sse", f"event has no choices: {payload[:60]!r}")
+            return
+        for ch in choices:
+            if not isinstance(ch, dict):
+                continue
+            d = ch.get("delta")
+            delta: dict[str, Any] = d if isinstance(d, dict) else ch
+            text = delta.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                or delta.get("reasoning")
+            if text:
+                if self.store_text:
+                    if res.text is None:
+                        res.text = []
+                    res.text.append(str(text))
+                self._content_chunk(payload, t)
+            if ch.get("finish_reason"):
+                res.finish_reason = str(ch["finish_reason"])
+
+    # -- completion --------------------------------------------------------------------------
+    def _finish_body(self, t: int) -> None:
+        res = self.res
+        if res is None:
+            return
+        res.end_ns = t
+        status = res.status or 0
+        if not self.is_sse:
+            res.body = bytes(self.body)
+        if not self.expect_sse:
+            pass  # a plain call: the caller reads status and body
+        elif status != 200:
+            detail = bytes(self.body[:300]).decode("utf-8", "replace").strip().replace("\n", " ")
+            res.error = status_category(status)
+            res.error_detail = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
+        elif not self.is_sse:
+            res.error = "malformed_sse"
+            res.error_detail = f"response is not an event stream (content-type {self.content_type})"
+        elif self.is_sse and not res.done and res.finish_reason is None:
+            res.error = "malformed_sse"
+            res.error_detail = "stream ended without data: [DONE] or a finish_reason"
+        self._complete(reusable=self.keep_alive and res.error not in ("malformed_sse",))
+
+    def _fail(self, category: str, detail: str, retry: bool = False) -> None:
+        res = self.res
+        if res is None:
+            return
+        res.error = category
+        res.error_detail = detail
+        res.end_ns = now_ns()
+        self.retry = retry
+        self._complete(reusable=False)
+
+    def _complete(self, reusable: bool) -> None:
+        fut = self.fut
+        self.res = None
+        self.fut = None
+        self.buf.clear()
+        self.sse.clear()
+        self._reset_parser()
+        if not reusable:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+        if reusable:
+            self.client._release(self)
+
+
+class HttpClient:
+    """Pooled keep-alive HTTP/1.1 client for one base URL (http or https)."""
+
+    def __init__(self, base_url: str, *, headers: dict[str, str] | None = None,
+                 connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
+                 stall_timeout_s: float | None = None) -> None:
+        u = urlsplit(base_url.rstrip("/"))
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"bad URL {base_url!r}: use http://HOST:PORT")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.prefix = u.path.rstrip("/")
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if u.scheme == "https" else None
+        hostport = self.host if u.port is None else f"{self.host}:{u.port}"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._head_tail = f"Host: {hostport}\r\n{extra}".encode("latin-1")
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_ns = int(request_timeout_s * 1e9)
+        self.stall_timeout_ns = int((stall_timeout_s or request_timeout_s) * 1e9)
+        self.continuous_usage = False
+        self.store_text = False
+        self._idle: deque[_Conn] = deque()
+        self._busy: set[_Conn] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # -- pool --------------------------------------------------------------------------------
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(self), self.host, self.port, ssl=self.ssl),
+                self.connect_timeout_s)
+        except ConnectionRefusedError as e:
+            raise RequestFailed("refused", f"connection refused by {self.host}:{self.port}") from e
+        except asyncio.TimeoutError as e:
+            raise RequestFailed("connect", f"connect to {self.host}:{self.port} timed out "
+                                           f"after {self.connect_timeout_s:g} s") from e
+        except (OSError, socket.gaierror) as e:
+            raise RequestFailed("connect", f"cannot connect to {self.host}:{self.port}: "
+                                           f"{e.strerror or e}") from e
+        sock = proto.transport.get_extra_info("socket") if proto.transport else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return proto
+
+    def _release(self, conn: _Conn) -> None:
+        self._busy.discard(conn)
+        if not conn.closed:
+            self._idle.append(conn)
+
+    async def _acquire(self) -> tuple[_Conn, bool]:
+        while self._idle:
+            c = self._idle.pop()
+            if not c.closed:
+                return c, True
+        return await self._connect(), False
+
+    def in_flight(self) -> int:
+        return len(self._busy)
+
+    # -- requests ----------------------------------------------------------------------------
+    def _request_bytes(self, method: str, path: str, body: bytes | None, extra: dict[str, str] | None) -> bytes:
+        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head_tail
+        if extra:
+            head += "".join(f"{k}: {v}\r\n" for k, v in extra.items()).encode("latin-1")
+        if body is not None:
+            head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        return head + b"\r\n" + (body or b"")
+
+    async def stream(self, path: str, body: bytes, res: StreamResult, extra_headers: dict[str, str] | None = None,
+                     on_sent: Callable[[int], None] | None = None) -> StreamResult:
+        """POST ``body`` and read the SSE response into ``res``; never raises for server/network failures."""
+        data = self._request_bytes("POST", path, body, extra_headers)
+        for attempt in range(2):
+            try:
+                conn, reused = await self._acquire()
+            except RequestFailed as e:
+                res.error, res.error_detail, res.end_ns = e.category, e.detail, now_ns()
+                if not res.sent_ns:
+                    res.sent_ns = res.end_ns
+                return res
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
+            conn.store_text = self.store_text
+            conn.expect_sse = True
+            self._busy.add(conn)
+            t = now_ns()
+            res.sent_ns = t
+            conn.last_ns = t
+            conn.deadline_ns = t + self.request_timeout_ns
+            self._ensure_watchdog()
+            assert conn.transport is not None
+            conn.transport.write(data)
+            if on_sent is not None:
+                on_sent(t)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                conn.res, conn.fut = None, None
+                conn.closed = True
+                self._busy.discard(conn)
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            self._busy.discard(conn)
+            if res.error == "reset" and reused and conn.retry and attempt == 0:
+                # a pooled connection the server had closed: retry once on a fresh one
+                res.error = res.error_detail = None
+                res.status = None
+                continue
+            break
+        return res
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      timeout_s: float = 10.0) -> tuple[int, bytes]:
+        """A plain (non-streaming) call; returns (status, body); raises RequestFailed on network failure."""
+        payload = orjson.dumps(body) if body is not None else None
+        res = StreamResult()
+        conn, _ = await self._acquire()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
+        conn.store_text = False
+        conn.expect_sse = False
+        self._busy.add(conn)
+        try:
+            assert conn.transport is not None
+            conn.transport.write(self._request_bytes(method, path, payload, None))
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError as e:
+            conn._fail("timeout", f"no answer in {timeout_s:g} s")
+            raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
+        finally:
+            self._busy.discard(conn)
+        if res.error and res.status is None:
+            raise RequestFailed(res.error, f"{method} {path}: {res.error_detail}")
+        return res.status or 0, res.body
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Fails requests past their deadline or silent for longer than the stall timeout (checked 10x/s)."""
+        while self._busy:
+            await asyncio.sleep(0.1)
+            t = now_ns()
+            for c in list(self._busy):
+                if c.res is None:
+                    continue
+                if t > c.deadline_ns:
+                    c._fail("timeout", f"request not finished after {self.request_timeout_ns / 1e9:g} s")
+                elif t - c.last_ns > self.stall_timeout_ns:
+                    c._fail("timeout", f"no bytes from the server for {self.stall_timeout_ns / 1e9:g} s")
+
+    async def close(self) -> None:
+        for c in list(self._idle) + list(self._busy):
+            c.closed = True
+            if c.transport is not None:
+                c.transport.close()
+        self._idle.clear()
+        self._busy.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
