@@ -1,0 +1,145 @@
+"""`diagnose analyze BUNDLE_OR_TRACE -o report.html [--json findings.json]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from diagnose.analysis import Analysis
+from diagnose.errors import BundleError, DiagnoseError, InputError
+from diagnose.model import SEVERITY_WEIGHT
+
+
+def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for v in values:
+        if "=" not in v:
+            raise InputError(f"--threshold {v!r}: use name=value")
+        k, val = v.split("=", 1)
+        try:
+            out[k.strip()] = float(val)
+        except ValueError as e:
+            raise InputError(f"--threshold {v!r}: {val!r} is not a number") from e
+    return out
+
+
+def detect_input(path: Path) -> str:
+    """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        if (path / "manifest.json").exists():
+            return "bundle"
+        if any(path.glob("*.json")) or any(path.glob("*.json.gz")):
+            return "trace"
+        raise BundleError(f"{path} is not a capture bundle (no manifest.json) and holds no trace files")
+    name = path.name.lower()
+    if name.endswith((".json", ".json.gz", ".jsonl")):
+        head = _head(path)
+        if b"resourceSpans" in head or b"resource_spans" in head:
+            return "spans"
+        return "trace"
+    raise InputError(f"{path}: unknown input (expected a bundle directory, a .json/.json.gz trace, or OTLP JSON spans)")
+
+
+def _head(path: Path, n: int = 4096) -> bytes:
+    import gzip
+
+    try:
+        if path.name.lower().endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                return fh.read(n)
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except (OSError, EOFError):
+        return b""  # the trace reader reports the real problem with its own message
+
+
+def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
+                 overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
+    kind = detect_input(path)
+    if kind == "bundle":
+        from diagnose.pipeline import analyze_bundle
+
+        return analyze_bundle(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
+                              threshold_overrides=overrides)
+    if kind == "spans":
+        from diagnose.standalone import analyze_spans_file
+
+        return analyze_spans_file(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
+                                  threshold_overrides=overrides)
+    from diagnose.standalone import analyze_trace_file
+
+    return analyze_trace_file(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
+                              threshold_overrides=overrides, include_python=include_python)
+
+
+def analysis_json(a: Analysis) -> dict[str, Any]:
+    return {
+        "source": a.source,
+        "verdict": a.verdict,
+        "run_valid": a.run_valid,
+        "partial": a.partial,
+        "findings": [f.to_json() for f in a.findings],
+        "not_evaluated": [n.to_json() for n in a.not_evaluated],
+        "signals": {k: {"value": s.value, "unit": s.unit, "source": s.source} for k, s in sorted(a.signals.items())},
+        "phases": [
+            {"phase": p.get("phase"), "name": p.get("name"), "role": p.get("role", "measure"),
+             "signals": {k: s.value for k, s in sorted(ps.items())}}
+            for p, ps in zip(a.phases, a.phase_signals, strict=False)
+        ],
+        "probes": [s.to_json() for s in a.probe_statuses],
+        "warnings": a.warnings,
+    }
+
+
+@click.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
+              help="Where to write the HTML report.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write findings and signals as JSON.")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path),
+              help="A directory of your own rules (repeatable).")
+@click.option("--thresholds", "threshold_files", multiple=True, type=click.Path(path_type=Path),
+              help="A YAML file of threshold overrides (name: value).")
+@click.option("--threshold", "threshold_values", multiple=True, metavar="NAME=VALUE",
+              help="Override one threshold (repeatable); `diagnose rules thresholds` lists them.")
+@click.option("--include-python", is_flag=True, help="Traces: also analyse python_function events (slower).")
+@click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
+              help="Exit with status 4 when a finding of this severity or worse fires (for CI).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
+            threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
+            fail_on: str | None, quiet: bool) -> None:
+    """Analyse a capture bundle (or a profiler trace, or an OTLP JSON span file) into an HTML report.
+
+    SOURCE is a bundle directory written by `diagnose attach`, a torch.profiler / Kineto trace
+    (.json or .json.gz, or a directory of per-rank traces), or OTLP JSON spans.
+    """
+    from diagnose.reports.render import write_report
+
+    overrides = parse_threshold_overrides(threshold_values)
+    analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python)
+    try:
+        write_report(analysis, output)
+        if json_out is not None:
+            json_out.write_bytes(orjson.dumps(analysis_json(analysis),
+                                              option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+    except OSError as e:
+        raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
+    if not quiet:
+        for w in analysis.warnings:
+            click.echo(f"warning: {w}", err=True)
+        click.echo(analysis.verdict)
+        for f in analysis.findings[:5]:
+            click.echo(f"  [{f.severity}] {f.rule_id} {f.title}")
+        if analysis.not_evaluated:
+            click.echo(f"  ({len(analysis.not_evaluated)} rules not evaluated: missing evidence; see the report)")
+        click.echo(f"report: {output}" + (f"  json: {json_out}" if json_out else ""))
+    if fail_on:
+        limit = SEVERITY_WEIGHT[fail_on]
+        if any(SEVERITY_WEIGHT.get(f.severity, 0) >= limit for f in analysis.findings):
+            raise click.exceptions.Exit(4)

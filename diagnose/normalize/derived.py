@@ -1,0 +1,99 @@
+"""Signals derived from other sources' signals: SLO ratios and baseline / load-trend comparisons.
+
+The reference for "high" and "normal": the SLO when the user gave one (``*_over_slo_ratio``); otherwise
+the run's own baseline (``*_vs_baseline_ratio``): the baseline phase (sequential requests at concurrency
+1 that ``attach`` sends first), or the lowest load level of a sweep. "Top" is the highest load level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from diagnose.model import Signal
+from diagnose.signal_catalog import SIGNALS
+
+SLO_METRICS = ("ttft", "itl", "tpot", "e2e")
+PCTS = ("p50", "p90", "p95", "p99", "max")
+
+
+def _sig(name: str, value: float, unit: str = "ratio") -> Signal:
+    return Signal(name=name, value=float(value), unit=unit, source="derived", description=SIGNALS.get(name, ""))
+
+
+def _val(sigs: Mapping[str, Signal], name: str) -> float | None:
+    s = sigs.get(name)
+    if s is None or not s.is_finite():
+        return None
+    return float(s.value)
+
+
+def _load(p: Mapping[str, Any]) -> float | None:
+    if p.get("role") == "baseline":
+        return float(p.get("concurrency") or 1)
+    for key in ("concurrency", "rate"):
+        v = p.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+    return None
+
+
+def slo_terms(manifest: Mapping[str, Any]) -> dict[str, float]:
+    slo = (manifest.get("options") or {}).get("slo") or {}
+    return {str(k): float(v) for k, v in slo.items() if isinstance(v, (int, float)) and v > 0}
+
+
+def worst_slo_ratio(sigs: Mapping[str, Signal], slo: Mapping[str, float], metric: str | None = None) -> float | None:
+    ratios = []
+    for key, limit in slo.items():
+        if metric is not None and not key.startswith(metric + "_"):
+            continue
+        v = _val(sigs, key)
+        if v is not None:
+            ratios.append(v / limit)
+    return max(ratios) if ratios else None
+
+
+def signals(run: Mapping[str, Signal], phases: Sequence[Mapping[str, Any]],
+            per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
+    out: dict[str, Signal] = {}
+    slo = slo_terms(manifest)
+    for metric in SLO_METRICS:
+        r = worst_slo_ratio(run, slo, metric)
+        if r is not None:
+            out[f"{metric}_over_slo_ratio"] = _sig(f"{metric}_over_slo_ratio", r)
+
+    baseline = [p for p in phases if p.get("role") == "baseline"]
+    measured = [p for p in phases if p.get("role", "measure") != "baseline" and _load(p) is not None]
+    if not measured:
+        return out
+    top = max(measured, key=lambda p: (_load(p) or 0.0, p.get("phase", 0)))
+    if baseline:
+        base = baseline[0]
+    elif len(measured) > 1:
+        base = min(measured, key=lambda p: (_load(p) or 0.0, p.get("phase", 0)))
+    else:
+        return out
+    if base is top:
+        return out
+    bs = per_phase.get(int(base.get("phase", 0)), {})
+    ts = per_phase.get(int(top.get("phase", 0)), {})
+    for name, key in (("ttft", "ttft_p50_ms"), ("itl", "itl_p50_ms"), ("tps", "output_tps")):
+        b, t = _val(bs, key), _val(ts, key)
+        if b is not None and t is not None and b > 0:
+            out[f"{name}_vs_baseline_ratio"] = _sig(f"{name}_vs_baseline_ratio", t / b)
+    for key, name in (("ttft_p50_ms", "baseline_ttft_p50_ms"), ("itl_p50_ms", "baseline_itl_p50_ms")):
+        b = _val(bs, key)
+        if b is not None:
+            out[name] = _sig(name, b, "ms")
+    lb, lt = _load(base), _load(top)
+    if lb and lt and math.isfinite(lb) and lb > 0:
+        out["load_vs_baseline_ratio"] = _sig("load_vs_baseline_ratio", lt / lb)
+    if slo:
+        rt, rb = worst_slo_ratio(ts, slo), worst_slo_ratio(bs, slo)
+        if rt is not None:
+            out["tail_slo_ratio_top"] = _sig("tail_slo_ratio_top", rt)
+        if rb is not None:
+            out["tail_slo_ratio_bottom"] = _sig("tail_slo_ratio_bottom", rb)
+    return out
