@@ -1,0 +1,311 @@
+"""Client-side tables and signals from the load probe's streams (requests, chunks, phases, client_health).
+
+Every metric is defined once, here, and in docs/metrics.md (same names):
+  TTFT        first_token_ns - sent_ns (first content chunk: non-empty text/content), ms
+  E2E         end_ns - sent_ns (end: the response finished: ``[DONE]`` or the end of the body), ms
+  ITL pooled  gaps between consecutive content chunks, all successful requests pooled, ms
+  ITL req     per-request mean gap = (last chunk - first chunk) / (chunks - 1), ms
+  TPOT        (E2E - TTFT) / (n - 1), n = output tokens (usage when reported, else counted from chunks), ms
+  output tok/s per request = n / E2E; system output tok/s = sum n / span; request rate = successes / span,
+              span = last end - first send of the window's measured requests
+  error rate  failed / (ok + failed) (``incomplete`` = stopped by the capture, in neither)
+  goodput     requests meeting every SLO term / span, and / all measured requests (failed ones never meet it)
+Percentiles: numpy linear interpolation (P50/P90/P95/P99), max. Warm-up requests are never in statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis import Section, Window
+from diagnose.bundle import Bundle
+from diagnose.model import Signal
+from diagnose.signal_catalog import SIGNALS
+
+PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("max", 100))
+CLIENT_CPU_BOUND_PERCENT = 90.0  # client saturated: CPU at least this (% of one core) ...
+CLIENT_CPU_BOUND_SHARE = 0.25  # ... in at least this share of the self-check samples
+CLIENT_LAG_BOUND_MS = 10.0  # or loop lag / schedule lag P99 above this
+COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the measured median
+
+REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "http_status", "api", "sent_s", "end_s",
+                   "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
+                   "output_tokens_chunks", "n_chunks", "prompt_tokens", "prompt_tokens_planned",
+                   "prompt_tokens_source", "output_tps_req", "schedule_lag_ms", "capped", "cached_tokens",
+                   "finish_reason", "trace_id", "span_id"]
+
+
+def _f(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+    if not bundle.has_stream("requests"):
+        return {}
+    anchor = bundle.anchor_mono_ns
+    chunks = {r["rid"]: r for r in bundle.iter_records("chunks") if "rid" in r and isinstance(r.get("t_ns"), list)}
+    rows = []
+    gap_rid: list[Any] = []
+    gap_t: list[np.ndarray] = []
+    gap_v: list[np.ndarray] = []
+    gap_tok: list[np.ndarray] = []
+    gap_phase: list[Any] = []
+    for r in bundle.iter_records("requests"):
+        sent = _f(r.get("sent_ns"))
+        end = _f(r.get("end_ns"))
+        first = _f(r.get("first_token_ns"))
+        usage_n = r.get("output_tokens_usage")
+        n = _f(usage_n) if isinstance(usage_n, int) else _f(r.get("output_tokens_chunks"))
+        ttft = (first - sent) / 1e6
+        e2e = (end - sent) / 1e6
+        ch = chunks.get(r.get("rid"))
+        itl_mean = math.nan
+        if ch is not None and len(ch["t_ns"]) > 1:
+            t = np.asarray(ch["t_ns"], dtype=np.int64)
+            itl_mean = (t[-1] - t[0]) / 1e6 / (len(t) - 1)
+            gaps = np.diff(t) / 1e6
+            gap_rid.append(np.full(gaps.size, r["rid"], dtype=object))
+            gap_phase.append(np.full(gaps.size, r.get("phase", 0)))
+            gap_t.append((t[1:] - anchor) / 1e9)
+            gap_v.append(gaps)
+            tok = ch.get("tok")
+            gap_tok.append(np.asarray(tok[1:], dtype=float) if isinstance(tok, list) and len(tok) == len(t)
+                           else np.full(gaps.size, np.nan))
+        intended = _f(r.get("intended_ns"))
+        pu = r.get("prompt_tokens_usage")
+        rows.append({
+            "rid": r.get("rid"), "phase": r.get("phase", 0), "warmup": bool(r.get("warmup", False)),
+            "ok": bool(r.get("ok", False)), "error": r.get("error"), "error_detail": r.get("error_detail"),
+            "http_status": r.get("http_status"), "api": r.get("api"),
+            "sent_s": (sent - anchor) / 1e9, "end_s": (end - anchor) / 1e9, "intended_s": (intended - anchor) / 1e9,
+            "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": (e2e - ttft) / (n - 1) if n > 1 else math.nan,
+            "itl_mean_ms": itl_mean, "output_tokens": n, "output_tokens_usage": _f(usage_n),
+            "output_tokens_chunks": _f(r.get("output_tokens_chunks")), "n_chunks": _f(r.get("n_chunks")),
+            "prompt_tokens": _f(pu) if isinstance(pu, int) else _f(r.get("prompt_tokens")),
+            "prompt_tokens_planned": _f(r.get("prompt_tokens")),
+            "prompt_tokens_source": "usage" if isinstance(pu, int) else r.get("prompt_tokens_source"),
+            "output_tps_req": n / (e2e / 1e3) if e2e > 0 else math.nan,
+            "schedule_lag_ms": (sent - intended) / 1e6 if not r.get("capped") else math.nan,
+            "capped": bool(r.get("capped", False)), "cached_tokens": _f(r.get("cached_tokens")),
+            "finish_reason": r.get("finish_reason"), "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
+        })
+    out: dict[str, pd.DataFrame] = {"requests": pd.DataFrame(rows, columns=REQUEST_COLUMNS)}
+    if gap_v:
+        out["itl"] = pd.DataFrame({"rid": np.concatenate(gap_rid), "phase": np.concatenate(gap_phase),
+                                   "t_s": np.concatenate(gap_t), "itl_ms": np.concatenate(gap_v),
+                                   "tok": np.concatenate(gap_tok)})
+    else:
+        out["itl"] = pd.DataFrame(columns=["rid", "phase", "t_s", "itl_ms", "tok"])
+    health = [{"t_s": (_f(h.get("t_ns")) - anchor) / 1e9, "loop_lag_ms": _f(h.get("loop_lag_ms")),
+               "in_flight": _f(h.get("in_flight")), "cpu_percent": _f(h.get("cpu_percent"))}
+              for h in bundle.iter_records("client_health")]
+    out["client_health"] = pd.DataFrame(health, columns=["t_s", "loop_lag_ms", "in_flight", "cpu_percent"])
+    phases = []
+    for p in bundle.iter_records("phases"):
+        if "start_ns" in p:
+            q = {k: v for k, v in p.items() if k not in ("start_ns", "end_ns")}
+            q["start_s"] = (_f(p.get("start_ns")) - anchor) / 1e9
+            q["end_s"] = (_f(p.get("end_ns")) - anchor) / 1e9
+            phases.append(q)
+    out["client_phases"] = pd.DataFrame(phases)
+    slo = (bundle.manifest.get("options") or {}).get("slo") or {}
+    if isinstance(slo, dict):
+        out["client_slo"] = pd.DataFrame([{"key": str(k), "limit_ms": float(v)} for k, v in slo.items()
+                                          if isinstance(v, (int, float)) and v > 0], columns=["key", "limit_ms"])
+    return out
+
+
+# -- signals -------------------------------------------------------------------------------------------
+def _sig(name: str, value: float, unit: str, series: Sequence[tuple[float, float]] = ()) -> Signal:
+    return Signal(name=name, value=float(value), unit=unit, source="client", description=SIGNALS.get(name, ""),
+                  series=tuple(series))
+
+
+def _finite(a: Any) -> np.ndarray:
+    arr = np.asarray(a, dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def _pct_signals(prefix: str, values: Any, pcts: Sequence[tuple[str, float]] = PCTS) -> list[Signal]:
+    arr = _finite(values)
+    if arr.size == 0:
+        return []
+    q = np.percentile(arr, [p for _, p in pcts])
+    return [_sig(f"{prefix}_{name}_ms", float(v), "ms") for (name, _), v in zip(pcts, q, strict=True)]
+
+
+def _in_window(df: pd.DataFrame, window: Window, col: str = "sent_s") -> pd.DataFrame:
+    if window.phase is not None and "phase" in df.columns:
+        return df[df["phase"] == window.phase]
+    return df[(df[col] >= window.start_s) & (df[col] <= window.end_s)]
+
+
+def _good_mask(ok: pd.DataFrame, itl: pd.DataFrame, slo: pd.DataFrame) -> pd.Series:
+    """Per request: meets every SLO term (ttft/tpot/e2e: its own value; itl: its own chunk-gap percentile)."""
+    good = pd.Series(True, index=ok.index)
+    for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
+        metric, pct = key.split("_")[0], key.split("_")[1]
+        if metric in ("ttft", "tpot", "e2e"):
+            good &= ok[f"{metric}_ms"].fillna(math.inf) <= limit
+        elif metric == "itl":
+            q = 100.0 if pct == "max" else float(pct[1:])
+            per = itl.groupby("rid")["itl_ms"].quantile(q / 100.0) if not itl.empty else pd.Series(dtype=float)
+            good &= ok["rid"].map(per).fillna(0.0) <= limit
+    return good
+
+
+def _level(p: dict[str, Any]) -> float | None:
+    for key in ("concurrency", "rate"):
+        v = p.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
+                 slo: pd.DataFrame | None) -> dict[str, Signal]:
+    out: dict[str, Signal] = {}
+    w = _in_window(req, window)
+    w = w[~w["warmup"].astype(bool)]
+    if w.empty:
+        return out
+    done = w[w["error"].fillna("") != "incomplete"]
+    ok = w[w["ok"].astype(bool)]
+    rids = set(ok["rid"])
+    gaps = itl[itl["rid"].isin(rids)] if not itl.empty else itl
+    sigs: list[Signal] = []
+    sigs += _pct_signals("ttft", ok["ttft_ms"])
+    sigs += _pct_signals("itl", gaps["itl_ms"] if not gaps.empty else [])
+    sigs += _pct_signals("tpot", ok["tpot_ms"], PCTS[:4])
+    sigs += _pct_signals("e2e", ok["e2e_ms"])
+    sigs += _pct_signals("itl_req_mean", ok["itl_mean_ms"], (("p50", 50), ("p99", 99)))
+    span = float(w["end_s"].max() - w["sent_s"].min())
+    sigs.append(_sig("requests_total", len(w), "requests"))
+    sigs.append(_sig("requests_measured", len(ok), "requests"))
+    if len(done):
+        sigs.append(_sig("error_rate_ratio", (~done["ok"].astype(bool)).sum() / len(done), "ratio"))
+        sigs.append(_sig("http_429_ratio", (done["error"] == "http_429").sum() / len(done), "ratio"))
+    if span > 0 and len(ok):
+        sigs.append(_sig("output_tps", float(_finite(ok["output_tokens"]).sum()) / span, "tok/s"))
+        sigs.append(_sig("request_rps", len(ok) / span, "req/s"))
+    tps = _finite(ok["output_tps_req"])
+    if tps.size:
+        sigs.append(_sig("output_tps_per_req_p50", float(np.percentile(tps, 50)), "tok/s"))
+    for col, name in (("prompt_tokens", "prompt_tokens_mean"), ("output_tokens", "output_tokens_mean")):
+        vals = _finite(ok[col])
+        if vals.size:
+            sigs.append(_sig(name, float(vals.mean()), "tokens"))
+    if slo is not None and not slo.empty and len(done):
+        for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
+            sigs.append(_sig(f"slo_{key}", float(limit), "ms"))
+        n_good = int(_good_mask(ok, gaps, slo).sum()) if len(ok) else 0
+        sigs.append(_sig("goodput_ratio", n_good / len(done), "ratio"))
+        if span > 0:
+            sigs.append(_sig("goodput_rps", n_good / span, "req/s"))
+    lag = _finite(w["schedule_lag_ms"])
+    if lag.size:
+        sigs.append(_sig("client_schedule_lag_p99_ms", float(np.percentile(lag, 99)), "ms"))
+    for s in sigs:
+        out[s.name] = s
+    return out
+
+
+def _self_check(health: pd.DataFrame | None, window: Window, out: dict[str, Signal]) -> None:
+    if health is None or health.empty:
+        return
+    h = health[(health["t_s"] >= window.start_s) & (health["t_s"] <= window.end_s)]
+    lag, cpu = _finite(h["loop_lag_ms"]), _finite(h["cpu_percent"])
+    if lag.size:
+        out["client_loop_lag_p99_ms"] = _sig("client_loop_lag_p99_ms", float(np.percentile(lag, 99)), "ms",
+                                             list(zip(h["t_s"], h["loop_lag_ms"], strict=True))[:2000])
+    if cpu.size:
+        out["client_cpu_max_percent"] = _sig("client_cpu_max_percent", float(cpu.max()), "percent")
+    if lag.size or cpu.size:
+        saturated = cpu.size > 0 and float((cpu >= CLIENT_CPU_BOUND_PERCENT).mean()) >= CLIENT_CPU_BOUND_SHARE
+        lags = [s.value for k, s in out.items() if k in ("client_loop_lag_p99_ms", "client_schedule_lag_p99_ms")]
+        bound = saturated or any(v > CLIENT_LAG_BOUND_MS for v in lags)
+        out["client_bound_ratio"] = _sig("client_bound_ratio", 1.0 if bound else 0.0, "ratio")
+
+
+def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
+    req = tables.get("requests")
+    if req is None or req.empty:
+        return []
+    itl = tables.get("itl", pd.DataFrame(columns=["rid", "phase", "t_s", "itl_ms", "tok"]))
+    out = _window_core(req, itl, window, tables.get("client_slo"))
+    _self_check(tables.get("client_health"), window, out)
+    if window.phase is None:
+        _run_only(req, itl, tables.get("client_phases"), window, out)
+    return list(out.values())
+
+
+def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None, window: Window,
+              out: dict[str, Signal]) -> None:
+    ok = req[req["ok"].astype(bool) & np.isfinite(req["ttft_ms"].to_numpy(dtype=float))].sort_values("sent_s")
+    measured = _in_window(ok[~ok["warmup"].astype(bool)], window)
+    if len(ok) >= 10 and len(measured):
+        warm = float(np.median(measured["ttft_ms"]))
+        if warm > 0:
+            cold = float(np.median(ok["ttft_ms"].iloc[:COLD_REQUESTS]))
+            out["ttft_cold_ratio"] = _sig("ttft_cold_ratio", cold / warm, "ratio")
+    if phases is None or phases.empty:
+        return
+    levels = [p for p in phases.to_dict("records") if p.get("role", "measure") != "baseline"]
+    levels = [p for p in levels if _level(p) is not None]
+    if len(levels) < 2:
+        return
+    levels.sort(key=lambda p: _level(p) or 0.0)
+    lo, hi = levels[0], levels[-1]
+    s_lo = _window_core(req, itl, Window(lo["start_s"], lo["end_s"], int(lo["phase"]), ""), None)
+    s_hi = _window_core(req, itl, Window(hi["start_s"], hi["end_s"], int(hi["phase"]), ""), None)
+    out["sweep_levels"] = _sig("sweep_levels", len(levels), "levels")
+    out["sweep_load_growth_ratio"] = _sig("sweep_load_growth_ratio", (_level(hi) or 0) / (_level(lo) or 1), "ratio")
+    for key, name in (("ttft_p50_ms", "sweep_ttft_p50_growth_ratio"), ("itl_p50_ms", "sweep_itl_p50_growth_ratio"),
+                      ("output_tps", "sweep_output_tps_growth_ratio")):
+        a, b = s_lo.get(key), s_hi.get(key)
+        if a is not None and b is not None and a.value > 0:
+            out[name] = _sig(name, b.value / a.value, "ratio")
+
+
+# -- report sections -----------------------------------------------------------------------------------
+def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
+    req = tables.get("requests")
+    if req is None or req.empty:
+        return []
+    out: list[Section] = []
+    whole = Window(-math.inf, math.inf)
+    run = signals(tables, whole)
+    by = {s.name: s.value for s in run}
+    rows = [[label, None if by.get(k) is None else round(float(by[k]), 2), unit] for k, label, unit in (
+        ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"), ("client_schedule_lag_p99_ms", "send lag P99", "ms"),
+        ("client_cpu_max_percent", "client CPU max", "% of one core"),
+        ("client_bound_ratio", "client was the bottleneck (1 = yes)", ""))]
+    itl = tables.get("itl")
+    if itl is not None and not itl.empty:
+        tok = _finite(itl["tok"])
+        if tok.size:
+            rows.append(["content chunks carrying more than one token", round(float((tok > 1).mean()), 4), "ratio"])
+    errs = req[~req["ok"].astype(bool)]["error"].value_counts()
+    for cat, n in errs.items():
+        rows.append([f"requests failed: {cat}", int(n), "requests"])
+    note = (f"Client bottleneck when CPU >= {CLIENT_CPU_BOUND_PERCENT:.0f}% of a core in >= "
+            f"{CLIENT_CPU_BOUND_SHARE:.0%} of samples, or loop/send lag P99 > {CLIENT_LAG_BOUND_MS:.0f} ms.")
+    out.append(Section("client_self_check", "Load client self-check", "table",
+                       {"columns": ["check", "value", "unit"], "rows": rows, "note": note}, group="details", order=40))
+    phases = tables.get("client_phases")
+    if phases is not None and len(phases) > 1:
+        prow = []
+        for p in phases.to_dict("records"):
+            s = {x.name: x.value for x in signals(tables, Window(p["start_s"], p["end_s"], int(p["phase"]), ""))}
+            prow.append([str(p.get("name")), *(None if s.get(k) is None else round(float(s[k]), 2) for k in (
+                "requests_measured", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "output_tps",
+                "request_rps", "error_rate_ratio"))])
+        out.append(Section("client_sweep", "Load levels (sweep)", "table", {
+            "columns": ["level", "requests", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms", "ITL P99 ms",
+                        "output tok/s", "req/s", "error rate"], "rows": prow, "note": ""}, group="latency", order=30))
+    return out
