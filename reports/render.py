@@ -1,0 +1,105 @@
+"""Render an Analysis as one self-contained HTML file (inline CSS and SVG, no external URL, works offline).
+
+jinja2 with autoescape on: every captured string is escaped by the template; the SVG charts are built by
+reports/charts.py, which escapes every text it embeds, and are the only markup passed through unescaped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from diagnose.analysis import Analysis
+from diagnose.errors import DiagnoseError
+
+from . import charts
+from .view_model import build_view
+
+HERE = Path(__file__).resolve().parent
+
+
+class ReportError(DiagnoseError):
+    """The report cannot be written (bad path, no permission, disk full)."""
+
+    exit_code = 1
+
+
+def fmt_value(v: Any, unit: str = "") -> str:
+    """A number for display: ratios as percentages, three significant digits otherwise; None as a dash."""
+    if v is None:
+        return "—"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if not math.isfinite(f):
+        return "—"
+    if unit == "ratio":
+        return f"{f * 100:.3g}%"
+    if abs(f) >= 1000:
+        return f"{f:,.0f}"
+    if f == int(f):
+        return f"{f:.0f}"
+    return f"{f:.3g}" if abs(f) >= 1 else f"{f:.2g}"
+
+
+def svg(spec: dict[str, Any]) -> Markup:
+    """One chart spec (see view_model / sections_view) as inline SVG markup (texts escaped inside)."""
+    kind = spec.get("kind")
+    title = str(spec.get("title", ""))
+    if kind == "line_chart":
+        out = charts.line_chart(spec.get("series") or [], title=title, x_label=str(spec.get("x_label", "")),
+                                y_label=str(spec.get("y_label", "")), y2_label=str(spec.get("y2_label", "")),
+                                bands=spec.get("bands") or [])
+    elif kind == "histogram":
+        out = charts.histogram(spec.get("bins") or [], title=title, x_label=str(spec.get("x_label", "")),
+                               y_label=str(spec.get("y_label", "count")), log_x=bool(spec.get("log_x")),
+                               markers=spec.get("markers") or [])
+    elif kind == "stacked_bars":
+        out = charts.stacked_bars(spec.get("categories") or [], spec.get("series") or [], title=title,
+                                  unit=str(spec.get("unit", "")), x_label=str(spec.get("x_label", "")),
+                                  y_label=str(spec.get("y_label", "")))
+    elif kind == "waterfall":
+        out = charts.waterfall(spec.get("rows") or [], title=title, unit=str(spec.get("unit", "ms")),
+                               y_label=str(spec.get("y_label", "item")))
+    elif kind == "flamegraph":
+        out = charts.flamegraph(spec.get("root") or {}, title=title, unit=str(spec.get("unit", "samples")))
+    else:
+        out = f'<p class="unavailable">{charts.esc(title)}: not available: cannot draw {charts.esc(kind)}</p>'
+    return Markup(out)
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(svg=svg, fmt=fmt_value)
+    return env
+
+
+def render_html(analysis: Analysis) -> str:
+    """The report for ``analysis`` as one HTML document."""
+    view = build_view(analysis)
+    css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
+    return _env().get_template("report.html").render(v=view, css=css)
+
+
+def write_report(analysis: Analysis, path: str | os.PathLike[str]) -> Path:
+    """Render and write the report; returns the path written. Raises ReportError with a one-line reason."""
+    p = Path(path)
+    html = render_html(analysis)
+    try:
+        if p.parent and not p.parent.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as e:
+        raise ReportError(f"cannot write report {p}: {e.strerror or e}") from e
+    return p

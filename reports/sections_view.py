@@ -1,0 +1,242 @@
+"""Normalise report data into bounded, plain chart specs: contributed ``Section`` objects, histogram
+binning, flame-graph pruning, table cell formatting, environment flattening with secret redaction.
+
+Everything returned is plain JSON data (dict/list/str/float/int/bool/None). A malformed section becomes an
+``unavailable`` spec with the reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from diagnose.analysis import Section
+
+from .charts import downsample
+
+MAX_TABLE_ROWS = 200
+MAX_LINE_POINTS = 400
+MAX_WATERFALL_ROWS = 60
+MAX_FLAME_NODES = 2500
+MAX_TEXT_CHARS = 20_000
+HIST_BINS = 40
+
+_SECRET_KEY = re.compile(
+    r"(api[_-]?key|secret|passw|authori[sz]ation|^auth$|cookie|header|bearer|credential|(^|[_-])token$|"
+    r"private[_-]?key|signature)", re.IGNORECASE)
+_SECRET_VALUE = re.compile(
+    r"(bearer\s+\S+|\bsk-[A-Za-z0-9_-]{8,}|\bhf_[A-Za-z0-9]{8,}|\bxox[abp]-\S+|\bgh[pousr]_[A-Za-z0-9]{8,}|"
+    r"(api[_-]?key|token|secret|password)\s*[=:]\s*\S+)", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+def unavailable(title: str, reason: str) -> dict[str, Any]:
+    return {"kind": "unavailable", "title": title, "reason": reason}
+
+
+def finite(v: Any) -> float | None:
+    """A finite float or None (NaN, inf, None, non-numbers)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def cell(v: Any) -> str | float | int | None:
+    """A table cell as plain data: numbers rounded to 4 significant digits, everything else as text."""
+    if v is None or isinstance(v, bool):
+        return None if v is None else str(v).lower()
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    f = finite(v) if isinstance(v, (float, np.floating)) else None
+    if isinstance(v, (float, np.floating)):
+        return None if f is None else float(f"{f:.4g}")
+    s = str(v)
+    return s if len(s) <= 500 else s[:497] + "..."
+
+
+# -- histogram --------------------------------------------------------------------------------------
+def bin_values(values: Sequence[float] | np.ndarray, bins: int = HIST_BINS) -> dict[str, Any]:
+    """Bin values into ``bins`` bins (log-spaced when they span more than ~1.5 decades), with P50/P90/P99."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return {"bins": [], "log_x": False, "markers": [], "n": 0}
+    lo, hi = float(arr.min()), float(arr.max())
+    p1, p99 = np.percentile(arr, [1, 99])
+    log_x = bool(lo > 0 and p1 > 0 and p99 / p1 > 30)
+    if hi <= lo:
+        hi = lo + (abs(lo) * 0.01 or 1.0)
+    edges = np.geomspace(lo, hi, bins + 1) if log_x else np.linspace(lo, hi, bins + 1)
+    counts, _ = np.histogram(arr, bins=edges)
+    marks = np.percentile(arr, [50, 90, 99])
+    return {
+        "bins": [[float(f"{edges[i]:.6g}"), float(f"{edges[i + 1]:.6g}"), int(counts[i])] for i in range(bins)],
+        "log_x": log_x,
+        "markers": [{"label": lab, "x": float(f"{m:.4g}")} for lab, m in zip(("P50", "P90", "P99"), marks, strict=True)],
+        "n": int(arr.size),
+    }
+
+
+# -- flame graph -------------------------------------------------------------------------------------
+def prune_tree(root: dict[str, Any], *, min_frac: float = 0.001, max_nodes: int = MAX_FLAME_NODES,
+               max_depth: int = 64) -> tuple[dict[str, Any], int]:
+    """Copy of the tree without nodes under ``min_frac`` of the root (their time stays in the parent) and
+    beyond ``max_depth``; raises the cut-off until at most ``max_nodes`` remain. Returns (tree, dropped)."""
+    total = finite(root.get("value")) or 0.0
+    frac = min_frac
+    while True:
+        kept, dropped = _prune(root, total * frac, max_depth, max_nodes)
+        if kept[1] <= max_nodes or frac >= 0.05:
+            return kept[0], dropped
+        frac *= 2
+
+
+def _prune(root: dict[str, Any], cutoff: float, max_depth: int, budget: int) -> tuple[tuple[dict[str, Any], int], int]:
+    count, dropped = 0, 0
+
+    def walk(node: dict[str, Any], depth: int) -> dict[str, Any]:
+        nonlocal count, dropped
+        count += 1
+        out: dict[str, Any] = {"name": str(node.get("name", "?"))[:300], "value": finite(node.get("value")) or 0.0}
+        kids: list[dict[str, Any]] = []
+        children = node.get("children") or []
+        for c in sorted(children, key=lambda c: -(finite(c.get("value")) or 0.0)):
+            if depth + 1 >= max_depth or (finite(c.get("value")) or 0.0) < cutoff or count > budget * 4:
+                dropped += 1
+                continue
+            kids.append(walk(c, depth + 1))
+        if kids:
+            out["children"] = kids
+        return out
+
+    tree = walk(root, 0)
+    return (tree, count), dropped
+
+
+# -- sections ----------------------------------------------------------------------------------------
+def section_view(s: Section) -> dict[str, Any]:
+    """A contributed Section as a bounded chart spec (or ``unavailable`` with why)."""
+    base = {"id": str(s.id), "title": str(s.title), "group": str(s.group), "order": s.order}
+    try:
+        spec = _SECTION_BUILDERS[s.kind](dict(s.payload or {}))
+    except KeyError as e:
+        if s.kind not in _SECTION_BUILDERS:
+            spec = unavailable(s.title, f"unknown section kind {s.kind!r}")
+        else:
+            spec = unavailable(s.title, f"section payload is missing {e}")
+    except (TypeError, ValueError, AttributeError, IndexError) as e:
+        spec = unavailable(s.title, f"section payload is malformed ({type(e).__name__}: {e})")
+    spec.setdefault("title", str(s.title))
+    spec.update(base)
+    return spec
+
+
+def _table(p: dict[str, Any]) -> dict[str, Any]:
+    cols = [str(c) for c in p["columns"]]
+    rows = [[cell(v) for v in r] for r in list(p["rows"])[:MAX_TABLE_ROWS]]
+    note = str(p.get("note", ""))
+    extra = len(p["rows"]) - len(rows)
+    if extra > 0:
+        note = (note + " " if note else "") + f"({extra} more rows not shown)"
+    return {"kind": "table", "columns": cols, "rows": rows, "note": note}
+
+
+def _stacked(p: dict[str, Any]) -> dict[str, Any]:
+    cats = [str(c) for c in p["categories"]][:MAX_WATERFALL_ROWS]
+    series = [{"name": str(s["name"]), "values": [finite(v) or 0.0 for v in list(s["values"])[: len(cats)]]}
+              for s in p["series"]]
+    return {"kind": "stacked_bars", "categories": cats, "series": series, "unit": str(p.get("unit", "")),
+            "x_label": str(p.get("x_label", "")), "y_label": str(p.get("y_label", ""))}
+
+
+def _flame(p: dict[str, Any]) -> dict[str, Any]:
+    tree, dropped = prune_tree(p["root"])
+    note = f"{dropped} small frames (< 0.1% of the total, or too deep) folded into their callers" if dropped else ""
+    return {"kind": "flamegraph", "root": tree, "unit": str(p.get("unit", "samples")), "note": note}
+
+
+def _waterfall(p: dict[str, Any]) -> dict[str, Any]:
+    rows = [{"label": str(r.get("label", "")),
+             "segments": [{"name": str(s["name"]), "start": float(s["start"]), "end": float(s["end"])}
+                          for s in r.get("segments") or []
+                          if finite(s.get("start")) is not None and finite(s.get("end")) is not None]}
+            for r in list(p["rows"])[:MAX_WATERFALL_ROWS]]
+    return {"kind": "waterfall", "rows": rows, "unit": str(p.get("unit", "ms")), "y_label": str(p.get("y_label", "request"))}
+
+
+def _line(p: dict[str, Any]) -> dict[str, Any]:
+    series = [{"name": str(s.get("name", "")), "axis": "right" if s.get("axis") == "right" else "left",
+               "style": str(s.get("style", "line")),
+               "points": [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in downsample(s["points"], MAX_LINE_POINTS)]}
+              for s in p["series"]]
+    return {"kind": "line_chart", "series": series, "x_label": str(p.get("x_label", "")),
+            "y_label": str(p.get("y_label", "")), "y2_label": str(p.get("y2_label", ""))}
+
+
+def _hist(p: dict[str, Any]) -> dict[str, Any]:
+    b = bin_values([v for v in (finite(x) for x in p["values"]) if v is not None], int(p.get("bins") or HIST_BINS))
+    unit = str(p.get("unit", ""))
+    x_label = str(p.get("x_label", ""))
+    if unit and unit not in x_label:
+        x_label = f"{x_label} ({unit})"
+    return {"kind": "histogram", "x_label": x_label, "y_label": str(p.get("y_label", "count")), **b}
+
+
+def _text(p: dict[str, Any]) -> dict[str, Any]:
+    text = str(p["text"])
+    return {"kind": "text", "text": text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + " [...]"}
+
+
+_SECTION_BUILDERS: dict[str, Any] = {
+    "table": _table, "stacked_bars": _stacked, "flamegraph": _flame, "waterfall": _waterfall,
+    "line_chart": _line, "histogram": _hist, "text": _text,
+}
+
+
+# -- environment ---------------------------------------------------------------------------------------
+def redact_value(key: str, value: Any) -> Any:
+    if _SECRET_KEY.search(key):
+        return REDACTED
+    if isinstance(value, str) and _SECRET_VALUE.search(value):
+        return _SECRET_VALUE.sub(REDACTED, value)
+    return value
+
+
+def flatten(d: Any, prefix: str = "", depth: int = 0) -> list[list[str]]:
+    """Nested manifest data as [[dotted key, text value]] rows, secrets redacted, long values cut."""
+    rows: list[list[str]] = []
+    if isinstance(d, dict):
+        for k in sorted(d, key=str):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            v = d[k]
+            if _SECRET_KEY.search(str(k)):
+                rows.append([key, REDACTED])
+            elif isinstance(v, dict) and v and depth < 4:
+                rows.extend(flatten(v, key, depth + 1))
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                rows.extend([f"{key}[{i}]", _text_value(x)] for i, x in enumerate(v[:20]))
+            else:
+                rows.append([key, _text_value(redact_value(str(k), v))])
+    elif d not in (None, "", {}, []):
+        rows.append([prefix or "value", _text_value(d)])
+    return rows
+
+
+def _text_value(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, list):
+        s = ", ".join(_text_value(redact_value("", x)) for x in v)
+    elif isinstance(v, dict):
+        s = ", ".join(f"{k}={_text_value(redact_value(str(k), x))}" for k, x in v.items())
+    elif isinstance(v, float):
+        s = f"{v:.6g}"
+    else:
+        s = str(v)
+    return s if len(s) <= 300 else s[:297] + "..."

@@ -1,0 +1,304 @@
+"""Analysis -> the report's view model: one plain dict (JSON types only) that the template only displays.
+
+Tests check this data; the HTML is a rendering of it. Order of the report: banners (partial capture,
+invalid run, warnings), verdict, ranked findings, rules not evaluated, the percentile table (+ throughput,
+goodput, per phase), TTFT/ITL distributions, the load-vs-latency-vs-queue timeline, contributed sections,
+probe statuses, environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis import Analysis
+from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
+
+from .sections_view import bin_values, finite, flatten, section_view, unavailable
+from .timeline import timeline_chart
+
+VIEW_SCHEMA = 1
+PCTS = ("p50", "p90", "p95", "p99", "max")
+METRICS = (("ttft", "TTFT", "time to first token"), ("itl", "ITL", "inter-token latency (chunk gaps, pooled)"),
+           ("tpot", "TPOT", "time per output token after the first"), ("e2e", "E2E", "end-to-end request latency"))
+THROUGHPUT = (("output_tps", "output throughput", "tok/s"), ("request_rps", "request throughput", "req/s"),
+              ("goodput_rps", "goodput (requests meeting the SLO)", "req/s"),
+              ("goodput_ratio", "share of requests meeting the SLO", "ratio"),
+              ("error_rate_ratio", "error rate", "ratio"), ("requests_measured", "requests measured", "requests"))
+ARROWS = {"down": "↓", "up": "↑", "flat": "→"}
+GROUP_ORDER = ("latency", "server", "host", "gpu", "trace", "details")
+GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "host": "Host CPU and stacks",
+                "gpu": "GPU", "trace": "Kernel trace", "details": "Details"}
+
+
+def build_view(analysis: Analysis) -> dict[str, Any]:
+    """The whole report as plain data."""
+    a = analysis
+    manifest = a.manifest or {}
+    sections = [section_view(s) for s in a.sections]
+    sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
+                                 s["order"], s["id"]))
+    return {
+        "schema": VIEW_SCHEMA,
+        "title": _title(manifest),
+        "source": str(a.source),
+        "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
+        "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
+        "banners": _banners(a),
+        "verdict": _verdict(a),
+        "findings": [_finding(f) for f in sorted(a.findings, key=lambda f: (-f.score, f.rule_id))],
+        "not_evaluated": [{"rule_id": n.rule_id, "name": n.name, "missing": list(n.missing)}
+                          for n in sorted(a.not_evaluated, key=lambda n: n.rule_id)],
+        "percentiles": _percentiles(a),
+        "errors": _errors(a.tables.get("requests")),
+        "charts": {
+            "ttft": _distribution(a, "ttft"),
+            "itl": _distribution(a, "itl"),
+            "timeline": timeline_chart(a.tables, a.phases, manifest),
+        },
+        "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
+                            "sections": [s for s in sections if s["group"] == g]}
+                           for g in dict.fromkeys(s["group"] for s in sections)],
+        "probes": [{"name": p.name, "state": p.state, "reason": p.reason,
+                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail))}
+                   for p in sorted(a.probe_statuses, key=lambda p: p.name)],
+        "environment": _environment(manifest),
+    }
+
+
+def _title(manifest: dict[str, Any]) -> str:
+    t = manifest.get("target") or {}
+    model = t.get("model") or "unknown model"
+    engine = t.get("engine") or "unknown engine"
+    ver = t.get("engine_version")
+    return f"{model} on {engine}{' ' + str(ver) if ver else ''}"
+
+
+def _banners(a: Analysis) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    cap = (a.manifest or {}).get("capture") or {}
+    if a.partial:
+        why = cap.get("interrupted") or "the capture did not finish (no end recorded)"
+        out.append({"level": "error", "text": f"Partial capture: {why}. Numbers cover only what was recorded."})
+    if not a.run_valid:
+        out.append({"level": "error", "text": "Invalid run: the load client, not the server, limited this run "
+                                              "(see the verdict). Server-side findings are not trustworthy."})
+    for w in a.warnings:
+        if a.partial and str(w).startswith("partial capture"):
+            continue
+        out.append({"level": "warning", "text": str(w)})
+    return out
+
+
+def _sig(signals: dict[str, Signal], name: str) -> float | None:
+    s = signals.get(name)
+    return finite(s.value) if s is not None else None
+
+
+def _key_numbers(signals: dict[str, Signal]) -> list[dict[str, Any]]:
+    spec = (("ttft_p50_ms", "TTFT P50", "ms"), ("ttft_p99_ms", "TTFT P99", "ms"), ("itl_p50_ms", "ITL P50", "ms"),
+            ("itl_p99_ms", "ITL P99", "ms"), ("output_tps", "output", "tok/s"), ("request_rps", "requests", "req/s"),
+            ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
+    return [{"signal": n, "label": lab, "value": v, "unit": u}
+            for n, lab, u in spec if (v := _sig(signals, n)) is not None]
+
+
+def _verdict(a: Analysis) -> dict[str, Any]:
+    findings = sorted(a.findings, key=lambda f: (-f.score, f.rule_id))
+    keys = _key_numbers(a.signals)
+    if not a.run_valid:
+        parts = []
+        for name, label, unit in (("client_schedule_lag_p99_ms", "send-schedule lag P99", "ms"),
+                                  ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"),
+                                  ("client_cpu_max_percent", "client CPU max", "%")):
+            v = _sig(a.signals, name)
+            if v is not None:
+                parts.append(f"{label} {v:.3g} {unit}")
+        detail = a.verdict or ("The load generator could not keep up with the requested load"
+                               + (f" ({', '.join(parts)})" if parts else "")
+                               + ", so measured latency includes client delay. Repeat with a lighter workload "
+                                 "or more client CPU before blaming the server.")
+        return {"level": "invalid", "headline": "The run is invalid: the client was the bottleneck, not the server",
+                "detail": detail, "key_numbers": keys, "partial": a.partial}
+    if findings:
+        top = findings[0]
+        more = len(findings) - 1
+        return {"level": top.severity, "headline": a.verdict or top.title,
+                "detail": top.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} below.)" if more else ""),
+                "key_numbers": keys, "partial": a.partial}
+    n_ne = len(a.not_evaluated)
+    detail = "No rule found a bottleneck in the evidence captured."
+    if n_ne:
+        detail += f" {n_ne} rule{'s were' if n_ne > 1 else ' was'} not evaluated for missing evidence (listed below)."
+    return {"level": "ok", "headline": a.verdict or "No bottleneck found", "detail": detail,
+            "key_numbers": keys, "partial": a.partial}
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {
+        "rule_id": f.rule_id, "name": f.name, "family": f.family, "severity": f.severity,
+        "severity_weight": SEVERITY_WEIGHT.get(f.severity, 0.0),
+        "title": f.title, "hypothesis": f.hypothesis,
+        "confidence": finite(f.confidence), "impact": finite(f.impact), "score": finite(f.score),
+        "evidence": [{"signal": e.signal, "value": finite(e.value), "unit": e.unit, "source": e.source,
+                      "note": e.note} for e in f.evidence],
+        "causes": [{
+            "cause": c.cause, "confirm": c.confirm, "refute": c.refute,
+            "experiment": None if c.experiment is None else {
+                "change": c.experiment.change,
+                "expect": [{"signal": s, "direction": d, "arrow": ARROWS.get(d, d)} for s, d in c.experiment.expect],
+            },
+        } for c in f.causes],
+        "sources": list(f.sources), "runbook": f.runbook,
+    }
+
+
+# -- percentile table -----------------------------------------------------------------------------------
+def _percentiles(a: Analysis) -> dict[str, Any]:
+    windows = [{"label": "whole run", **_window_table(a.signals, a.tables.get("requests"), a.tables.get("itl"), None)}]
+    for i, sigs in enumerate(a.phase_signals):
+        ph = a.phases[i] if i < len(a.phases) else {}
+        idx = ph.get("phase", i)
+        label = str(ph.get("name") or f"phase {idx}")
+        windows.append({"label": label, **_window_table(sigs, a.tables.get("requests"), a.tables.get("itl"), idx)})
+    slos = [{"signal": n, "value": finite(s.value), "unit": s.unit}
+            for n, s in sorted(a.signals.items()) if n.startswith("slo_")]
+    return {"columns": [p.upper() if p != "max" else "max" for p in PCTS], "windows": windows, "slos": slos,
+            "sweep": _sweep(windows[1:]) if len(windows) > 2 else None}
+
+
+SWEEP_COLUMNS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"), ("tpot", "p50"), ("tpot", "p99"),
+                 ("e2e", "p50"), ("e2e", "p99"))
+SWEEP_THROUGHPUT = (("output_tps", "output tok/s", "tok/s"), ("request_rps", "req/s", "req/s"),
+                    ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
+
+
+def _sweep(phase_windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per sweep level: how P50/P99 latency and throughput move with load."""
+    lat = {m: lab for m, lab, _ in METRICS}
+    columns = [{"group": f"{lat[m]} (ms)", "label": p.upper(), "unit": "ms"} for m, p in SWEEP_COLUMNS]
+    present = [t for t in SWEEP_THROUGHPUT if any(x["signal"] == t[0] for w in phase_windows for x in w["throughput"])]
+    columns += [{"group": "throughput", "label": lab, "unit": u} for _, lab, u in present]
+    groups: list[dict[str, Any]] = []
+    for c in columns:
+        if groups and groups[-1]["label"] == c["group"]:
+            groups[-1]["span"] += 1
+        else:
+            groups.append({"label": c["group"], "span": 1})
+    rows = []
+    for w in phase_windows:
+        by_key = {r["key"]: r["values"] for r in w["rows"]}
+        thr = {x["signal"]: x["value"] for x in w["throughput"]}
+        cells = [{"value": by_key.get(m, {}).get(p), "unit": "ms"} for m, p in SWEEP_COLUMNS]
+        cells += [{"value": thr.get(n), "unit": u} for n, _, u in present]
+        rows.append({"label": w["label"], "cells": cells})
+    return {"groups": groups, "columns": columns, "rows": rows}
+
+
+def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl: pd.DataFrame | None,
+                  phase: Any) -> dict[str, Any]:
+    fallback = _table_percentiles(requests, itl, phase)
+    rows: list[dict[str, Any]] = []
+    note = ""
+    for key, label, desc in METRICS:
+        vals: dict[str, float | None] = {p: _sig(signals, f"{key}_{p}_ms") for p in PCTS}
+        if all(v is None for v in vals.values()) and key in fallback:
+            vals = fallback[key]
+            note = "computed from the requests table (the client signals were absent)"
+        rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
+    thr = [{"signal": n, "label": lab, "value": v, "unit": u}
+           for n, lab, u in THROUGHPUT if (v := _sig(signals, n)) is not None]
+    if not any(v is not None for r in rows for v in r["values"].values()):
+        return {"rows": rows, "throughput": thr, "note": "not available: no latency signals and no requests table"}
+    return {"rows": rows, "throughput": thr, "note": note}
+
+
+def _measured(requests: pd.DataFrame, phase: Any = None) -> pd.DataFrame:
+    df = requests
+    if "warmup" in df.columns:
+        df = df[~df["warmup"].fillna(False).astype(bool)]
+    if "ok" in df.columns:
+        df = df[df["ok"].fillna(False).astype(bool)]
+    if phase is not None and "phase" in df.columns:
+        df = df[df["phase"] == phase]
+    return df
+
+
+def _table_percentiles(requests: pd.DataFrame | None, itl: pd.DataFrame | None, phase: Any) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    if requests is None or requests.empty:
+        return out
+    df = _measured(requests, phase)
+    cols = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
+    for key, col in cols.items():
+        if col in df.columns:
+            out[key] = _pcts(df[col].to_numpy(dtype=float))
+    if itl is not None and "itl_ms" in itl.columns and "rid" in itl.columns and "rid" in df.columns:
+        out["itl"] = _pcts(itl[itl["rid"].isin(df["rid"])]["itl_ms"].to_numpy(dtype=float))
+    return {k: v for k, v in out.items() if any(x is not None for x in v.values())}
+
+
+def _pcts(arr: np.ndarray) -> dict[str, float | None]:
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return {p: None for p in PCTS}
+    q = np.percentile(arr, [50, 90, 95, 99, 100])
+    return {p: float(v) for p, v in zip(PCTS, q, strict=True)}
+
+
+def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
+    """Failed requests by category, with one example detail each (detail text is captured: escaped on render)."""
+    if requests is None or requests.empty or "ok" not in requests.columns:
+        return {"total": 0, "rows": []}
+    bad = requests[~requests["ok"].fillna(False).astype(bool)]
+    rows = []
+    if not bad.empty:
+        cat = bad["error"].fillna("unknown").astype(str) if "error" in bad.columns else pd.Series("unknown", bad.index)
+        for name, grp in bad.groupby(cat, sort=True):
+            details = grp["error_detail"].dropna().astype(str) if "error_detail" in grp.columns else pd.Series([], dtype=str)
+            example = details.iloc[0][:300] if not details.empty else ""
+            warm = int(grp["warmup"].fillna(False).astype(bool).sum()) if "warmup" in grp.columns else 0
+            rows.append({"category": str(name), "count": int(len(grp)), "warmup": warm, "example": example})
+    return {"total": int(len(bad)), "requests": int(len(requests)), "rows": rows}
+
+
+# -- distributions --------------------------------------------------------------------------------------
+def _distribution(a: Analysis, key: str) -> dict[str, Any]:
+    title = {"ttft": "TTFT distribution", "itl": "ITL distribution (pooled chunk gaps)"}[key]
+    x_label = {"ttft": "time to first token (ms)", "itl": "gap between content chunks (ms)"}[key]
+    req = a.tables.get("requests")
+    if req is None or req.empty:
+        return unavailable(title, "no requests table (the load probe did not run or recorded no requests)")
+    measured = _measured(req)
+    if key == "ttft":
+        if "ttft_ms" not in measured.columns:
+            return unavailable(title, "the requests table has no ttft_ms column")
+        values = measured["ttft_ms"].to_numpy(dtype=float)
+        y_label = "requests"
+    else:
+        itl = a.tables.get("itl")
+        if itl is None or itl.empty or "itl_ms" not in itl.columns:
+            return unavailable(title, "no itl table (no streamed chunks were recorded)")
+        if "rid" in itl.columns and "rid" in measured.columns:
+            itl = itl[itl["rid"].isin(measured["rid"])]
+        values = itl["itl_ms"].to_numpy(dtype=float)
+        y_label = "chunk gaps"
+    b = bin_values(values)
+    if b["n"] == 0:
+        return unavailable(title, "no successful measured requests to plot")
+    if b["log_x"]:
+        x_label += ", log scale"
+    return {"kind": "histogram", "title": f"{title} (n={b['n']})", "x_label": x_label, "y_label": y_label, **b}
+
+
+# -- environment ----------------------------------------------------------------------------------------
+def _environment(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    cap = dict(manifest.get("capture") or {})
+    cap.pop("clock_anchor", None)
+    groups = (("Target", manifest.get("target")), ("Workload", manifest.get("workload")),
+              ("Host", manifest.get("host")), ("Capture", {**cap, "tool": manifest.get("tool"),
+                                                            "schema_version": manifest.get("schema_version")}),
+              ("Options", manifest.get("options")))
+    return [{"group": g, "rows": flatten(d or {})} for g, d in groups if d]
