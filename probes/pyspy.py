@@ -1,0 +1,419 @@
+"""Host stacks: sample every process of the engine's tree with py-spy, plus per-thread CPU counters.
+
+Finds the server process (``Target.pid``, or the process listening on the target URL's port), walks its
+process tree (for vLLM: the API server, ``VLLM::EngineCore``, ``VLLM::Worker``...) and, for the whole
+capture:
+
+* runs one ``py-spy record --format raw --threads`` per Python process (active samples only, so a stack's
+  share of a thread's samples is a share of its on-CPU time), optionally ``--nonblocking``;
+* reads ``/proc/<pid>/task/<tid>/{stat,schedstat}`` of every thread every ``cpu_interval_s`` (CPU time and
+  run-queue wait, the direct CPU-contention signal) and the system's ``/proc/stat`` (steal);
+* takes a ``py-spy dump --json`` snapshot of each process every ``dump_interval_s`` (which thread holds the
+  GIL, which are active).
+
+Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
+  process:    {kind, t_ns, pid, ppid, role, name}           role: api_server | engine_core | worker | other
+  thread_cpu: {kind, t_ns, pid, tid, comm, state, utime_s, stime_s, run_ns, wait_ns, slices}  (cumulative)
+  system_cpu: {kind, t_ns, ncpu, user, nice, system, idle, iowait, irq, softirq, steal}       (ticks, cumulative)
+  stack:      {kind, pid, tid, thread, frames: ["func (file:line)", ... root first], count, start_ns, end_ns}
+  dump:       {kind, t_ns, pid, threads: [{tid, name, active, gil, leaf}]}
+  exit:       {kind, t_ns, pid}                              a sampled process disappeared
+  pyspy_cost: {kind, pid, mode, cpu_s, wall_s, samples, rate_hz, nonblocking, returncode}
+The raw py-spy outputs are kept as artifacts ``pyspy_<pid>.txt`` (flamegraph.pl input).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import orjson
+import psutil
+from diagnose.probes.base import CaptureContext
+
+from diagnose.model import ProbeStatus
+
+NAME = "pyspy"
+PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as the same user as the server "
+              "(or root), grant CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE), or set "
+              "/proc/sys/kernel/yama/ptrace_scope to 0 (sysctl kernel.yama.ptrace_scope=0)")
+_PERM = re.compile(r"permission denied|operation not permitted|EPERM|ptrace", re.I)
+_RAW_LINE = re.compile(r"^thread \((\d+)\)(?::\s*(.*?))?;(.*)\s(\d+)$")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    ppid: int
+    role: str
+    name: str
+
+
+@dataclass
+class _Recorder:
+    proc: ProcInfo
+    popen: subprocess.Popen[bytes]
+    out: Path
+    started_ns: int
+    cpu_s: float = 0.0
+    returncode: int | None = None
+    stderr: str = ""
+
+
+def pyspy_binary() -> str | None:
+    """The py-spy executable: next to this interpreter (the venv) first, then PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def port_of(url: str) -> int | None:
+    try:
+        u = urlparse(url)
+        return u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+def pid_listening_on(port: int) -> int | None:
+    """PID of the process with a TCP socket listening on ``port`` (None if none is visible to us)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    pids = sorted({c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   and c.pid})
+    return pids[0] if pids else None
+
+
+def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
+    text = " ".join([name, *cmdline[:1]])
+    if "EngineCore" in text or "EngineCor" in name:
+        return "engine_core"
+    if "Worker" in text:
+        return "worker"
+    if is_root:
+        return "api_server"
+    return "other"
+
+
+def _is_python(p: psutil.Process) -> bool:
+    try:
+        exe = os.path.basename(p.exe() or "")
+        cmd = p.cmdline()
+    except (psutil.Error, OSError):
+        return False
+    return exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
+
+
+def engine_tree(root_pid: int) -> list[ProcInfo]:
+    """The root process and every Python descendant, with a serving role guessed from its title."""
+    root = psutil.Process(root_pid)
+    out: list[ProcInfo] = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            name, cmd, ppid = p.name(), p.cmdline(), p.ppid()
+        except (psutil.Error, OSError):
+            continue
+        if p.pid != root_pid and not _is_python(p):
+            continue
+        title = cmd[0] if cmd and cmd[0].startswith("VLLM::") else name
+        out.append(ProcInfo(p.pid, ppid, role_of(title, cmd, p.pid == root_pid), title))
+    return out
+
+
+def parse_raw(text: str) -> list[tuple[int, str, list[str], int]]:
+    """py-spy ``--format raw --threads`` lines -> (tid, thread name, frames root first, count)."""
+    out = []
+    for line in text.splitlines():
+        m = _RAW_LINE.match(line.strip())
+        if not m:
+            continue
+        tid, tname, stack, count = int(m.group(1)), m.group(2) or "", m.group(3), int(m.group(4))
+        out.append((tid, tname, [f for f in stack.split(";") if f], count))
+    return out
+
+
+def read_thread_cpu(pid: int) -> list[dict[str, Any]]:
+    """Cumulative CPU and run-queue counters of every thread of ``pid`` (empty if it is gone)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return rows
+    for t in tids:
+        base = f"/proc/{pid}/task/{t}"
+        try:
+            with open(f"{base}/stat") as fh:
+                stat = fh.read()
+            with open(f"{base}/schedstat") as fh:
+                sched = fh.read().split()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        rest = stat[stat.rfind(")") + 2:].split()
+        rows.append({"tid": int(t), "comm": comm, "state": rest[0],
+                     "utime_s": int(rest[11]) / _CLK_TCK, "stime_s": int(rest[12]) / _CLK_TCK,
+                     "run_ns": int(sched[0]), "wait_ns": int(sched[1]), "slices": int(sched[2])})
+    return rows
+
+
+def read_system_cpu() -> dict[str, Any] | None:
+    try:
+        with open("/proc/stat") as fh:
+            first = fh.readline().split()
+    except OSError:
+        return None
+    keys = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
+    vals = [int(v) for v in first[1:9]] + [0] * (8 - len(first[1:9]))
+    return {"ncpu": os.cpu_count() or 1, **dict(zip(keys, vals, strict=False))}
+
+
+class PySpyProbe:
+    """Host stacks of the engine's process tree (see module docstring for the records)."""
+
+    name = NAME
+
+    def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = 20.0,
+                 nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 5.0,
+                 binary: str | None = None, stop_timeout_s: float = 10.0) -> None:
+        self.pid = pid
+        self.port = port
+        self.rate_hz = rate_hz
+        self.nonblocking = nonblocking
+        self.cpu_interval_s = cpu_interval_s
+        self.dump_interval_s = dump_interval_s
+        self.binary = binary
+        self.stop_timeout_s = stop_timeout_s
+        self._recorders: list[_Recorder] = []
+        self._dump_cpu_s = 0.0
+        self._dump_wall_s = 0.0
+        self._dumps = 0
+        self._gone: set[int] = set()
+        self._problems: dict[int, str] = {}
+
+    # -- discovery -----------------------------------------------------------------------------
+    def _binary(self) -> str | None:
+        return self.binary or pyspy_binary()
+
+    def _root_pid(self, ctx: CaptureContext) -> tuple[int | None, str]:
+        pid = self.pid or ctx.target.pid
+        if pid:
+            return (pid, "") if psutil.pid_exists(pid) else (None, f"no process with PID {pid}")
+        port = self.port or port_of(ctx.target.url)
+        if port is None:
+            return None, f"cannot tell the server's port from {ctx.target.url!r}; pass its PID"
+        pid = pid_listening_on(port)
+        if pid is None:
+            return None, (f"no local process visible listening on port {port} (server on another host or "
+                          "another user's; pass --pid)")
+        return pid, ""
+
+    def available(self, ctx: CaptureContext) -> tuple[bool, str]:
+        if self._binary() is None:
+            return False, "py-spy is not installed (pip install py-spy)"
+        pid, why = self._root_pid(ctx)
+        if pid is None:
+            return False, why
+        return True, ""
+
+    # -- run -----------------------------------------------------------------------------------
+    async def run(self, ctx: CaptureContext) -> ProbeStatus:
+        ok, why = self.available(ctx)
+        if not ok:
+            return ProbeStatus(NAME, "unavailable", why)
+        root, _ = self._root_pid(ctx)
+        assert root is not None
+        try:
+            procs = engine_tree(root)
+        except psutil.AccessDenied as e:
+            return ProbeStatus(NAME, "failed", f"cannot read process {root}: {e}. {PTRACE_FIX}")
+        except psutil.NoSuchProcess:
+            return ProbeStatus(NAME, "failed", f"server process {root} exited before sampling started")
+        stream = ctx.bundle.stream("host_samples", "py-spy stacks, per-thread CPU and run-queue counters")
+        now = ctx.now_ns()
+        stream.write_many([{"kind": "process", "t_ns": now, "pid": p.pid, "ppid": p.ppid, "role": p.role,
+                            "name": p.name} for p in procs])
+        for p in procs:
+            self._start_recorder(ctx, p)
+        await asyncio.sleep(0.3)  # an immediate ptrace refusal shows up as an early exit
+        sampler = asyncio.create_task(self._sample_loop(ctx, procs, stream))
+        try:
+            await ctx.stop.wait()
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            await asyncio.to_thread(self._stop_recorders)
+        return self._finish(ctx, procs, stream)
+
+    def _start_recorder(self, ctx: CaptureContext, p: ProcInfo) -> None:
+        binary = self._binary()
+        assert binary is not None
+        out = ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")
+        cmd = [binary, "record", "--pid", str(p.pid), "--rate", str(self.rate_hz), "--format", "raw",
+               "--threads", "--nolineno", "--output", str(out)]
+        if self.nonblocking:
+            cmd.append("--nonblocking")
+        try:
+            popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        except OSError as e:
+            self._problems[p.pid] = f"cannot start py-spy: {e}"
+            return
+        self._recorders.append(_Recorder(p, popen, out, ctx.now_ns()))
+
+    async def _sample_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
+        next_dump = time.monotonic() + min(1.0, self.dump_interval_s)
+        while True:
+            await asyncio.to_thread(self._sample_cpu, ctx, procs, stream)
+            if self.dump_interval_s > 0 and time.monotonic() >= next_dump:
+                next_dump = time.monotonic() + self.dump_interval_s
+                await asyncio.to_thread(self._dump_all, ctx, procs, stream)
+            await asyncio.sleep(self.cpu_interval_s)
+
+    def _sample_cpu(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
+        t = ctx.now_ns()
+        recs: list[dict[str, Any]] = []
+        sysc = read_system_cpu()
+        if sysc is not None:
+            recs.append({"kind": "system_cpu", "t_ns": t, **sysc})
+        for p in procs:
+            if p.pid in self._gone:
+                continue
+            rows = read_thread_cpu(p.pid)
+            if not rows and not psutil.pid_exists(p.pid):
+                self._gone.add(p.pid)
+                recs.append({"kind": "exit", "t_ns": t, "pid": p.pid})
+                continue
+            recs.extend({"kind": "thread_cpu", "t_ns": t, "pid": p.pid, **r} for r in rows)
+        stream.write_many(recs)
+
+    def _dump_all(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
+        binary = self._binary()
+        assert binary is not None
+        for p in procs:
+            if p.pid in self._gone or p.pid in self._problems:
+                continue
+            t0 = time.monotonic()
+            cmd = [binary, "dump", "--pid", str(p.pid), "--json"] + (["--nonblocking"] if self.nonblocking
+                                                                      else [])
+            try:
+                popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            except OSError:
+                continue
+            t_ns = ctx.now_ns()
+            killer = threading.Timer(5.0, popen.kill)
+            killer.start()
+            assert popen.stdout is not None
+            data = popen.stdout.read()
+            popen.stdout.close()
+            killer.cancel()
+            self._dump_cpu_s += _reap(popen, 5.0)
+            self._dump_wall_s += time.monotonic() - t0
+            self._dumps += 1
+            try:
+                threads = orjson.loads(data) if popen.returncode == 0 else None
+            except orjson.JSONDecodeError:
+                threads = None
+            if not isinstance(threads, list):
+                continue
+            stream.write({"kind": "dump", "t_ns": t_ns, "pid": p.pid, "threads": [
+                {"tid": th.get("os_thread_id"), "name": th.get("thread_name") or "",
+                 "active": bool(th.get("active")), "gil": bool(th.get("owns_gil")),
+                 "leaf": (th.get("frames") or [{}])[0].get("name", "")} for th in threads
+                if isinstance(th, dict)]})
+
+    def _stop_recorders(self) -> None:
+        for r in self._recorders:
+            with contextlib.suppress(OSError):
+                r.popen.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        deadline = time.monotonic() + self.stop_timeout_s
+        for r in self._recorders:
+            r.cpu_s = _reap(r.popen, max(0.1, deadline - time.monotonic()))
+            r.returncode = r.popen.returncode
+            if r.popen.stderr is not None:
+                r.stderr = r.popen.stderr.read().decode("utf-8", "replace")
+                r.popen.stderr.close()
+
+    def _finish(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> ProbeStatus:
+        total = 0
+        per_proc: dict[str, Any] = {}
+        for r in self._recorders:
+            p = r.proc
+            text = r.out.read_text(errors="replace") if r.out.exists() else ""
+            parsed = parse_raw(text)
+            n = sum(c for *_, c in parsed)
+            total += n
+            end_ns = ctx.now_ns()
+            stream.write_many([{"kind": "stack", "pid": p.pid, "tid": tid, "thread": tname, "frames": fr,
+                                "count": c, "start_ns": r.started_ns, "end_ns": end_ns}
+                               for tid, tname, fr, c in parsed])
+            wall = (end_ns - r.started_ns) / 1e9
+            stream.write({"kind": "pyspy_cost", "pid": p.pid, "mode": "record", "cpu_s": round(r.cpu_s, 4),
+                          "wall_s": round(wall, 3), "samples": n, "rate_hz": self.rate_hz,
+                          "nonblocking": self.nonblocking, "returncode": r.returncode})
+            if r.out.exists():
+                ctx.bundle.add_artifact(r.out.name, "pyspy_raw", f"py-spy raw stacks of {p.role} ({p.pid})",
+                                        pid=p.pid, role=p.role)
+            if n == 0 and r.stderr.strip():
+                self._problems[p.pid] = _explain(r.stderr)
+            per_proc[str(p.pid)] = {"role": p.role, "name": p.name, "samples": n,
+                                    "pyspy_cpu_s": round(r.cpu_s, 4), "exited": p.pid in self._gone,
+                                    "problem": self._problems.get(p.pid, "")}
+        if self._dumps:
+            stream.write({"kind": "pyspy_cost", "pid": 0, "mode": "dump", "cpu_s": round(self._dump_cpu_s, 4),
+                          "wall_s": round(self._dump_wall_s, 3), "samples": self._dumps, "rate_hz": 0.0,
+                          "nonblocking": self.nonblocking, "returncode": 0})
+        cost = sum(r.cpu_s for r in self._recorders) + self._dump_cpu_s
+        detail = {"processes": per_proc, "rate_hz": self.rate_hz, "nonblocking": self.nonblocking,
+                  "pyspy_cpu_s": round(cost, 3), "samples": total}
+        gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
+        note = f"; process(es) exited during the capture: {', '.join(gone)}" if gone else ""
+        if total == 0:
+            problems = "; ".join(f"{k}: {v}" for k, v in self._problems.items()) or "py-spy collected no samples"
+            return ProbeStatus(NAME, "failed", problems + note, detail)
+        missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
+        reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note
+        return ProbeStatus(NAME, "ok", reason.lstrip("; "), detail)
+
+
+def _reap(popen: subprocess.Popen[bytes], timeout_s: float) -> float:
+    """Wait for a child (killing it after ``timeout_s``) and return the CPU seconds it used (os.wait4)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, status, ru = os.wait4(popen.pid, os.WNOHANG)
+        except ChildProcessError:
+            popen.returncode = popen.returncode if popen.returncode is not None else -1
+            return 0.0
+        if pid:
+            popen.returncode = os.waitstatus_to_exitcode(status)
+            return float(ru.ru_utime + ru.ru_stime)
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                popen.kill()
+            deadline = time.monotonic() + 5.0
+        time.sleep(0.02)
+
+
+def _explain(stderr: str) -> str:
+    line = next((s.strip() for s in reversed(stderr.splitlines()) if s.strip()), "py-spy failed")
+    line = line[:300]
+    if _PERM.search(stderr):
+        return f"py-spy was refused ({line}). {PTRACE_FIX}"
+    return f"py-spy failed: {line}"
