@@ -108,6 +108,10 @@ SIGNALS: dict[str, str] = {
     "gpu_mem_used_max_ratio": "GPU memory used / total, max",
     "gpu_power_over_limit_ratio": "power / power limit, max",
     "gpu_sm_clock_drop_ratio": "1 - min SM clock / max SM clock",
+    # appended by the rule catalog (issue 5)
+    "kv_capacity_tokens": "KV-cache capacity in tokens (server configuration)",
+    "server_ttft_mean_ms": "server TTFT mean (ms)",
+    "workload_shared_prefix_ratio": "share of each prompt that is a prefix common to all requests (workload spec)",
 }
 
 # Families of names built from a pattern (host categories, trace analysis): any name with one of these
