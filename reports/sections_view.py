@@ -171,6 +171,9 @@ def _waterfall(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _line(p: dict[str, Any]) -> dict[str, Any]:
+    for s in p["series"]:
+        if not isinstance(s["points"], (list, tuple)) or any(not isinstance(pt, (list, tuple)) for pt in s["points"]):
+            raise TypeError(f"series {str(s.get('name', ''))[:80]!r}: points must be a list of [x, y] pairs")
     series = [{"name": str(s.get("name", "")), "axis": "right" if s.get("axis") == "right" else "left",
                "style": str(s.get("style", "line")),
                "points": [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in downsample(s["points"], MAX_LINE_POINTS)]}

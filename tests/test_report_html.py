@@ -1,0 +1,159 @@
+"""The rendered HTML: self-contained (no external URL), escaped, verdict first, charts with titles and labels."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from diagnose.reports import render_html, write_report
+from diagnose.reports.demo import synthetic_analysis
+
+from diagnose.analysis import Analysis, Section
+from diagnose.errors import DiagnoseError
+
+HOSTILE = "<script>alert(1)</script>"
+ATTR_HOSTILE = "\"'><img src=x onerror=alert(2)>"
+URL_ATTRS = {"src", "href", "xlink:href", "action", "formaction", "poster", "data", "srcset", "background"}
+
+
+class Doc(HTMLParser):
+    """Collects tags, attributes, text, and the order of section ids."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.styles: list[str] = []
+        self._in_style = False
+        self.stack: list[str] = []
+        self.svgs: list[dict[str, list[str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        self._in_style = tag == "style"
+        if tag == "svg":
+            self.svgs.append({"classes": [], "title": []})
+        if self.svgs and tag == "text":
+            self.svgs[-1]["classes"].append(a.get("class") or "")
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_style = False
+        while self.stack and self.stack.pop() != tag:
+            pass
+
+    def handle_data(self, data: str) -> None:
+        if self._in_style:
+            self.styles.append(data)
+        self.text.append(data)
+        if self.svgs and self.stack and self.stack[-1] == "title" and "svg" in self.stack:
+            self.svgs[-1]["title"].append(data)
+
+
+def parse(html: str) -> Doc:
+    d = Doc()
+    d.feed(html)
+    d.close()
+    return d
+
+
+@pytest.fixture(scope="module")
+def hostile_html() -> str:
+    a = synthetic_analysis(per_level_s=4.0, hostile=HOSTILE)
+    a.sections.append(Section("evil", f"Section{ATTR_HOSTILE}", "table",
+                              {"columns": [ATTR_HOSTILE], "rows": [[ATTR_HOSTILE, 1.5]], "note": ATTR_HOSTILE},
+                              group=f"grp{ATTR_HOSTILE}"))
+    return render_html(a)
+
+
+def test_no_external_urls(hostile_html: str) -> None:
+    doc = parse(hostile_html)
+    for tag, attrs in doc.tags:
+        for k, v in attrs.items():
+            if k in URL_ATTRS and v is not None:
+                assert not re.match(r"\s*(https?:)?//", v, re.I), (tag, k, v)
+        assert not (tag == "link" and attrs.get("rel") == "stylesheet")
+    css = "".join(doc.styles) + "".join(a.get("style") or "" for _, a in doc.tags)
+    assert "url(" not in css and "@import" not in css
+    assert not [t for t, _ in doc.tags if t in ("script", "iframe", "img", "object", "embed")]
+
+
+def test_hostile_strings_only_escaped(hostile_html: str) -> None:
+    assert HOSTILE not in hostile_html
+    assert ATTR_HOSTILE not in hostile_html
+    doc = parse(hostile_html)
+    assert not [t for t, _ in doc.tags if t in ("script", "img")]
+    assert not [k for _, a in doc.tags for k in a if k.startswith("on")]
+    text = "".join(doc.text)
+    # the hostile strings survive as visible text: model name, rule title, error detail, probe reason,
+    # evidence note, warning, series name, table cell, flame-graph frame, section title and group
+    assert text.count(HOSTILE) >= 9
+    assert "evil_frame" + HOSTILE in text
+    assert text.count(ATTR_HOSTILE) >= 4
+
+
+def test_verdict_before_findings_and_partial_banner_first() -> None:
+    html = render_html(synthetic_analysis(per_level_s=3.0, partial=True))
+    i_banner = html.index("Partial capture:")
+    i_verdict = html.index('id="verdict"')
+    i_findings = html.index('id="findings"')
+    i_latency = html.index('id="latency"')
+    assert i_banner < i_verdict < i_findings < i_latency
+    assert html.index("TTFT P99") > i_verdict
+
+
+def test_invalid_run_says_so_in_verdict() -> None:
+    html = render_html(synthetic_analysis(per_level_s=3.0, run_valid=False))
+    verdict = html[html.index('id="verdict"'): html.index('id="findings"')]
+    assert "The run is invalid: the client was the bottleneck" in verdict
+    assert "level-invalid" in verdict
+
+
+def test_charts_have_titles_and_axis_labels(hostile_html: str) -> None:
+    doc = parse(hostile_html)
+    assert len(doc.svgs) == 8  # 2 distributions, timeline, 5 SVG sections (table and text are HTML)
+    for svg in doc.svgs:
+        assert "".join(svg["title"]).strip(), svg
+        assert "chart-title" in svg["classes"]
+        assert any("x-label" in c for c in svg["classes"]), svg
+    # every chart but the flame graph has a y-axis label
+    assert sum(any("y-label" in c for c in s["classes"]) for s in doc.svgs) >= len(doc.svgs) - 1
+    text = "".join(doc.text)
+    for label in ("time to first token (ms)", "TTFT (ms)", "time since capture start (s)",
+                  "requests (in flight / queued)", "cumulative share (%)"):
+        assert label in text
+
+
+def test_missing_tables_render_not_available_lines() -> None:
+    html = render_html(Analysis(source="empty", manifest={}))
+    doc = parse(html)
+    text = "".join(doc.text)
+    assert "TTFT distribution: not available: no requests table" in text
+    assert "not available: no itl table" in text or "ITL distribution (pooled chunk gaps): not available" in text
+    assert "over time: not available" in text
+    assert "<svg" not in html
+
+
+def test_report_is_small_for_a_long_run(tmp_path: Path) -> None:
+    a = synthetic_analysis(levels=(4, 16, 32), per_level_s=40.0, output_tokens=128)
+    assert len(a.tables["itl"]) > 150_000
+    out = write_report(a, tmp_path / "r" / "report.html")
+    size = out.stat().st_size
+    assert size < 1_000_000, size
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_secrets_never_rendered() -> None:
+    html = render_html(synthetic_analysis(per_level_s=3.0))
+    assert "sk-secret" not in html and "sk-abcdefgh" not in html and "Bearer" not in html
+
+
+def test_write_report_bad_path_is_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(DiagnoseError) as ei:
+        write_report(Analysis(source="x", manifest={}), blocker / "report.html")
+    assert "cannot write report" in str(ei.value) and "\n" not in str(ei.value)

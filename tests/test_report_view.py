@@ -1,0 +1,190 @@
+"""The report's view model: the plain data the HTML displays (verdict, findings, percentiles, charts)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from diagnose.reports.demo import synthetic_analysis
+from diagnose.reports.view_model import build_view
+
+from diagnose.analysis import Analysis, Section
+from diagnose.model import Finding, Signal
+
+
+@pytest.fixture(scope="module")
+def demo() -> Analysis:
+    return synthetic_analysis(per_level_s=8.0)
+
+
+def test_view_is_plain_json(demo: Analysis) -> None:
+    view = build_view(demo)
+    text = json.dumps(view, allow_nan=False)  # raises on NaN/inf or non-JSON types
+    assert json.loads(text)["schema"] == 1
+
+
+def test_findings_ranked_by_score_with_experiments(demo: Analysis) -> None:
+    view = build_view(demo)
+    scores = [f["score"] for f in view["findings"]]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 2
+    top = view["findings"][0]
+    assert top["rule_id"] == "LAT001"
+    exp = top["causes"][0]["experiment"]
+    assert exp["change"].startswith("raise --max-num-seqs")
+    assert exp["expect"][0] == {"signal": "server_queue_time_p50_ms", "direction": "down", "arrow": "↓"}
+    assert top["evidence"][0]["signal"] == "ttft_p99_ms" and top["evidence"][0]["unit"] == "ms"
+    assert [n["rule_id"] for n in view["not_evaluated"]] == ["GPU001", "OTL001"]
+    assert view["not_evaluated"][1]["missing"] == ["ttft_queue_share_ratio", "join_matched_ratio"]
+
+
+def test_verdict_leads_with_top_finding_and_key_numbers(demo: Analysis) -> None:
+    v = build_view(demo)["verdict"]
+    assert v["level"] == "warning"
+    assert v["headline"].startswith("TTFT P99")
+    labels = {k["label"] for k in v["key_numbers"]}
+    assert {"TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "output", "requests"} <= labels
+
+
+def test_invalid_run_verdict_does_not_blame_server() -> None:
+    a = synthetic_analysis(per_level_s=3.0, run_valid=False)
+    a.signals["client_cpu_max_percent"] = Signal("client_cpu_max_percent", 99.0, "%", "client")
+    v = build_view(a)["verdict"]
+    assert v["level"] == "invalid"
+    assert "invalid" in v["headline"] and "client" in v["headline"]
+    assert "TTFT P99" not in v["headline"]  # not the top server finding
+    assert "client CPU max 99" in v["detail"]
+    assert any("Invalid run" in b["text"] for b in build_view(a)["banners"])
+
+
+def test_partial_capture_banner_first() -> None:
+    a = synthetic_analysis(per_level_s=3.0, partial=True)
+    banners = build_view(a)["banners"]
+    assert banners[0]["level"] == "error" and banners[0]["text"].startswith("Partial capture: SIGINT")
+
+
+def test_percentiles_match_signals_and_sweep(demo: Analysis) -> None:
+    p = build_view(demo)["percentiles"]
+    run = p["windows"][0]
+    ttft = next(r for r in run["rows"] if r["key"] == "ttft")
+    assert ttft["values"]["p99"] == pytest.approx(demo.signals["ttft_p99_ms"].value)
+    assert ttft["values"]["p50"] <= ttft["values"]["p90"] <= ttft["values"]["p95"] <= ttft["values"]["p99"]
+    tpot = next(r for r in run["rows"] if r["key"] == "tpot")
+    assert tpot["values"]["max"] is None  # no such signal: shown as missing, never as 0
+    thr = {t["signal"]: t["value"] for t in run["throughput"]}
+    assert thr["output_tps"] == pytest.approx(demo.signals["output_tps"].value)
+    assert "goodput_rps" in thr and "request_rps" in thr
+    assert [w["label"] for w in p["windows"]] == ["whole run", "c=1", "c=4", "c=16"]
+    assert [r["label"] for r in p["sweep"]["rows"]] == ["c=1", "c=4", "c=16"]
+    assert p["sweep"]["groups"][0] == {"label": "TTFT (ms)", "span": 2}
+    ttft_p50 = [r["cells"][0]["value"] for r in p["sweep"]["rows"]]
+    assert ttft_p50 == sorted(ttft_p50)  # latency grows with load in the synthetic sweep
+    assert p["slos"] == [{"signal": "slo_ttft_p99_ms", "value": 200.0, "unit": "ms"}]
+
+
+def test_percentiles_fall_back_to_requests_table() -> None:
+    req = pd.DataFrame({"rid": [0, 1, 2, 3], "phase": 0, "warmup": [True, False, False, False],
+                        "ok": [True, True, True, False], "ttft_ms": [1000.0, 10.0, 20.0, 5000.0],
+                        "e2e_ms": [2000.0, 100.0, 200.0, 6000.0], "tpot_ms": [1.0, 2.0, 3.0, 4.0],
+                        "sent_s": [0.0, 1.0, 2.0, 3.0], "end_s": [2.0, 1.1, 2.2, 9.0]})
+    itl = pd.DataFrame({"rid": [0, 1, 1, 2], "t_s": [0.1, 1.0, 1.1, 2.1], "itl_ms": [999.0, 1.0, 3.0, 5.0]})
+    run = build_view(Analysis(source="x", manifest={}, tables={"requests": req, "itl": itl}))["percentiles"]["windows"][0]
+    ttft = next(r for r in run["rows"] if r["key"] == "ttft")
+    assert ttft["values"]["max"] == 20.0  # warm-up (1000) and failed (5000) requests excluded
+    assert next(r for r in run["rows"] if r["key"] == "itl")["values"]["max"] == 5.0
+    assert "computed from the requests table" in run["note"]
+
+
+def test_empty_analysis_marks_everything_not_available() -> None:
+    view = build_view(Analysis(source="empty", manifest={}))
+    for key in ("ttft", "itl", "timeline"):
+        assert view["charts"][key]["kind"] == "unavailable"
+        assert view["charts"][key]["reason"]
+    assert view["percentiles"]["windows"][0]["note"].startswith("not available")
+    assert view["verdict"]["level"] == "ok" and view["findings"] == []
+
+
+def test_distributions_and_timeline(demo: Analysis) -> None:
+    charts = build_view(demo)["charts"]
+    ttft = charts["ttft"]
+    measured = demo.tables["requests"]
+    measured = measured[~measured["warmup"] & measured["ok"]]
+    assert ttft["kind"] == "histogram" and ttft["n"] == len(measured)
+    assert sum(b[2] for b in ttft["bins"]) == len(measured)
+    assert ttft["markers"][2]["label"] == "P99"
+    itl = charts["itl"]
+    assert itl["log_x"] is True and "log scale" in itl["x_label"]  # gaps span decades (rare stalls)
+    tl = charts["timeline"]
+    names = [s["name"] for s in tl["series"]]
+    assert "requests in flight (client)" in names and "server queue depth" in names
+    assert [b["label"] for b in tl["bands"]] == ["c=1", "c=4", "c=16"]
+    inflight = next(s for s in tl["series"] if s["name"].startswith("requests in flight"))
+    assert max(y for _, y in inflight["points"]) == 16  # concurrency 16 reached in the last phase
+    assert all(len(s["points"]) <= 600 for s in tl["series"])
+
+
+def test_timeline_without_metrics_says_why() -> None:
+    a = synthetic_analysis(per_level_s=2.0, levels=(2,))
+    del a.tables["metrics"]
+    tl = build_view(a)["charts"]["timeline"]
+    assert "server queue depth not available" in tl["note"]
+    assert tl["bands"] == []  # one phase: no bands
+
+
+def test_errors_summary_counts_categories(demo: Analysis) -> None:
+    errs = build_view(demo)["errors"]
+    n_bad = int((~demo.tables["requests"]["ok"]).sum())
+    assert errs["total"] == n_bad > 0
+    assert errs["rows"][0]["category"] == "http_5xx" and errs["rows"][0]["example"] == "upstream reset"
+
+
+def test_environment_redacts_secrets(demo: Analysis) -> None:
+    env = build_view(demo)["environment"]
+    flat = {f"{g['group']}:{k}": v for g in env for k, v in g["rows"]}
+    assert flat["Target:headers"] == "[redacted]"
+    assert "sk-" not in json.dumps(env) and "Bearer" not in json.dumps(env)
+    assert flat["Workload:note"] == "[redacted] passed by mistake"
+    assert flat["Workload:output_tokens"] == "64"  # *_tokens counts are not mistaken for secrets
+    assert flat["Target:model"] == "tiny-llama"
+
+
+def test_sections_grouped_in_fixed_order(demo: Analysis) -> None:
+    groups = build_view(demo)["section_groups"]
+    assert [g["group"] for g in groups] == ["latency", "server", "host", "trace"]
+    kinds = {s["kind"] for g in groups for s in g["sections"]}
+    assert kinds == {"stacked_bars", "waterfall", "line_chart", "table", "flamegraph", "histogram", "text"}
+
+
+def test_malformed_and_unknown_sections_become_unavailable() -> None:
+    a = Analysis(source="x", manifest={}, sections=[
+        Section("a", "Broken table", "table", {"rows": [[1]]}),
+        Section("b", "Odd", "sankey", {}),  # type: ignore[arg-type]
+        Section("c", "Bad line", "line_chart", {"series": [{"points": "nope"}]}),
+    ])
+    secs = {s["id"]: s for g in build_view(a)["section_groups"] for s in g["sections"]}
+    assert secs["a"]["kind"] == "unavailable" and "columns" in secs["a"]["reason"]
+    assert secs["b"]["kind"] == "unavailable" and "sankey" in secs["b"]["reason"]
+    assert secs["c"]["kind"] == "unavailable" and "malformed" in secs["c"]["reason"]
+
+
+def test_nan_signal_values_are_missing_not_zero() -> None:
+    sig = {"ttft_p50_ms": Signal("ttft_p50_ms", float("nan"), "ms", "client")}
+    f = Finding("X1", "x", "latency", "info", "t", "h", float("nan"), 0.0, 1.0)
+    view = build_view(Analysis(source="x", manifest={}, signals=sig, findings=[f]))
+    row = view["percentiles"]["windows"][0]["rows"][0]
+    assert row["values"]["p50"] is None
+    assert view["findings"][0]["confidence"] is None
+    json.dumps(view, allow_nan=False)
+
+
+def test_large_series_are_bounded() -> None:
+    rng = np.random.default_rng(1)
+    n = 50_000
+    pts = np.column_stack([np.arange(n) / 10, rng.random(n)])
+    pts[12345, 1] = 99.0  # a spike that must survive downsampling
+    a = Analysis(source="x", manifest={}, sections=[Section("l", "Long", "line_chart", {
+        "series": [{"name": "s", "points": pts.tolist()}], "x_label": "t (s)", "y_label": "v"})])
+    sec = build_view(a)["section_groups"][0]["sections"][0]
+    assert len(sec["series"][0]["points"]) <= 400
+    assert max(y for _, y in sec["series"][0]["points"]) == 99.0
