@@ -1,0 +1,62 @@
+"""`diagnose attach` + `diagnose analyze` against the real vLLM CPU engine (marker: engine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from diagnose.bundle import open_bundle
+
+pytestmark = pytest.mark.engine
+
+DIAG = [sys.executable, "-m", "diagnose"]
+
+
+def _attach(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "-o", str(out), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _analyze(bundle: Path, tmp: Path) -> dict:  # type: ignore[type-arg]
+    p = subprocess.run([*DIAG, "analyze", str(bundle), "-o", str(tmp / "r.html"), "--json", str(tmp / "f.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    html = (tmp / "r.html").read_text()
+    assert "<script src=" not in html and "<link " not in html  # self-contained
+    return json.loads((tmp / "f.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_queue_bound_run_is_diagnosed_as_queueing(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    server = start_vllm(extra_args=["--max-num-seqs", "2"])
+    url = server.url  # type: ignore[attr-defined]
+    p = _attach(url, tmp_path / "b", "--concurrency", "16", "--duration", "15s", "--input-tokens", "128",
+                "--output-tokens", "32")
+    assert p.returncode == 0, p.stderr
+    b = open_bundle(tmp_path / "b")
+    assert b.manifest["target"]["engine"] == "vllm"
+    assert {s.name: s.state for s in b.probe_statuses()} == {"load": "ok", "prometheus": "ok"}
+    data = _analyze(tmp_path / "b", tmp_path)
+    serious = [f for f in data["findings"] if f["severity"] != "info"]
+    assert serious and serious[0]["rule_id"] == "SCH001", [f["rule_id"] for f in data["findings"]]
+    ev = {e["signal"]: e["value"] for e in serious[0]["evidence"]}
+    assert ev["queue_depth_mean"] > 5  # 16 offered, 2 admitted: most wait
+    assert ev["running_requests_max"] <= 2
+    assert ev["server_queue_share_of_ttft_ratio"] > 0.5
+
+
+def test_client_ttft_agrees_with_server_histogram(vllm_server: object, tmp_path: Path) -> None:
+    url = vllm_server.url  # type: ignore[attr-defined]
+    p = _attach(url, tmp_path / "b", "--concurrency", "4", "--duration", "10s", "--output-tokens", "32")
+    assert p.returncode == 0, p.stderr
+    data = _analyze(tmp_path / "b", tmp_path)
+    sig = {k: v["value"] for k, v in data["signals"].items()}
+    # the server histogram's P50 lies in a bucket; the client's P50 (which adds the network and HTTP
+    # handling on loopback) must fall in that bucket or the next one up, never below it
+    lo, hi = sig["server_ttft_p50_bucket_lo_ms"], sig["server_ttft_p50_bucket_hi_ms"]
+    assert lo <= sig["ttft_p50_ms"] <= hi * 2.5, (lo, sig["ttft_p50_ms"], hi)
+    assert data["run_valid"] is True
