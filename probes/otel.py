@@ -57,7 +57,7 @@ class _Counters:
             self.last_errors = (self.last_errors + [f"{transport}: {why}"])[-5:]
 
 
-class OtelReceiverProbe:
+class OtlpReceiverProbe:
     """Probe "otel": an OTLP/gRPC + OTLP/HTTP trace receiver bound to loopback."""
 
     name = "otel"

@@ -50,7 +50,7 @@ class ProfilerProbe:
     name = "profiler"
 
     def __init__(self, profiler_dir: str | Path | None, *, iterations: int = 32, start_after_s: float = 2.0,
-                 window_s: float = 10.0, start_timeout_s: float = 30.0, stop_timeout_s: float = 60.0,
+                 window_s: float = 10.0, start_timeout_s: float = 20.0, stop_timeout_s: float = 35.0,
                  settle_s: float = 5.0, engine: str | None = None, max_bytes: int = 2 * 1024**3) -> None:
         if iterations < 1:
             raise ValueError("profile iterations must be at least 1")

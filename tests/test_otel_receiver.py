@@ -14,7 +14,7 @@ import grpc
 import orjson
 import pytest
 from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.otel import OtelReceiverProbe, expected_trace_ids
+from diagnose.probes.otel import OtlpReceiverProbe, expected_trace_ids
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.resources import Resource
@@ -31,10 +31,10 @@ def _ctx(tmp_path: Path) -> CaptureContext:
     return CaptureContext(bundle=bw, target=Target(url="http://127.0.0.1:1"), stop=asyncio.Event())
 
 
-async def _with_receiver(tmp_path: Path, body: Callable[[OtelReceiverProbe, CaptureContext], Awaitable[Any]],
+async def _with_receiver(tmp_path: Path, body: Callable[[OtlpReceiverProbe, CaptureContext], Awaitable[Any]],
                          **kw: Any) -> tuple[ProbeStatus, Any, CaptureContext]:
     ctx = _ctx(tmp_path)
-    probe = OtelReceiverProbe(grpc_port=kw.pop("grpc_port", 0), http_port=kw.pop("http_port", 0),
+    probe = OtlpReceiverProbe(grpc_port=kw.pop("grpc_port", 0), http_port=kw.pop("http_port", 0),
                               drain_s=kw.pop("drain_s", 0.5), **kw)
     task = asyncio.create_task(probe.run(ctx))
     for _ in range(200):
@@ -65,7 +65,7 @@ def _emit(exporter: Any, n: int) -> list[tuple[str, str]]:
 
 
 def test_grpc_and_http_exports_are_stored_normalised(tmp_path: Path) -> None:
-    async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> list[tuple[str, str]]:
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> list[tuple[str, str]]:
         ep = ctx.shared["otel_receiver"]
         a = await asyncio.to_thread(_emit, GrpcExporter(endpoint=ep["grpc"], insecure=True), 3)
         b = await asyncio.to_thread(_emit, HttpExporter(endpoint=ep["http"]), 2)
@@ -102,7 +102,7 @@ def _otlp_json(trace_hex: str, span_hex: str) -> dict[str, Any]:
 def test_http_json_and_gzip_protobuf_and_garbage(tmp_path: Path) -> None:
     trace_hex, span_hex = "4bf92f3577b34da6a3ce929d0e0e4736", "a3ce929d0e0e4736"
 
-    async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> dict[str, int]:
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> dict[str, int]:
         url = ctx.shared["otel_receiver"]["http"]
         codes: dict[str, int] = {}
         async with aiohttp.ClientSession() as s:
@@ -143,7 +143,7 @@ def test_http_json_and_gzip_protobuf_and_garbage(tmp_path: Path) -> None:
 
 
 def test_grpc_garbage_is_invalid_argument_and_receiver_keeps_working(tmp_path: Path) -> None:
-    async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> tuple[Any, int]:
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> tuple[Any, int]:
         target = ctx.shared["otel_receiver"]["grpc"].removeprefix("http://")
 
         def call() -> Any:
@@ -172,7 +172,7 @@ def test_port_in_use_fails_that_transport_only(tmp_path: Path) -> None:
     blocker.listen()
     busy = blocker.getsockname()[1]
     try:
-        async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> dict[str, str]:
+        async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> dict[str, str]:
             return dict(ctx.shared["otel_receiver"])
 
         status, eps, _ = asyncio.run(_with_receiver(tmp_path, body, http_port=busy))
@@ -188,7 +188,7 @@ def test_port_in_use_fails_that_transport_only(tmp_path: Path) -> None:
 
 
 def test_no_spans_reason_names_the_engine_flag(tmp_path: Path) -> None:
-    async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> None:
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> None:
         return None
 
     status, _, _ = asyncio.run(_with_receiver(tmp_path, body))
@@ -199,7 +199,7 @@ def test_no_spans_reason_names_the_engine_flag(tmp_path: Path) -> None:
 def test_drain_ends_when_every_request_has_its_span(tmp_path: Path) -> None:
     trace_hex = "ab" * 16
 
-    async def body(probe: OtelReceiverProbe, ctx: CaptureContext) -> float:
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> float:
         ctx.bundle.stream("requests").write({"rid": 0, "ok": True, "trace_id": trace_hex})
         ctx.bundle.stream("requests").write({"rid": 1, "ok": False, "trace_id": "cd" * 16})
         assert expected_trace_ids(ctx.bundle.path) == {trace_hex}
@@ -224,4 +224,4 @@ def test_drain_ends_when_every_request_has_its_span(tmp_path: Path) -> None:
 @pytest.mark.parametrize("ports", [(None, None)])
 def test_needs_a_port(ports: tuple[None, None]) -> None:
     with pytest.raises(ValueError, match="needs a gRPC port"):
-        OtelReceiverProbe(grpc_port=ports[0], http_port=ports[1])
+        OtlpReceiverProbe(grpc_port=ports[0], http_port=ports[1])
