@@ -1,0 +1,180 @@
+"""analyze_trace: one trace file or a directory of per-rank traces -> tables, signals, report sections."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis import Section
+from diagnose.errors import InputError
+from diagnose.model import Signal
+from diagnose.trace import launch, steps, timeline
+from diagnose.trace.classify import classify_kernels
+from diagnose.trace.multirank import collective_skew
+from diagnose.trace.parse import RankTrace, read_trace
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class TraceAnalysis:
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    signals: list[Signal] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such trace file or directory")
+    if p.is_file():
+        return [p]
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    if not files:
+        raise InputError(f"{p}: directory holds no trace files (*.json, *.json.gz)")
+    return files
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if len(a) else float("nan")
+
+
+def kernel_tables(rt: RankTrace, cls: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-class and per-kernel-name time (count, total, mean, P99)."""
+    g = rt.gpu
+    total = float(g["dur_us"].sum())
+    df = pd.DataFrame({"name": g["name"], "class": cls, "dur_us": g["dur_us"]})
+    by_cls = df.groupby("class", observed=True)["dur_us"]
+    classes = pd.DataFrame({"count": by_cls.size(), "total_ms": by_cls.sum() / 1e3, "mean_us": by_cls.mean(),
+                            "p99_us": by_cls.quantile(0.99)}).reset_index()
+    classes["share_ratio"] = classes["total_ms"] * 1e3 / total if total > 0 else np.nan
+    classes.insert(0, "rank", rt.rank)
+    by_name = df.groupby("name", observed=True)
+    top = pd.DataFrame({"class": by_name["class"].first(), "count": by_name["dur_us"].size(),
+                        "total_ms": by_name["dur_us"].sum() / 1e3, "mean_us": by_name["dur_us"].mean()})
+    top = top.sort_values("total_ms", ascending=False).head(25)
+    top["p99_us"] = [_pct(df["dur_us"].to_numpy()[df["name"].to_numpy() == n], 99) for n in top.index]
+    top["share_ratio"] = top["total_ms"] * 1e3 / total if total > 0 else np.nan
+    top = top.reset_index()
+    top["name"] = top["name"].astype(str).str.slice(0, 200)
+    top.insert(0, "rank", rt.rank)
+    return classes.sort_values("total_ms", ascending=False, ignore_index=True), top
+
+
+def cpu_op_table(rt: RankTrace, top: int = 25) -> pd.DataFrame:
+    c = rt.cpu_ops
+    if c.empty:
+        return pd.DataFrame(columns=["rank", "name", "count", "total_ms", "mean_us", "max_us"])
+    g = c.groupby("name", observed=True)["dur_us"].agg(["size", "sum", "mean", "max"])
+    g = g.sort_values("sum", ascending=False).head(top).reset_index()
+    return pd.DataFrame({"rank": rt.rank, "name": g["name"].astype(str).str.slice(0, 200), "count": g["size"],
+                         "total_ms": g["sum"] / 1e3, "mean_us": g["mean"], "max_us": g["max"]})
+
+
+def _analyze_rank(rt: RankTrace) -> dict[str, Any]:
+    out: dict[str, Any] = {"rank": rt.rank, "cpu_ops": cpu_op_table(rt)}
+    cls = classify_kernels(rt.gpu)
+    launch_ts = timeline.launch_start_for(rt.gpu, rt.runtime)
+    sync = launch.sync_intervals(rt.runtime) if not rt.runtime.empty else None
+    st = steps.find_steps(rt.annotations, rt.rank)
+    out["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync)
+    out["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
+    if rt.gpu.empty:
+        return out
+    out["gpu_row"], out["streams"] = timeline.gpu_time(rt.gpu, cls, rt.rank)
+    out["idle_streams"], out["idle_row"] = timeline.idle_attribution(rt.gpu, launch_ts, rt.rank)
+    out["classes"], out["top"] = kernel_tables(rt, cls)
+    out["launch"], out["launch_row"] = launch.launch_stats(rt.gpu, rt.runtime, rt.rank)
+    out["transfers"] = launch.transfers(rt.gpu, rt.runtime, rt.rank)
+    comm = cls.to_numpy() == "communication"
+    out["comm_starts"] = rt.gpu["ts_us"].to_numpy()[comm]
+    return out
+
+
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    parts = [p for p in parts if p is not None and not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAnalysis:
+    """Analyse a trace file (.json/.json.gz) or a directory of per-rank traces.
+
+    Bad input raises :class:`diagnose.errors.InputError` with a one-line message naming the file.
+    """
+    from diagnose.trace.report import build_sections, build_signals
+
+    t0 = time.perf_counter()
+    files = trace_files(path)
+    warnings: list[str] = []
+    results: list[dict[str, Any]] = []
+    traces: list[RankTrace] = []
+    seen: set[int] = set()
+    for i, f in enumerate(files):
+        rt = read_trace(f, include_python=include_python)
+        if len(files) > 1 and rt.rank in seen:
+            new = max(seen) + 1
+            warnings.append(f"{f.name}: rank {rt.rank} already seen; analysed as rank {new}")
+            rt.rank = new
+        elif len(files) > 1 and "distributedInfo" not in rt.meta:
+            rt.rank = i if i not in seen else max(seen) + 1
+        seen.add(rt.rank)
+        warnings.extend(rt.warnings)
+        results.append(_analyze_rank(rt))
+        traces.append(rt.__class__(path=rt.path, rank=rt.rank, meta=rt.meta, gpu=rt.gpu.iloc[0:0],
+                                   runtime=rt.runtime.iloc[0:0], cpu_ops=rt.cpu_ops.iloc[0:0],
+                                   annotations=rt.annotations.iloc[0:0], python=None, categories=rt.categories,
+                                   warnings=[], events_total=rt.events_total, time_unit=rt.time_unit))
+        del rt
+    tables: dict[str, pd.DataFrame] = {
+        "trace_gpu_time": pd.DataFrame([r["gpu_row"] for r in results if "gpu_row" in r]),
+        "trace_gpu_streams": _concat([r.get("streams") for r in results]),
+        "trace_idle": pd.DataFrame([r["idle_row"] for r in results if "idle_row" in r]),
+        "trace_idle_streams": _concat([r.get("idle_streams") for r in results]),
+        "trace_kernel_classes": _concat([r.get("classes") for r in results]),
+        "trace_top_kernels": _concat([r.get("top") for r in results]),
+        "trace_launch": _concat([r.get("launch") for r in results]),
+        "trace_launch_summary": pd.DataFrame([r["launch_row"] for r in results if "launch_row" in r]),
+        "trace_sync": _concat([r.get("sync") for r in results]),
+        "trace_transfers": _concat([r.get("transfers") for r in results]),
+        "trace_steps": _concat([r.get("steps") for r in results]),
+        "trace_cpu_ops": _concat([r.get("cpu_ops") for r in results]),
+    }
+    tables["trace_step_summary"] = steps.step_summary(tables["trace_steps"])
+    per_coll, per_rank, w = collective_skew({r["rank"]: r["comm_starts"] for r in results if "comm_starts" in r})
+    warnings.extend(w)
+    tables["trace_collectives"] = per_coll
+    tables["trace_rank_skew"] = per_rank
+    has_gpu = not tables["trace_gpu_time"].empty
+    if not has_gpu:
+        warnings.append("no GPU events in the trace (CPU-only, e.g. vLLM's CPU build): analysed CPU ops and "
+                        "engine steps only")
+    if tables["trace_steps"].empty:
+        warnings.append("no engine-step annotations found (vLLM execute_context_*, SGLang step[...], or "
+                        "ProfilerStep#): per-step analysis skipped")
+    summary = {
+        "files": [str(t.path) for t in traces], "ranks": sorted(t.rank for t in traces),
+        "events": sum(t.events_total for t in traces), "gpu": has_gpu,
+        "devices": sorted({d for t in traces for d in t.meta.get("devices", []) if d}),
+        "time_unit": sorted({t.time_unit for t in traces}),
+        "categories": _merge_counts([t.categories for t in traces]),
+        "meta": {t.rank: t.meta for t in traces}, "include_python": include_python,
+        "steps": len(tables["trace_steps"]), "analysis_s": round(time.perf_counter() - t0, 3),
+    }
+    signals = build_signals(tables, summary)
+    return TraceAnalysis(tables=tables, signals=signals, sections=build_sections(tables, summary, warnings),
+                         warnings=warnings, summary=summary)
+
+
+def _merge_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
