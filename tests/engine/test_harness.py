@@ -124,21 +124,6 @@ def _engine_tree(server: VllmServer) -> list[psutil.Process]:
 
 
 @pytest.mark.engine
-def test_stop_leaves_no_process_behind(start_vllm: Callable[..., VllmServer]) -> None:
-    server = start_vllm(extra_args=["--max-num-seqs", "4"])
-    assert server.health_ok()
-    procs = _engine_tree(server)
-    pids = {p.pid for p in procs}
-    assert server.pid in pids and len(pids) >= 3
-    server.stop()
-    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
-    assert not server.running and server.pid is None
-    assert not server.health_ok(timeout_s=0.5)
-    server.stop()  # idempotent
-
-
-@pytest.mark.engine
 def test_server_that_dies_raises_with_log_tail(start_vllm: Callable[..., VllmServer]) -> None:
     with pytest.raises(EngineError) as info:
         start_vllm(extra_args=["--max-num-seqs", "not-a-number"], startup_timeout_s=120)
@@ -162,10 +147,11 @@ def test_startup_timeout_raises_and_kills_the_tree(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
-def test_profiler_endpoint_exists_with_profiler_dir(
+def test_profiler_then_stop_leaves_no_process_behind(
     start_vllm: Callable[..., VllmServer], tmp_path: Path
 ) -> None:
-    server = start_vllm(profiler_dir=tmp_path / "prof")
+    """One dedicated server (startups are slow here): profiler endpoints work, then stop() kills the tree."""
+    server = start_vllm(profiler_dir=tmp_path / "prof", extra_args=["--max-num-seqs", "4"])
 
     async def go() -> tuple[int, int]:
         async with aiohttp.ClientSession() as s:
@@ -177,6 +163,16 @@ def test_profiler_endpoint_exists_with_profiler_dir(
 
     assert asyncio.run(go()) == (200, 200)
     assert sorted(p.name for p in (tmp_path / "prof").rglob("*.pt.trace.json*"))
+
+    procs = _engine_tree(server)
+    pids = {p.pid for p in procs}
+    assert server.pid in pids and len(pids) >= 3
+    server.stop()
+    alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert not server.running and server.pid is None
+    assert not server.health_ok(timeout_s=0.5)
+    server.stop()  # idempotent
 
 
 # ---- offline (no engine needed; runs in the unit suite) --------------------------------------------
