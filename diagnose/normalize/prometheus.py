@@ -1,0 +1,371 @@
+"""Server metrics: Prometheus scrapes (streams ``metrics`` + ``metric_families``) -> tables and signals.
+
+Engine-specific names are mapped to engine-neutral signals with ``diagnose.engines.METRIC_MAPS``
+(docs/engine-signals.md). Tables:
+
+* ``metrics``: long table, one row per scrape x neutral signal x data-parallel engine index:
+  ``t_s, t0_s`` (previous scrape), ``signal, value, delta`` (counter increase since the previous scrape,
+  resets detected), ``engine`` (vllm, sglang, ...), ``dp`` (data-parallel engine index label, "" if none),
+  ``kind, unit, agg`` (how to combine over ``dp``: sum or max), ``metric`` (the wire name used).
+* ``metrics_hist``: histogram bucket increases per scrape interval: ``t0_s, t_s, signal, le, count``
+  (cumulative over ``le``; bounds in the base unit, seconds or tokens; ``le`` = inf for the +Inf bucket).
+* ``metrics_hist_sum``: ``t0_s, t_s, signal, count, sum`` per interval.
+* ``metrics_scrapes``: ``t_s, scrape_ms, parse_ms, samples`` (probe cost).
+* ``server_config``: ``key, value`` (``kv_capacity_tokens``, ``max_num_seqs`` when known).
+
+A window takes every scrape interval that overlaps it, so its counters and histograms include the
+observations of the whole window (and at most one scrape interval on either side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from typing import Any
+
+import pandas as pd
+
+from diagnose.analysis import Section, Window
+from diagnose.bundle import Bundle
+from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
+from diagnose.model import Signal, Source
+from diagnose.normalize.prom_hist import (
+    QuantileEstimate,
+    counter_increments,
+    histogram_quantile,
+    parse_le,
+)
+
+SOURCE: Source = "server"
+METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "kind", "unit", "agg", "metric"]
+HIST_COLUMNS = ["t0_s", "t_s", "signal", "le", "count"]
+HIST_SUM_COLUMNS = ["t0_s", "t_s", "signal", "count", "sum"]
+
+_Series = dict[tuple[tuple[str, str], ...], dict[str, Any]]
+
+
+def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]], int]:
+    idx: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    bad = 0
+    for s in samples if isinstance(samples, list) else []:
+        if (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], dict)
+                and isinstance(s[2], (int, float)) and not isinstance(s[2], bool)):
+            idx[s[0]].append((s[1], float(s[2])))
+        elif not (isinstance(s, list) and len(s) == 3 and s[2] is None):
+            bad += 1
+    return idx, bad
+
+
+def _scalar_rows(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]], engine: str,
+                 dp_label: str, t_s: float) -> list[dict[str, Any]]:
+    names = [n for n in ref.names if n in idx]
+    if ref.combine == "first":
+        names = names[:1]
+    groups: dict[str, list[float]] = defaultdict(list)
+    for n in names:
+        for labels, v in idx[n]:
+            if ref.matches_labels(labels):
+                groups[str(labels.get(dp_label, ""))].append(v * ref.scale)
+    return [{"t_s": t_s, "signal": ref.signal, "value": sum(vs) if ref.agg == "sum" else max(vs), "dp": dp,
+             "engine": engine,
+             "kind": ref.kind, "unit": ref.unit, "agg": ref.agg, "metric": "+".join(names)}
+            for dp, vs in groups.items()]
+
+
+def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]]) -> _Series:
+    name = next((n for n in ref.names if f"{n}_bucket" in idx), None)
+    series: _Series = {}
+    if name is None:
+        return series
+    for labels, v in idx[f"{name}_bucket"]:
+        if "le" not in labels or not ref.matches_labels(labels):
+            continue
+        key = tuple(sorted((k, str(x)) for k, x in labels.items() if k != "le"))
+        try:
+            le = parse_le(str(labels["le"]))
+        except ValueError:
+            continue
+        s = series.setdefault(key, {"b": {}, "sum": math.nan, "count": math.nan})
+        s["b"][le * ref.scale if math.isfinite(le) else le] = v
+    for suffix, field in (("_sum", "sum"), ("_count", "count")):
+        for labels, v in idx.get(f"{name}{suffix}", []):
+            key = tuple(sorted((k, str(x)) for k, x in labels.items()))
+            if key in series:
+                series[key][field] = v * (ref.scale if field == "sum" else 1.0)
+    return series
+
+
+def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
+    """Increase of one histogram series between two scrapes; a decrease anywhere means a reset."""
+    if prev is None:
+        return {}
+    reset = cur["count"] < prev["count"] or any(v < prev["b"].get(le, 0.0) for le, v in cur["b"].items())
+    if reset:
+        return {"b": dict(cur["b"]), "sum": cur["sum"], "count": cur["count"]}
+    return {"b": {le: v - prev["b"].get(le, 0.0) for le, v in cur["b"].items()},
+            "sum": cur["sum"] - prev["sum"], "count": cur["count"] - prev["count"]}
+
+
+def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+    records = [r for r in bundle.iter_records("metrics") if isinstance(r.get("t_ns"), int)]
+    if not records:
+        return {}
+    records.sort(key=lambda r: r["t_ns"])
+    fam_names = [str(f.get("name", "")) for f in bundle.iter_records("metric_families")]
+    engine = engine_from_metric_names(fam_names) or str((bundle.manifest.get("target") or {}).get("engine")
+                                                         or "unknown")
+    refs = metric_map(engine)
+    dp_label = DP_LABEL.get(engine, "")
+    anchor = bundle.anchor_mono_ns
+    rows: list[dict[str, Any]] = []
+    hist_rows: list[dict[str, Any]] = []
+    sum_rows: list[dict[str, Any]] = []
+    scrapes: list[dict[str, Any]] = []
+    config: dict[str, float] = {}
+    prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
+    bad_total = 0
+    for rec in records:
+        t_s = (rec["t_ns"] - anchor) / 1e9
+        idx, bad = _index(rec.get("samples"))
+        bad_total += bad
+        scrapes.append({"t_s": t_s, "scrape_ms": rec.get("scrape_ms"), "parse_ms": rec.get("parse_ms"),
+                        "samples": sum(len(v) for v in idx.values())})
+        for labels, _v in idx.get("vllm:cache_config_info", [])[:1]:
+            for key, label in (("kv_capacity_tokens", "kv_cache_size_tokens"), ("kv_block_size_tokens", "block_size")):
+                with contextlib.suppress(KeyError, ValueError):
+                    config[key] = float(labels[label])
+        for ref in refs:
+            if ref.kind != "histogram":
+                rows.extend(_scalar_rows(ref, idx, engine, dp_label, t_s))
+                continue
+            agg: dict[str, Any] = {"b": defaultdict(float), "sum": 0.0, "count": 0.0, "t0": t_s, "n": 0}
+            for skey, cur in _hist_series(ref, idx).items():
+                prev = prev_hist.get((ref.signal, skey))
+                prev_hist[(ref.signal, skey)] = (t_s, cur)
+                d = _hist_delta(cur, prev[1] if prev else None)
+                if not d or prev is None:
+                    continue
+                agg["n"] += 1
+                agg["t0"] = min(agg["t0"], prev[0])
+                for le, v in d["b"].items():
+                    agg["b"][le] += v
+                agg["sum"] += d["sum"]
+                agg["count"] += d["count"]
+            if agg["n"]:
+                hist_rows.extend({"t0_s": agg["t0"], "t_s": t_s, "signal": ref.signal, "le": le, "count": c}
+                                 for le, c in sorted(agg["b"].items()))
+                sum_rows.append({"t0_s": agg["t0"], "t_s": t_s, "signal": ref.signal, "count": agg["count"],
+                                 "sum": agg["sum"]})
+    if bad_total:
+        bundle.warnings.append(f"{bundle.path}/metrics.jsonl: skipped {bad_total} malformed sample(s)")
+    metrics = pd.DataFrame(rows, columns=[c for c in METRIC_COLUMNS if c not in ("t0_s", "delta")])
+    metrics = _add_deltas(metrics)
+    target = bundle.manifest.get("target") or {}
+    for src in (target, target.get("config") or {}, target.get("engine_config") or {}):
+        if isinstance(src, dict) and isinstance(src.get("max_num_seqs"), (int, float)):
+            config["max_num_seqs"] = float(src["max_num_seqs"])
+    out = {
+        "metrics": metrics,
+        "metrics_hist": pd.DataFrame(hist_rows, columns=HIST_COLUMNS),
+        "metrics_hist_sum": pd.DataFrame(sum_rows, columns=HIST_SUM_COLUMNS),
+        "metrics_scrapes": pd.DataFrame(scrapes, columns=["t_s", "scrape_ms", "parse_ms", "samples"]),
+        "server_config": pd.DataFrame(sorted(config.items()), columns=["key", "value"]),
+    }
+    return out
+
+
+def _add_deltas(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.sort_values(["signal", "dp", "t_s"], kind="stable").reset_index(drop=True)
+    df["t0_s"] = df.groupby(["signal", "dp"])["t_s"].shift(1)
+    df["delta"] = math.nan
+    counters = df["kind"] == "counter"
+    for _key, g in df[counters].groupby(["signal", "dp"]):
+        df.loc[g.index, "delta"] = counter_increments(g["value"].tolist())
+    return df[METRIC_COLUMNS]
+
+
+# --------------------------------------------------------------------------------------------------
+def _overlapping(df: pd.DataFrame, window: Window) -> pd.DataFrame:
+    """Scrape intervals (t0_s, t_s] that overlap the window."""
+    return df[(df["t_s"] > window.start_s) & (df["t0_s"] < window.end_s)]
+
+
+def gauge_series(tables: dict[str, pd.DataFrame], signal: str, window: Window | None = None) -> list[tuple[float, float]]:
+    """(t_s, value) of one gauge, combined over data-parallel engines (sum, or max for ratios)."""
+    df = tables.get("metrics")
+    if df is None or df.empty:
+        return []
+    g = df[(df["signal"] == signal) & (df["kind"] == "gauge")]
+    if window is not None:
+        g = g[(g["t_s"] >= window.start_s) & (g["t_s"] <= window.end_s)]
+    if g.empty:
+        return []
+    how = "max" if (g["agg"] == "max").any() else "sum"
+    s = g.groupby("t_s")["value"].agg(how)
+    return [(float(t), float(v)) for t, v in s.items()]
+
+
+def counter_increase(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> float | None:
+    """Increase of one counter over the window (all engines); None when it was never scraped twice."""
+    df = tables.get("metrics")
+    if df is None or df.empty:
+        return None
+    c = _overlapping(df[(df["signal"] == signal) & (df["kind"] == "counter")], window)
+    d = c["delta"].dropna()
+    return float(d.sum()) if len(d) else None
+
+
+def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[list[float], list[float]]:
+    """Bucket upper bounds and cumulative counts of one histogram's increase over the window."""
+    df = tables.get("metrics_hist")
+    if df is None or df.empty:
+        return [], []
+    h = _overlapping(df[df["signal"] == signal], window)
+    if h.empty:
+        return [], []
+    s = h.groupby("le")["count"].sum().sort_index()
+    return [float(x) for x in s.index], [float(x) for x in s.values]
+
+
+def hist_quantile(tables: dict[str, pd.DataFrame], signal: str, q: float, window: Window) -> QuantileEstimate | None:
+    """Quantile of one histogram's observations in the window, its bucket, and the ``_sum`` bound."""
+    les, cum = hist_window(tables, signal, window)
+    mean = hist_mean(tables, signal, window)
+    total_sum = mean[0] * mean[1] if mean is not None and mean[1] == (cum[-1] if cum else None) else None
+    return histogram_quantile(q, les, cum, total_sum)
+
+
+def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[float, float] | None:
+    """(mean, count) of the observations in the window, from _sum and _count; None when there are none."""
+    df = tables.get("metrics_hist_sum")
+    if df is None or df.empty:
+        return None
+    h = _overlapping(df[df["signal"] == signal], window)
+    n = float(h["count"].sum())
+    return (float(h["sum"].sum()) / n, n) if n > 0 else None
+
+
+_HISTOGRAM_SIGNALS: tuple[tuple[str, str, tuple[int, ...], bool, str], ...] = (
+    # (table signal, output prefix, percentiles, mean, definition)
+    ("ttft_seconds", "server_ttft", (50, 90, 99), True, "server TTFT (engine's own start point)"),
+    ("queue_time_seconds", "server_queue_time", (50, 99), True, "server queue time"),
+    ("prefill_time_seconds", "server_prefill_time", (50, 99), True, "server prefill time"),
+    ("decode_time_seconds", "server_decode_time", (), True, "server decode time per request"),
+    ("itl_seconds", "server_itl", (50, 99), False, "server inter-token latency"),
+    ("e2e_seconds", "server_e2e", (50, 99), False, "server end-to-end latency"),
+)
+
+
+def _fmt_bound(x: float) -> str:
+    return "+Inf" if math.isinf(x) else f"{x * 1e3:g} ms"
+
+
+def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
+    if "metrics" not in tables:
+        return []
+    out: list[Signal] = []
+    engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
+    for sig, name, unit in (("queue_depth", "queue_depth", ""), ("running_requests", "running_requests", ""),
+                            ("kv_usage_ratio", "kv_usage", "_ratio")):
+        pts = gauge_series(tables, sig, window)
+        if pts:
+            vals = [v for _, v in pts]
+            series = tuple(pts)
+            u = "ratio" if unit else "requests"
+            out.append(Signal(f"{name}_mean{unit}", sum(vals) / len(vals), u, SOURCE,
+                              f"{engine} {sig}, mean of {len(vals)} scrapes", series))
+            out.append(Signal(f"{name}_max{unit}", max(vals), u, SOURCE, f"{engine} {sig}, max over scrapes", series))
+    for sig, name, unit in (("preemptions", "preemptions_total", "events"),
+                            ("rejected_requests", "rejected_requests_total", "requests")):
+        inc = counter_increase(tables, sig, window)
+        if inc is not None:
+            out.append(Signal(name, inc, unit, SOURCE, f"{engine} {sig} counter increase over the window"))
+    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
+    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
+    if queries and hits is not None:
+        out.append(Signal("prefix_cache_hit_ratio", hits / queries, "ratio", SOURCE,
+                          f"prefix-cache hit tokens / queried tokens ({hits:.0f} / {queries:.0f})"))
+    out.extend(_rate_signals(tables, window))
+    for sig, prefix, pcts, want_mean, what in _HISTOGRAM_SIGNALS:
+        for p in pcts:
+            est = hist_quantile(tables, sig, p / 100, window)
+            if est is None:
+                continue
+            desc = (f"{what} P{p} from the histogram of {est.count:.0f} observations: linear interpolation "
+                    f"in bucket ({_fmt_bound(est.lo)}, {_fmt_bound(est.hi)}]")
+            if est.bound < est.hi:
+                desc += f", provably <= {_fmt_bound(est.bound)} from the histogram sum"
+            out.append(Signal(f"{prefix}_p{p}_ms", est.value * 1e3, "ms", SOURCE, desc))
+            out.append(Signal(f"{prefix}_p{p}_bucket_lo_ms", est.lo * 1e3, "ms", SOURCE, f"lower bound of {desc}"))
+            if math.isfinite(est.hi):
+                out.append(Signal(f"{prefix}_p{p}_bucket_hi_ms", est.hi * 1e3, "ms", SOURCE, f"upper bound of {desc}"))
+        mean = hist_mean(tables, sig, window)
+        if want_mean and mean is not None:
+            out.append(Signal(f"{prefix}_mean_ms", mean[0] * 1e3, "ms", SOURCE,
+                              f"{what} mean of {mean[1]:.0f} observations (_sum / _count)"))
+    names = {s.name: s for s in out}
+    if "server_queue_time_mean_ms" in names and names.get("server_ttft_mean_ms") and names["server_ttft_mean_ms"].value > 0:
+        share = names["server_queue_time_mean_ms"].value / names["server_ttft_mean_ms"].value
+        out.append(Signal("server_queue_share_of_ttft_ratio", share, "ratio", SOURCE,
+                          "server mean queue time / server mean TTFT"))
+    step = hist_mean(tables, "batch_tokens_per_step", window)
+    if step is not None:
+        out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
+                          f"prompt + generation tokens per engine step, mean of {step[1]:.0f} steps"))
+    cfg = tables.get("server_config")
+    if cfg is not None:
+        for key, value in zip(cfg["key"], cfg["value"], strict=True):
+            if key in ("max_num_seqs", "kv_capacity_tokens"):
+                out.append(Signal(str(key), float(value), "requests" if key == "max_num_seqs" else "tokens", SOURCE,
+                                  "server configuration"))
+    return out
+
+
+def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
+    out: list[Signal] = []
+    df = tables["metrics"]
+    for sig, name, unit, desc in (("generation_tokens", "server_output_tps", "tokens/s", "generated tokens per second"),
+                                  ("process_cpu_seconds", "server_process_cpu_ratio", "cores",
+                                   "API-server process CPU time per second (1.0 = one core busy)")):
+        c = _overlapping(df[(df["signal"] == sig) & (df["kind"] == "counter")], window).dropna(subset=["delta"])
+        span = float((c["t_s"] - c["t0_s"]).groupby(c["dp"]).sum().max()) if len(c) else 0.0
+        if span > 0:
+            out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
+    return out
+
+
+def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
+    out: list[Section] = []
+    series = []
+    for sig, label, axis, scale in (("queue_depth", "waiting requests", "left", 1.0),
+                                    ("running_requests", "running requests", "left", 1.0),
+                                    ("kv_usage_ratio", "KV cache usage %", "right", 100.0)):
+        pts = gauge_series(tables, sig)
+        if pts:
+            series.append({"name": label, "points": [[round(t, 3), v * scale] for t, v in pts], "axis": axis})
+    if series:
+        out.append(Section("server_load", "Server queue, batch and KV cache over time", "line_chart",
+                           {"series": series, "x_label": "time (s)", "y_label": "requests",
+                            "y2_label": "KV cache usage (%)"}, group="server", order=20))
+    df = tables.get("metrics_hist_sum")
+    if df is not None and not df.empty:
+        whole = Window(-math.inf, math.inf)
+        rows = []
+        for sig, _prefix, _p, _m, what in _HISTOGRAM_SIGNALS:
+            mean = hist_mean(tables, sig, whole)
+            if mean is None:
+                continue
+            cells: list[Any] = [what, int(mean[1]), round(mean[0] * 1e3, 2)]
+            for q in (0.5, 0.99):
+                est = hist_quantile(tables, sig, q, whole)
+                cells.append("" if est is None else
+                             f"{est.value * 1e3:.1f} in ({_fmt_bound(est.lo)}, {_fmt_bound(est.hi)}]")
+            rows.append(cells)
+        if rows:
+            out.append(Section("server_histograms", "Server-side latency histograms (whole capture)", "table",
+                               {"columns": ["histogram", "observations", "mean ms", "P50 ms (bucket)",
+                                            "P99 ms (bucket)"], "rows": rows,
+                                "note": "Quantiles are interpolated inside histogram buckets; the bucket is the "
+                                        "true resolution (docs/engine-signals.md)."}, group="server", order=21))
+    return out
