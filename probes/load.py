@@ -339,7 +339,7 @@ class _LoadRun:
             self.notes["prompt_calibration"] = await self.prompts.calibrate(self.client, self.model)
             self.notes["prompt_tokens_planned"] = self.prompts.planned_tokens()
             pre = await self._negotiate()
-            if pre.error in CONNECT_ERRORS or pre.error == "timeout":
+            if pre.error in CONNECT_ERRORS:
                 self.counts[pre.error or "?"] += 1
                 self.abort_reason = f"cannot reach {self.ctx.target.url}: {pre.error_detail}"
                 return self._status(False)

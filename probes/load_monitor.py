@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from rich.text import Text
+
 TICK_S = 0.1
 
 
@@ -75,12 +77,11 @@ class Monitor:
         if self.progress:
             from rich.console import Console
             from rich.live import Live
-            from rich.text import Text
 
             live = Live(Text(""), console=Console(stderr=True), auto_refresh=False, transient=False)
             live.start()
+        wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
         try:
-            wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
             n = 0
             while True:
                 due = time.monotonic_ns() + int(TICK_S * 1e9)
@@ -99,9 +100,12 @@ class Monitor:
                 self.on_tick()
                 n += 1
                 if live is not None and n % 5 == 0:
-                    from rich.text import Text
-
                     live.update(Text(self.stats.line()), refresh=True)
         finally:
+            # a last sample (CPU since the last tick; no lag measured) so even a short run has one
+            t = time.monotonic_ns()
+            pct = 100.0 * (time.process_time_ns() - cpu0) / max(1, t - wall0)
+            self.write({"t_ns": t, "loop_lag_ms": None, "in_flight": self.in_flight(), "cpu_percent": round(pct, 1)})
             if live is not None:
+                live.update(Text(self.stats.line()), refresh=True)
                 live.stop()
