@@ -1,0 +1,123 @@
+"""Report sections of the OTel join (normalize/otel.py): TTFT and E2E decomposition by percentile, the share
+of TTFT per component, and the slowest requests' waterfalls. Plain data for reports/ to render."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis import Section
+
+PERCENTILES = (("P50", 50.0), ("P90", 90.0), ("P99", 99.0))
+TTFT_PARTS = (("client+network", "client_network_ms"), ("server frontend", "frontend_ms"),
+              ("queue", "queue_ms"), ("prefill", "prefill_ms"))
+E2E_PARTS = (("client+network", "e2e_client_network_ms"), ("server frontend", "e2e_frontend_ms"),
+             ("queue", "queue_ms"), ("prefill", "prefill_ms"), ("decode", "decode_ms"))
+SLOWEST = 10
+
+
+def _pos(v: Any) -> float:
+    f = float(v)
+    return max(f, 0.0) if math.isfinite(f) else 0.0
+
+
+def at_percentile(df: pd.DataFrame, col: str, pct: float) -> pd.Series:
+    """The request whose ``col`` sits at the percentile (nearest rank), so its parts add up to it."""
+    ordered = df.sort_values(col)
+    idx = min(len(ordered) - 1, max(0, math.ceil(pct / 100.0 * len(ordered)) - 1))
+    return ordered.iloc[idx]
+
+
+def _bars(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    reps = [at_percentile(df, total_col, p) for _, p in PERCENTILES]
+    cats = [f"{label} ({float(r[total_col]):.0f} ms)" for (label, _), r in zip(PERCENTILES, reps, strict=True)]
+    series = [{"name": name, "values": [round(_pos(r[col]), 3) for r in reps]} for name, col in parts]
+    return {"categories": cats, "series": series, "unit": "ms", "x_label": "time", "y_label": "request at"}
+
+
+def _share_table(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...], client: bool) -> dict[str, Any]:
+    total = float(np.nansum(df[total_col].to_numpy(dtype=float)))
+    rows: list[list[Any]] = []
+    for name, col in parts:
+        arr = df[col].to_numpy(dtype=float)
+        arr = arr[np.isfinite(arr)]
+        if not arr.size:
+            continue
+        share = float(np.sum(np.clip(arr, 0, None))) / total if total > 0 else math.nan
+        rows.append([name, float(np.mean(arr)), float(np.percentile(arr, 50)), float(np.percentile(arr, 99)), share])
+    what = "client TTFT" if client else "server TTFT (no client timings were joined)"
+    note = (f"{len(df)} requests. Share = sum of the part / sum of {what}. server frontend = server TTFT - queue - "
+            "prefill (tokenisation, scheduling hand-off, detokenisation of the first token); client+network = client "
+            "TTFT - server TTFT (sending, connection, streaming the first chunk back).")
+    return {"columns": ["part", "mean ms", "P50 ms", "P99 ms", "share of TTFT"], "rows": rows, "note": note}
+
+
+def _waterfall(df: pd.DataFrame) -> dict[str, Any]:
+    col = "client_e2e_ms" if df["client_e2e_ms"].notna().any() else "server_e2e_ms"
+    slow = df[np.isfinite(df[col].to_numpy(dtype=float))].sort_values(col, ascending=False).head(SLOWEST)
+    rows = []
+    for _, r in slow.iterrows():
+        client = math.isfinite(float(r["client_ttft_ms"]))
+        end = float(r["client_e2e_ms"]) if client else float(r["server_e2e_ms"])
+        label = str(r["rid"]) if isinstance(r["rid"], str) else str(r["trace_id"])[:12]
+        rows.append({"label": f"{label} ({end:.0f} ms)", "segments": _segments(r, client, end)})
+    return {"rows": rows, "unit": "ms"}
+
+
+def _segments(r: pd.Series, client: bool, end: float) -> list[dict[str, Any]]:
+    """Consecutive parts of one request from the client's send (0 ms). The frontend is drawn as one block
+    before the queue although part of it (detokenisation) happens after prefill."""
+    parts: list[tuple[str, float]] = []
+    if client:
+        parts.append(("client+network", float(r["pre_server_ms"])))
+    parts += [("server frontend", float(r["frontend_ms"])), ("queue", float(r["queue_ms"])),
+              ("prefill", float(r["prefill_ms"]))]
+    if client:
+        before = sum(_pos(d) for _, d in parts)
+        parts.append(("first token to client", float(r["client_ttft_ms"]) - before))
+    parts.append(("decode", float(r["decode_ms"])))
+    segs: list[dict[str, Any]] = []
+    t = 0.0
+    for name, dur in parts:
+        d = _pos(dur)
+        if d > 0:
+            segs.append({"name": name, "start": round(t, 3), "end": round(t + d, 3)})
+        t += d
+    if end - t > 0:
+        segs.append({"name": "rest (frontend, streaming)", "start": round(t, 3), "end": round(end, 3)})
+    return segs
+
+
+def report_sections(rb: pd.DataFrame, joined: pd.DataFrame) -> list[Section]:
+    """Sections from the non-warm-up breakdown ``rb`` and its client-joined rows ``joined``."""
+    client = len(joined) > 0
+    df = joined if client else rb[np.isfinite(rb["server_ttft_ms"].to_numpy(dtype=float))]
+    if df.empty:
+        return []
+    ttft_col = "client_ttft_ms" if client else "server_ttft_ms"
+    e2e_col = "client_e2e_ms" if client else "server_e2e_ms"
+    ttft_parts = TTFT_PARTS if client else TTFT_PARTS[1:]
+    e2e_parts = E2E_PARTS if client else E2E_PARTS[1:]
+    out = [
+        Section("otel_ttft_decomposition", "TTFT decomposition by percentile (joined server spans)", "stacked_bars",
+                _bars(df, ttft_col, ttft_parts), group="latency", order=40),
+        Section("otel_ttft_shares", "Where TTFT goes: queue vs prefill vs frontend", "table",
+                _share_table(df, ttft_col, ttft_parts, client), group="latency", order=41),
+    ]
+    e2e = df[np.isfinite(df[e2e_col].to_numpy(dtype=float))]
+    if len(e2e):
+        out.append(Section("otel_e2e_decomposition", "E2E decomposition by percentile (joined server spans)",
+                           "stacked_bars", _bars(e2e, e2e_col, e2e_parts), group="latency", order=42))
+        out.append(Section("otel_slowest_waterfall", f"Slowest {min(SLOWEST, len(e2e))} requests", "waterfall",
+                           _waterfall(e2e), group="latency", order=43))
+    if client:
+        unmatched = rb[rb["rid"].notna() & rb["ok"].astype(bool) & ~rb["matched"]]
+        if len(unmatched):
+            out.append(Section("otel_unmatched", "Requests without a server span", "text", {"text": (
+                f"{len(unmatched)} successful request(s) had no server span with their trace id: the engine "
+                "may sample spans, drop them under load, or have exported them after the capture ended.")},
+                group="latency", order=44))
+    return out
