@@ -64,11 +64,16 @@ class ProcInfo:
 
 @dataclass
 class _Recorder:
+    """One process's py-spy recording: consecutive ``--duration window_s`` runs, so a crash or an exiting
+    target loses at most the current window, and stacks carry the window they were sampled in."""
+
     proc: ProcInfo
-    popen: subprocess.Popen[bytes]
-    out: Path
-    started_ns: int
+    artifact: Path
+    popen: subprocess.Popen[bytes] | None = None
     cpu_s: float = 0.0
+    wall_s: float = 0.0
+    samples: int = 0
+    windows: int = 0
     returncode: int | None = None
     stderr: str = ""
 
@@ -190,7 +195,7 @@ class PySpyProbe:
 
     def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = 20.0,
                  nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 5.0,
-                 binary: str | None = None, stop_timeout_s: float = 10.0) -> None:
+                 binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 10.0) -> None:
         self.pid = pid
         self.port = port
         self.rate_hz = rate_hz
@@ -199,6 +204,8 @@ class PySpyProbe:
         self.dump_interval_s = dump_interval_s
         self.binary = binary
         self.stop_timeout_s = stop_timeout_s
+        self.window_s = max(1.0, window_s)
+        self._halt = threading.Event()
         self._recorders: list[_Recorder] = []
         self._dump_cpu_s = 0.0
         self._dump_wall_s = 0.0
@@ -208,7 +215,9 @@ class PySpyProbe:
 
     # -- discovery -----------------------------------------------------------------------------
     def _binary(self) -> str | None:
-        return self.binary or pyspy_binary()
+        if self.binary is not None:
+            return self.binary if os.access(self.binary, os.X_OK) else None
+        return pyspy_binary()
 
     def _root_pid(self, ctx: CaptureContext) -> tuple[int | None, str]:
         pid = self.pid or ctx.target.pid
@@ -248,34 +257,67 @@ class PySpyProbe:
         now = ctx.now_ns()
         stream.write_many([{"kind": "process", "t_ns": now, "pid": p.pid, "ppid": p.ppid, "role": p.role,
                             "name": p.name} for p in procs])
-        for p in procs:
-            self._start_recorder(ctx, p)
-        await asyncio.sleep(0.3)  # an immediate ptrace refusal shows up as an early exit
+        self._recorders = [_Recorder(p, ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")) for p in procs]
+        loops = [asyncio.create_task(asyncio.to_thread(self._record_loop, ctx, r, stream)) for r in self._recorders]
         sampler = asyncio.create_task(self._sample_loop(ctx, procs, stream))
         try:
             await ctx.stop.wait()
         finally:
+            self._halt.set()
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
-            await asyncio.to_thread(self._stop_recorders)
+            for r in self._recorders:
+                if r.popen is not None:
+                    with contextlib.suppress(OSError):
+                        r.popen.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            await asyncio.gather(*loops, return_exceptions=True)
         return self._finish(ctx, procs, stream)
 
-    def _start_recorder(self, ctx: CaptureContext, p: ProcInfo) -> None:
+    def _record_loop(self, ctx: CaptureContext, r: _Recorder, stream: Any) -> None:
         binary = self._binary()
         assert binary is not None
-        out = ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")
-        cmd = [binary, "record", "--pid", str(p.pid), "--rate", str(self.rate_hz), "--format", "raw",
-               "--threads", "--nolineno", "--output", str(out)]
-        if self.nonblocking:
-            cmd.append("--nonblocking")
-        try:
-            popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
-        except OSError as e:
-            self._problems[p.pid] = f"cannot start py-spy: {e}"
-            return
-        self._recorders.append(_Recorder(p, popen, out, ctx.now_ns()))
+        out = r.artifact.with_suffix(".window")
+        while not self._halt.is_set() and r.proc.pid not in self._gone:
+            cmd = [binary, "record", "--pid", str(r.proc.pid), "--rate", str(self.rate_hz), "--format", "raw",
+                   "--threads", "--nolineno", "--duration", str(int(self.window_s)), "--output", str(out)]
+            if self.nonblocking:
+                cmd.append("--nonblocking")
+            out.unlink(missing_ok=True)
+            start_ns = ctx.now_ns()
+            try:
+                r.popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                           start_new_session=True)
+            except OSError as e:
+                self._problems[r.proc.pid] = f"cannot start py-spy: {e}"
+                return
+            if self._halt.is_set():  # stop arrived while starting: make sure this run ends too
+                with contextlib.suppress(OSError):
+                    r.popen.send_signal(signal.SIGINT)
+            r.cpu_s += _reap(r.popen, self.window_s + self.stop_timeout_s)
+            end_ns = ctx.now_ns()
+            r.wall_s += (end_ns - start_ns) / 1e9
+            r.returncode = r.popen.returncode
+            assert r.popen.stderr is not None
+            err = r.popen.stderr.read().decode("utf-8", "replace")
+            r.popen.stderr.close()
+            text = out.read_text(errors="replace") if out.exists() else ""
+            parsed = parse_raw(text)
+            r.windows += 1
+            r.samples += sum(c for *_, c in parsed)
+            stream.write_many([{"kind": "stack", "pid": r.proc.pid, "tid": tid, "thread": tname, "frames": fr,
+                                "count": c, "start_ns": start_ns, "end_ns": end_ns}
+                               for tid, tname, fr, c in parsed])
+            if text:
+                with open(r.artifact, "a", encoding="utf-8") as fh:
+                    fh.write(text if text.endswith("\n") else text + "\n")
+            if not parsed and err.strip() and r.returncode not in (0, None):
+                r.stderr = err
+                if r.samples == 0 and (r.windows == 1 or _PERM.search(err)):
+                    return  # refused or broken from the start: retrying will not help
+            if r.returncode not in (0, None) and not _alive(r.proc.pid):
+                return
+        out.unlink(missing_ok=True)
 
     async def _sample_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         next_dump = time.monotonic() + min(1.0, self.dump_interval_s)
@@ -296,7 +338,7 @@ class PySpyProbe:
             if p.pid in self._gone:
                 continue
             rows = read_thread_cpu(p.pid)
-            if not rows and not psutil.pid_exists(p.pid):
+            if not rows or not _alive(p.pid):
                 self._gone.add(p.pid)
                 recs.append({"kind": "exit", "t_ns": t, "pid": p.pid})
                 continue
@@ -338,38 +380,19 @@ class PySpyProbe:
                  "leaf": (th.get("frames") or [{}])[0].get("name", "")} for th in threads
                 if isinstance(th, dict)]})
 
-    def _stop_recorders(self) -> None:
-        for r in self._recorders:
-            with contextlib.suppress(OSError):
-                r.popen.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-        deadline = time.monotonic() + self.stop_timeout_s
-        for r in self._recorders:
-            r.cpu_s = _reap(r.popen, max(0.1, deadline - time.monotonic()))
-            r.returncode = r.popen.returncode
-            if r.popen.stderr is not None:
-                r.stderr = r.popen.stderr.read().decode("utf-8", "replace")
-                r.popen.stderr.close()
-
     def _finish(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> ProbeStatus:
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:
             p = r.proc
-            text = r.out.read_text(errors="replace") if r.out.exists() else ""
-            parsed = parse_raw(text)
-            n = sum(c for *_, c in parsed)
+            n = r.samples
             total += n
-            end_ns = ctx.now_ns()
-            stream.write_many([{"kind": "stack", "pid": p.pid, "tid": tid, "thread": tname, "frames": fr,
-                                "count": c, "start_ns": r.started_ns, "end_ns": end_ns}
-                               for tid, tname, fr, c in parsed])
-            wall = (end_ns - r.started_ns) / 1e9
             stream.write({"kind": "pyspy_cost", "pid": p.pid, "mode": "record", "cpu_s": round(r.cpu_s, 4),
-                          "wall_s": round(wall, 3), "samples": n, "rate_hz": self.rate_hz,
-                          "nonblocking": self.nonblocking, "returncode": r.returncode})
-            if r.out.exists():
-                ctx.bundle.add_artifact(r.out.name, "pyspy_raw", f"py-spy raw stacks of {p.role} ({p.pid})",
-                                        pid=p.pid, role=p.role)
+                          "wall_s": round(r.wall_s, 3), "samples": n, "rate_hz": self.rate_hz,
+                          "nonblocking": self.nonblocking, "returncode": r.returncode, "windows": r.windows})
+            if r.artifact.exists():
+                ctx.bundle.add_artifact(r.artifact.name, "pyspy_raw",
+                                        f"py-spy raw stacks of {p.role} ({p.pid})", pid=p.pid, role=p.role)
             if n == 0 and r.stderr.strip():
                 self._problems[p.pid] = _explain(r.stderr)
             per_proc[str(p.pid)] = {"role": p.role, "name": p.name, "samples": n,
@@ -390,6 +413,16 @@ class PySpyProbe:
         missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
         reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note
         return ProbeStatus(NAME, "ok", reason.lstrip("; "), detail)
+
+
+def _alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (exited, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def _reap(popen: subprocess.Popen[bytes], timeout_s: float) -> float:

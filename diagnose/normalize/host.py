@@ -7,15 +7,15 @@ Tables (t_s = seconds since the clock anchor):
   cpu_ratio`` (cores used over the interval), ``run_ratio``, ``wait_ratio`` (schedstat run / run-queue wait
   per wall second), ``cpu_s, run_s, wait_s`` (seconds in the interval).
 * ``host_system``: ``t0_s, t_s, steal_ratio, busy_ratio`` (whole machine, from /proc/stat).
-* ``host_stacks``: ``pid, tid, role, thread, stack`` (frames ";"-joined, root first), ``leaf, category,
-  samples`` (py-spy active samples of the whole capture).
+* ``host_stacks``: ``t0_s, t_s`` (the py-spy window), ``pid, tid, role, thread, stack`` (frames
+  ";"-joined, root first), ``leaf, category, samples`` (py-spy active samples in that window).
 * ``host_dumps``: ``t_s, pid, tid, name, active, gil`` (py-spy dump snapshots).
 * ``host_pyspy_cost``: ``pid, mode, cpu_s, wall_s, samples, rate_hz, nonblocking``.
 
 CPU by category: each thread's CPU seconds (from /proc) are split over categories by the shares of its
 py-spy samples; threads without Python stacks (OpenMP/BLAS pools) count as ``native`` (``model_forward``
-in a ``worker`` process, whose native threads run the model's kernels). Stacks cover the whole capture,
-so category signals are computed for the whole run only (absent for a single phase).
+in a ``worker`` process, whose native threads run the model's kernels). py-spy records
+in windows of ``window_s`` (default 10 s): a signal window takes the stack windows that overlap it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _COLS = {
     "host_threads": ["t0_s", "t_s", "pid", "tid", "role", "comm", "cpu_ratio", "run_ratio", "wait_ratio",
                      "cpu_s", "run_s", "wait_s"],
     "host_system": ["t0_s", "t_s", "steal_ratio", "busy_ratio"],
-    "host_stacks": ["pid", "tid", "role", "thread", "stack", "leaf", "category", "samples"],
+    "host_stacks": ["t0_s", "t_s", "pid", "tid", "role", "thread", "stack", "leaf", "category", "samples"],
     "host_dumps": ["t_s", "pid", "tid", "name", "active", "gil"],
     "host_pyspy_cost": ["pid", "mode", "cpu_s", "wall_s", "samples", "rate_hz", "nonblocking"],
 }
@@ -101,7 +101,9 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     for r in by_kind["stack"]:
         frames = [str(f) for f in r.get("frames") or []]
         pid = int(r.get("pid", 0))
-        stacks.append({"pid": pid, "tid": int(r.get("tid", 0)), "role": roles.get(pid, "other"),
+        t0 = (int(r.get("start_ns", anchor)) - anchor) / 1e9
+        t1 = (int(r.get("end_ns", r.get("start_ns", anchor))) - anchor) / 1e9
+        stacks.append({"t0_s": t0, "t_s": t1, "pid": pid, "tid": int(r.get("tid", 0)), "role": roles.get(pid, "other"),
                        "thread": str(r.get("thread", "")), "stack": ";".join(frames),
                        "leaf": frames[-1] if frames else "", "category": categorize(frames),
                        "samples": int(r.get("count", 0))})
@@ -121,9 +123,10 @@ def _in_window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
     return df[(df["t_s"] > w.start_s) & (df["t0_s"] < w.end_s)]
 
 
-def thread_categories(t: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def thread_categories(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataFrame:
     """Per (pid, tid, category): the share of that thread's samples (columns pid, tid, category, frac)."""
     st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
+    st = _in_window(st, w) if w is not None else st
     if st.empty:
         return pd.DataFrame(columns=["pid", "tid", "category", "frac"])
     g = st.groupby(["pid", "tid", "category"], as_index=False)["samples"].sum()
@@ -135,10 +138,11 @@ def category_cpu(t: dict[str, pd.DataFrame], w: Window | None = None) -> dict[st
     """CPU seconds per category over the window (thread CPU time split by its samples' categories)."""
     th = t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"]))
     th = _in_window(th, w) if w is not None else th
-    fr = thread_categories(t)
+    fr = thread_categories(t, w)
     out = dict.fromkeys(CATEGORIES, 0.0)
     if th.empty:  # no /proc counters: fall back to sample counts
         st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
+        st = _in_window(st, w) if w is not None else st
         for cat, n in st.groupby("category")["samples"].sum().items():
             out[str(cat)] += float(n)
         return out
@@ -156,8 +160,8 @@ def category_cpu(t: dict[str, pd.DataFrame], w: Window | None = None) -> dict[st
     return out
 
 
-def _spin_frac(t: dict[str, pd.DataFrame]) -> dict[tuple[int, int], float]:
-    fr = thread_categories(t)
+def _spin_frac(t: dict[str, pd.DataFrame], w: Window) -> dict[tuple[int, int], float]:
+    fr = thread_categories(t, w)
     sp = fr[fr["category"] == "spin_wait"]
     return {(int(r.pid), int(r.tid)): float(r.frac) for r in sp.itertuples(index=False)}
 
@@ -173,9 +177,9 @@ def _thread_label(t: dict[str, pd.DataFrame], pid: int, tid: int, comm: str) -> 
 
 def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     th = _in_window(t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"])), window)
-    st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
+    st = _in_window(t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"])), window)
     out: list[Signal] = []
-    if not st.empty and window.phase is None:
+    if not st.empty:
         cats = category_cpu(t, window)
         total = sum(cats.values())
         if total > 0:
@@ -192,7 +196,7 @@ def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
 
 
 def _thread_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window) -> list[Signal]:
-    spin = _spin_frac(t)
+    spin = _spin_frac(t, window)
     span = th.groupby(["pid", "tid"]).agg(cpu_s=("cpu_s", "sum"), t0=("t0_s", "min"), t1=("t_s", "max"),
                                           comm=("comm", "first"))
     span["busy"] = span["cpu_s"] / (span["t1"] - span["t0"]).clip(lower=1e-9)

@@ -55,7 +55,7 @@ _FRAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("sampling", re.compile(r"[sS]ampler|sample_tokens|topk_topp|logits_processor|LogitsProcessor|"
                             r"vllm/v1/sample/|compute_logprobs|apply_penalties")),
     ("model_forward", re.compile(r"execute_model|model_executor/|_custom_ops|forward_context|model_runner|"
-                                 r"torch/|\.forward \(|_inductor|_functorch|attention|cpu_attn|"
+                                 r"torch/|(^|\.)forward \(|_inductor|_functorch|attention|cpu_attn|"
                                  r"vllm/compilation/|triton|onednn|gemm")),
     ("scheduling", re.compile(r"Scheduler\.|core/sched/|kv_cache_manager|kv_cache_coordinator|block_pool|"
                               r"kv_cache_utils|KVCache|EngineCore\.step|run_busy_loop|_process_engine_step|"
