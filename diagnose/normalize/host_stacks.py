@@ -39,7 +39,7 @@ CATEGORY_TEXT: dict[str, str] = {
     "other": "frames that match no serving category",
 }
 
-_SPIN = re.compile(r"\bsched_yield\b|SpinCondition\.wait|MessageQueue\.acquire_read\b|\bspin_wait\b|busy_wait")
+_SPIN = re.compile(r"\bsched_yield\b|SpinCondition\.wait|acquire_read \([^)]*shm_broadcast|\bspin_wait\b|busy_wait")
 _WAIT_LEAF = re.compile(
     r"^(Condition\.wait|Event\.wait|Queue\.get|SimpleQueue\.get|_PollLikeSelector\.select|"
     r"(Epoll|Poll|Select|Kqueue|Default)Selector\.select|select|poll|Poller\.poll|wait|sleep|"

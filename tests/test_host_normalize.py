@@ -1,0 +1,182 @@
+"""Host normaliser: categories on real vLLM stacks, CPU shares, saturation, spin-wait and contention signals."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from diagnose.probes.pyspy import parse_raw
+
+from diagnose.analysis import Window
+from diagnose.bundle import Bundle, BundleWriter, open_bundle
+from diagnose.normalize import host
+from diagnose.normalize.host_stacks import categorize, flame_tree
+
+DATA = Path(__file__).parent / "host_data"
+RUN = Window(0.0, math.inf)
+
+
+def vllm_categories(role: str) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    text = (DATA / f"vllm_cpu_0.32.0_{role}.pyspy.txt").read_text()
+    for _, thread, frames, n in parse_raw(text):
+        key = (thread, categorize(frames))
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def test_vllm_engine_core_is_mostly_spin_wait() -> None:
+    c = vllm_categories("engine_core")
+    main = {cat: n for (th, cat), n in c.items() if th == "MainThread"}
+    assert max(main, key=lambda k: main[k]) == "spin_wait"
+    assert main.get("scheduling", 0) > 0
+    assert c[("Thread-2 (process_output_sockets)", "waiting")] > 0
+
+
+def test_vllm_worker_runs_the_model() -> None:
+    c = vllm_categories("worker")
+    assert max(c, key=lambda k: c[k]) == ("MainThread", "model_forward")
+    assert c[("MainThread", "spin_wait")] > 0  # waiting for the next step in shm_broadcast
+    assert c.get(("MainThread", "sampling"), 0) > 0
+
+
+def test_vllm_api_server_categories() -> None:
+    cats = {cat for _, cat in vllm_categories("api_server")}
+    assert {"http_serialization", "tokenization", "detokenization", "event_loop"} <= cats
+
+
+@pytest.mark.parametrize(("frames", "want"), [
+    (["busy_loop (core.py)", "acquire_read (vllm/distributed/device_communicators/shm_broadcast.py)"], "spin_wait"),
+    (["run (threading.py)", "Condition.wait (threading.py)"], "waiting"),
+    (["handler (starlette/routing.py)", "PreTrainedTokenizerBase.__call__ (transformers/tokenization_utils_base.py)"],
+     "tokenization"),
+    (["x (vllm/v1/engine/output_processor.py)", "BaseIncrementalDetokenizer.update (vllm/v1/engine/detokenizer.py)"],
+     "detokenization"),
+    (["completion_stream_generator (vllm/entrypoints/openai/serving.py)", "BaseModel.model_dump_json (pydantic/main.py)"],
+     "http_serialization"),
+    (["EngineCore.step (vllm/v1/engine/core.py)", "Scheduler.schedule (vllm/v1/core/sched/scheduler.py)"], "scheduling"),
+    (["Worker.execute_model (vllm/v1/worker/gpu_worker.py)", "Sampler.forward (vllm/v1/sample/sampler.py)"], "sampling"),
+    (["mystery (app.py)"], "other"),
+    ([], "other"),
+])
+def test_categorize(frames: list[str], want: str) -> None:
+    assert categorize(frames) == want
+
+
+def test_flame_tree_sums_and_prunes() -> None:
+    tree = flame_tree([(["p", "a", "b"], 90.0), (["p", "a", "c"], 9.9), (["p", "z"], 0.1)], min_fraction=0.01)
+    assert tree["value"] == 100.0
+    p = tree["children"][0]
+    assert [c["name"] for c in p["children"]] == ["a"]  # z (0.1%) pruned
+    assert [c["value"] for c in p["children"][0]["children"]] == [90.0, 9.9]
+
+
+# -- synthetic host_samples bundles --------------------------------------------------------------
+def write_bundle(tmp_path: Path, threads: dict[tuple[int, int], dict[str, float]], stacks: list[dict[str, Any]],
+                 seconds: int = 10, steal_per_s: int = 0) -> Bundle:
+    """threads[(pid, tid)] = {"cpu": cores, "wait": run-queue wait per second}; one /proc sample per second."""
+    bw = BundleWriter(tmp_path / "b")
+    a = bw.anchor_mono_ns
+    s = bw.stream("host_samples")
+    s.write({"kind": "process", "t_ns": a, "pid": 1, "ppid": 0, "role": "api_server", "name": "python"})
+    s.write({"kind": "process", "t_ns": a, "pid": 2, "ppid": 1, "role": "engine_core", "name": "VLLM::EngineCore"})
+    s.write({"kind": "process", "t_ns": a, "pid": 3, "ppid": 2, "role": "worker", "name": "VLLM::Worker"})
+    for i in range(seconds + 1):
+        t = a + i * 1_000_000_000
+        s.write({"kind": "system_cpu", "t_ns": t, "ncpu": 2, "user": 150 * i, "nice": 0, "system": 10 * i,
+                 "idle": 40 * i, "iowait": 0, "irq": 0, "softirq": 0, "steal": steal_per_s * i})
+        for (pid, tid), v in threads.items():
+            cpu_s = v["cpu"] * i
+            s.write({"kind": "thread_cpu", "t_ns": t, "pid": pid, "tid": tid, "comm": f"t{tid}", "state": "R",
+                     "utime_s": cpu_s, "stime_s": 0.0, "run_ns": int(cpu_s * 1e9),
+                     "wait_ns": int(v.get("wait", 0.0) * i * 1e9), "slices": i})
+    for st in stacks:
+        s.write({"kind": "stack", "start_ns": a, "end_ns": a + seconds * 1_000_000_000, **st})
+    bw.finish()
+    return open_bundle(tmp_path / "b")
+
+
+SPIN = ["EngineCore.step (vllm/v1/engine/core.py)", "SpinCondition.wait (vllm/distributed/shm_broadcast.py)"]
+SCHED = ["EngineCore.step (vllm/v1/engine/core.py)", "Scheduler.schedule (vllm/v1/core/sched/scheduler.py)"]
+FWD = ["Worker.execute_model (vllm/v1/worker/gpu_worker.py)", "LlamaModel.forward (vllm/model_executor/llama.py)"]
+
+
+def sigs(b: Any, w: Window = RUN) -> dict[str, Any]:
+    return {s.name: s for s in host.signals(host.tables(b), w)}
+
+
+def test_spin_wait_busy_core_is_not_saturated(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(2, 20): {"cpu": 1.0}, (3, 30): {"cpu": 0.4}}, [
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SPIN, "count": 90},
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SCHED, "count": 10},
+        {"pid": 3, "tid": 30, "thread": "MainThread", "frames": FWD, "count": 40}])
+    s = sigs(b)
+    assert s["host_thread_busy_max_ratio"].value == pytest.approx(1.0)
+    assert s["host_thread_saturated_max_ratio"].value == pytest.approx(0.4)  # worker; EngineCore is 0.1
+    assert "worker 3" in s["host_thread_saturated_max_ratio"].description
+    assert s["host_spin_wait_share_ratio"].value == pytest.approx(0.9 / 1.4)
+    assert s["host_model_forward_cpu_share_ratio"].value == pytest.approx(0.4 / 1.4)
+    assert s["host_engine_cpu_cores_mean"].value == pytest.approx(1.4)
+
+
+def test_saturated_python_thread(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(2, 20): {"cpu": 0.99}}, [
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SCHED, "count": 100}])
+    s = sigs(b)
+    assert s["host_thread_saturated_max_ratio"].value == pytest.approx(0.99)
+    assert len(s["host_thread_saturated_max_ratio"].series) == 10
+    assert s["host_scheduling_cpu_share_ratio"].value == pytest.approx(1.0)
+
+
+def test_native_worker_threads_count_as_model_forward(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.2}, (3, 31): {"cpu": 0.8}}, [
+        {"pid": 3, "tid": 30, "thread": "MainThread", "frames": FWD, "count": 20}])
+    s = sigs(b)
+    assert s["host_model_forward_cpu_share_ratio"].value == pytest.approx(1.0)
+
+
+def test_contention_fires_under_run_queue_wait(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.5, "wait": 0.5}, (2, 20): {"cpu": 0.9, "wait": 0.1}}, [])
+    s = sigs(b)
+    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.6 / 2.0)
+    assert s["host_run_queue_wait_ratio"].value == pytest.approx(0.3)
+    assert all(v == pytest.approx(0.3) for _, v in s["host_cpu_steal_or_contention_ratio"].series)
+
+
+def test_contention_quiet_without_wait(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.9, "wait": 0.005}, (9, 90): {"cpu": 0.01, "wait": 0.5}}, [])
+    s = sigs(b)  # (9, 90) is idle (< 5% of a core): its wait does not count
+    assert s["host_cpu_steal_or_contention_ratio"].value < 0.01
+
+
+def test_steal_counts_as_contention(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.9}}, [], steal_per_s=50)
+    s = sigs(b)
+    assert s["host_cpu_steal_ratio"].value == pytest.approx(50 / 250)
+    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.2)
+
+
+def test_window_limits_signals(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.5, "wait": 0.5}}, [])
+    s = sigs(b, Window(2.0, 4.0, 0, "p0"))
+    t = host.tables(b)
+    inside = t["host_threads"][(t["host_threads"]["t_s"] > 2.0) & (t["host_threads"]["t0_s"] < 4.0)]
+    assert len(inside) == 2 and s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.5)
+
+
+def test_no_host_stream_no_signals(tmp_path: Path) -> None:
+    BundleWriter(tmp_path / "e").finish()
+    t = host.tables(open_bundle(tmp_path / "e"))
+    assert host.signals(t, RUN) == [] and host.sections(t) == []
+
+
+def test_sections_from_synthetic(tmp_path: Path) -> None:
+    b = write_bundle(tmp_path, {(2, 20): {"cpu": 1.0, "wait": 0.25}}, [
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SPIN, "count": 90}])
+    secs = {x.id: x for x in host.sections(host.tables(b))}
+    row = next(r for r in secs["host_processes"].payload["rows"] if r[0] == "engine_core")
+    assert row[3] == 1.0 and row[5] == "20.0%"
+    fg = secs["host_flamegraph"].payload["root"]
+    assert fg["value"] == 90 and fg["children"][0]["name"].startswith("engine_core VLLM::EngineCore")
