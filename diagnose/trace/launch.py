@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,8 @@ from diagnose.trace.classify import (
     SYNC_COPY_CALLS,
     memcpy_direction,
 )
+
+_ASYNC = re.compile("Async")
 
 
 def _pct(a: np.ndarray, q: float) -> float:
@@ -110,13 +113,14 @@ def transfers(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> pd.DataFra
     cols = ["rank", "direction", "count", "bytes", "total_us", "bandwidth_gbps", "pageable", "async_pageable"]
     if mem.empty:
         return pd.DataFrame(columns=cols)
-    names = mem["name"].astype(str)
-    direction = names.map(memcpy_direction)
-    pageable = names.str.contains("Pageable").to_numpy()
+    cats = [str(c) for c in mem["name"].cat.categories]
+    codes = mem["name"].cat.codes.to_numpy()
+    direction = np.array([memcpy_direction(c) for c in cats], dtype=object)[codes]
+    pageable = np.array(["Pageable" in c for c in cats], dtype=bool)[codes]
     calls = runtime[runtime["corr"] >= 0][["corr", "name"]].drop_duplicates("corr")
-    call = mem[["corr"]].merge(calls, on="corr", how="left")["name"].astype(str).to_numpy()
-    async_call = np.char.find(call.astype(str), "Async") >= 0
-    df = pd.DataFrame({"direction": direction.to_numpy(), "bytes": mem["bytes"].clip(lower=0).to_numpy(),
+    calls = calls.assign(is_async=_name_mask(calls["name"], _ASYNC))[["corr", "is_async"]]
+    async_call = mem[["corr"]].merge(calls, on="corr", how="left")["is_async"].fillna(False).to_numpy(dtype=bool)
+    df = pd.DataFrame({"direction": direction, "bytes": mem["bytes"].clip(lower=0).to_numpy(),
                        "dur": mem["dur_us"].to_numpy(), "pageable": pageable, "async_pageable": pageable & async_call})
     g = df.groupby("direction").agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"),
                                     pageable=("pageable", "sum"), async_pageable=("async_pageable", "sum"))

@@ -11,10 +11,9 @@ pre-filtering the bytes with a regular expression.
 
 from __future__ import annotations
 
+import gc
 import re
 import zlib
-from array import array
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,18 +24,14 @@ import orjson
 import pandas as pd
 
 from diagnose.errors import InputError
+from diagnose.trace.columns import ANNOTATION_CATS, CPU_OP_CATS, GPU_CATS, RUNTIME_CATS, Accumulator
 
-READ_BLOCK = 256 << 10  # compressed bytes read per call (about 4 MB once inflated)
-PIECE = 4 << 20  # decompressed bytes decoded at once
+READ_BLOCK = 64 << 10  # compressed bytes read per call (about 1 MB once inflated)
+PIECE = 1 << 20  # decompressed bytes decoded at once (bounds the transient Python objects)
 MAX_PIECE = 256 << 20  # one event larger than this is treated as a broken file
 HEADER_LIMIT = 64 << 20  # "traceEvents" must appear within this many bytes
 _CUT = re.compile(rb"\}\s*,\s*\{")
 
-GPU_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
-            "gpu_memset": "memset", "Memset": "memset"}
-RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
-CPU_OP_CATS = {"cpu_op", "Operator"}
-ANNOTATION_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
 # Categories read and dropped on purpose (no warning): flows, instants, profiler spans, counters.
 KNOWN_SKIPPED = {"ac2g", "fwdbwd", "async", "cpu_instant_event", "Trace", "overhead", "cuda_profiler_range",
                  "python_function", "Python", "gpu_mem", "Memory", "kernel_launch", "async_cpu_to_gpu", "async_gpu",
@@ -59,129 +54,6 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     events_total: int = 0
     time_unit: str = "us"
-
-
-class _Cols:
-    """Growing columns for one event class, names interned to integer codes."""
-
-    def __init__(self, extra: tuple[str, ...] = ()) -> None:
-        self.names: dict[str, int] = {}
-        self.name = array("q")
-        self.tid = array("q")
-        self.ts = array("d")
-        self.dur = array("d")
-        self.extra = {k: array("d") for k in extra}
-
-    def frame(self, tid_col: str = "tid") -> pd.DataFrame:
-        cats = list(self.names)
-        codes = np.frombuffer(self.name, dtype=np.int64) if len(self.name) else np.zeros(0, np.int64)
-        cols: dict[str, Any] = {
-            "name": pd.Categorical.from_codes(codes.astype(np.int32), categories=pd.Index(cats, dtype=object)),
-            tid_col: np.frombuffer(self.tid, dtype=np.int64) if len(self.tid) else np.zeros(0, np.int64),
-            "ts_us": np.frombuffer(self.ts, dtype=np.float64) if len(self.ts) else np.zeros(0),
-            "dur_us": np.frombuffer(self.dur, dtype=np.float64) if len(self.dur) else np.zeros(0),
-        }
-        for k, a in self.extra.items():
-            cols[k] = np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
-        return pd.DataFrame(cols)
-
-
-def _num(v: Any) -> float:
-    if v.__class__ is float or v.__class__ is int:
-        return float(v)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _tid(v: Any, tids: dict[Any, int]) -> int:
-    if v.__class__ is int:
-        return int(v)
-    code = tids.get(v)
-    if code is None:  # string thread ids ("stream 7", "PyTorch Profiler"): stable negative codes
-        code = tids[v] = -(len(tids) + 1)
-    return code
-
-
-class _Accumulator:
-    def __init__(self, include_python: bool) -> None:
-        self.include_python = include_python
-        self.gpu = _Cols(("kind", "device", "corr", "ext_id", "bytes"))
-        self.runtime = _Cols(("corr",))
-        self.cpu = _Cols()
-        self.ann = _Cols(("gpu",))
-        self.py = _Cols()
-        self.cats: Counter[Any] = Counter()
-        self.tids: dict[Any, int] = {}
-        self.meta_events: list[dict[str, Any]] = []
-        self.bad_dur = 0
-        self.neg_dur = 0
-        self.events = 0
-
-    def consume(self, events: list[Any]) -> None:  # noqa: C901 - one flat dispatch loop on purpose (hot path)
-        cats = self.cats
-        tids = self.tids
-        gpu, rt, cpu, ann, py = self.gpu, self.runtime, self.cpu, self.ann, self.py
-        include_python = self.include_python
-        kinds = {"kernel": 0.0, "memcpy": 1.0, "memset": 2.0}
-        for e in events:
-            if e.__class__ is not dict:
-                continue
-            self.events += 1
-            cat = e.get("cat")
-            cats[cat] += 1
-            if cat == "python_function" and not include_python:
-                continue
-            if e.get("ph") != "X":
-                if e.get("ph") == "M":
-                    self.meta_events.append(e)
-                continue
-            dur = e.get("dur")
-            if dur is None or dur.__class__ is str:
-                self.bad_dur += 1
-                continue
-            if dur < 0:
-                self.neg_dur += 1
-                continue
-            if cat in RUNTIME_CATS:
-                cols = rt
-                args = e.get("args") or {}
-                rt.extra["corr"].append(_num(args.get("correlation", -1)))
-            elif cat in CPU_OP_CATS:
-                cols = cpu
-            elif cat in GPU_CATS:
-                cols = gpu
-                args = e.get("args") or {}
-                x = gpu.extra
-                x["kind"].append(kinds[GPU_CATS[cat]])
-                x["device"].append(_num(args.get("device", e.get("pid", -1))))
-                x["corr"].append(_num(args.get("correlation", -1)))
-                x["ext_id"].append(_num(args.get("External id", args.get("external id", -1))))
-                x["bytes"].append(_num(args.get("bytes", -1)))
-                stream = args.get("stream")
-                if stream is not None:
-                    cols.names.setdefault(e.get("name", "?"), len(cols.names))
-                    cols.name.append(cols.names[e.get("name", "?")])
-                    cols.tid.append(_tid(stream, tids))
-                    cols.ts.append(_num(e.get("ts")))
-                    cols.dur.append(_num(dur))
-                    continue
-            elif cat in ANNOTATION_CATS:
-                cols = ann
-                ann.extra["gpu"].append(1.0 if cat == "gpu_user_annotation" else 0.0)
-            elif cat == "python_function":
-                cols = py
-            else:
-                continue
-            name = e.get("name", "?")
-            code = cols.names.get(name)
-            if code is None:
-                code = cols.names[name] = len(cols.names)
-            cols.name.append(code)
-            cols.tid.append(_tid(e.get("tid", -1), tids))
-            cols.ts.append(_num(e.get("ts")))
-            cols.dur.append(_num(dur))
 
 
 def _blocks(path: Path) -> Iterator[bytes]:
@@ -305,7 +177,17 @@ def _tail_meta(tail: bytes) -> dict[str, Any]:
 def read_trace(path: str | Path, *, rank: int | None = None, include_python: bool = False) -> RankTrace:
     """Stream one trace file into a :class:`RankTrace`. Raises InputError naming the file on bad input."""
     p = Path(path)
-    acc = _Accumulator(include_python)
+    acc = Accumulator(include_python)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # decoded pieces hold no reference cycles; generation scans of them only cost time
+    try:
+        return _read(p, acc, rank)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
     buf = b""
     meta: dict[str, Any] | None = None
     closed = False
@@ -355,51 +237,49 @@ def read_trace(path: str | Path, *, rank: int | None = None, include_python: boo
     return _finish(p, rank, meta, acc)
 
 
-def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: _Accumulator) -> RankTrace:
+def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: Accumulator) -> RankTrace:
     warnings: list[str] = []
     if acc.events == 0:
         raise InputError(f"{p}: trace has no events")
-    if acc.bad_dur:
-        warnings.append(f"{p.name}: {acc.bad_dur} complete events without a numeric duration were ignored")
-    if acc.neg_dur:
-        warnings.append(f"{p.name}: {acc.neg_dur} events with a negative duration were ignored")
     unknown = {str(k): v for k, v in acc.cats.items()
                if k not in KNOWN_SKIPPED and k not in GPU_CATS and k not in RUNTIME_CATS
                and k not in CPU_OP_CATS and k not in ANNOTATION_CATS}
     if unknown:
         top = ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items(), key=lambda kv: -kv[1])[:5])
         warnings.append(f"{p.name}: unknown event categories ignored: {top}")
-    gpu = acc.gpu.frame("stream")
-    gpu["kind"] = pd.Categorical.from_codes(gpu["kind"].to_numpy().astype(np.int8),
-                                            categories=["kernel", "memcpy", "memset"])
-    frames = {"gpu": gpu, "runtime": acc.runtime.frame(), "cpu_ops": acc.cpu.frame(),
-              "annotations": acc.ann.frame()}
-    py = acc.py.frame() if acc.include_python else None
+    frames = acc.frames()
+    bad = {"without a numeric timestamp": 0, "without a numeric duration": 0, "with a negative duration": 0}
+    for key, f in frames.items():
+        ts = f["ts_us"].to_numpy()
+        dur = f["dur_us"].to_numpy()
+        m_ts, m_dur, m_neg = ~np.isfinite(ts), ~np.isfinite(dur), dur < 0
+        drop = m_ts | m_dur | m_neg
+        if drop.any():
+            bad["without a numeric timestamp"] += int(m_ts.sum())
+            bad["without a numeric duration"] += int((m_dur & ~m_ts).sum())
+            bad["with a negative duration"] += int((m_neg & ~m_ts).sum())
+            frames[key] = f[~drop].reset_index(drop=True)
+    warnings += [f"{p.name}: {n} events {what} were ignored" for what, n in bad.items() if n]
     unit = "us"
     ts_max = max((float(f["ts_us"].max()) for f in frames.values() if len(f)), default=0.0)
     if ts_max > 1e17:  # µs since 1970 are ~1.7e15; larger values are nanoseconds
         unit = "ns"
         warnings.append(f"{p.name}: timestamps look like nanoseconds (max {ts_max:.3g}); converted to µs")
-        for f in [*frames.values(), *([py] if py is not None else [])]:
+        for f in frames.values():
             f["ts_us"] = f["ts_us"] / 1000.0
             f["dur_us"] = f["dur_us"] / 1000.0
-    for f in [*frames.values(), *([py] if py is not None else [])]:
-        bad = ~np.isfinite(f["ts_us"].to_numpy())
-        if bad.any():
-            warnings.append(f"{p.name}: {int(bad.sum())} events without a numeric timestamp were ignored")
-            f.drop(index=f.index[bad], inplace=True)
+    gpu = frames["gpu"]
     for k in ("corr", "ext_id", "bytes", "device"):
-        gpu[k] = gpu[k].astype(np.int64)
-    frames["runtime"]["corr"] = frames["runtime"]["corr"].astype(np.int64)
-    ann = frames["annotations"]
-    ann["where"] = np.where(ann.pop("gpu").to_numpy() > 0, "gpu", "cpu")
+        gpu[k] = np.nan_to_num(gpu[k].to_numpy(), nan=-1).astype(np.int64)
+    frames["runtime"]["corr"] = np.nan_to_num(frames["runtime"]["corr"].to_numpy(), nan=-1).astype(np.int64)
     r = rank
     dist = meta.get("distributedInfo")
     if r is None and isinstance(dist, dict) and isinstance(dist.get("rank"), int):
         r = int(dist["rank"])
     return RankTrace(path=p, rank=r if r is not None else 0, meta=_small_meta(meta, acc.meta_events),
-                     gpu=gpu, runtime=frames["runtime"], cpu_ops=frames["cpu_ops"], annotations=ann,
-                     python=py, categories={str(k): v for k, v in acc.cats.items()}, warnings=warnings,
+                     gpu=gpu, runtime=frames["runtime"], cpu_ops=frames["cpu_ops"],
+                     annotations=frames["annotations"], python=frames.get("python"),
+                     categories={str(k): v for k, v in acc.cats.items()}, warnings=warnings,
                      events_total=acc.events, time_unit=unit)
 
 

@@ -1,0 +1,213 @@
+"""Trace analysis speed and memory: diagnose vs a plain json.load vs HTA 0.5.0, side by side in one run.
+
+Usage: python benchmarks/trace_bench.py [--reps 3] [--out benchmarks/results/trace_bench.md] [--compare]
+
+Each measurement runs in a fresh subprocess (peak RSS from getrusage is per process), interleaved per
+repetition so machine noise hits every tool alike; the table reports medians. HTA runs in its own venv
+(~/.cache/diagnose/hta-venv: holistictraceanalysis==0.5.0 with pandas<3), built here when missing.
+--compare also writes benchmarks/results/trace_compare.md: GPU busy/idle/compute/non-compute shares and
+comm-compute overlap from HTA next to diagnose's, per trace.
+
+This file imports only the standard library at top level: the HTA venv runs it as a worker too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path("/work/shared/traces")
+HTA_VENV = Path.home() / ".cache" / "diagnose" / "hta-venv"
+TRACES = [  # (label, path, rank) - the largest AMD trace, the largest NVIDIA traces, the H100 LLM trace
+    ("mi300x_xdit_sd3.5 (AMD, 239k events)", SHARED / "tracelens/mi300x_xdit_sd3.5_largest_239k_events.json.gz", 0),
+    ("v100_2rank_nccl (NVIDIA, 216k events)", SHARED / "hta/v100_2rank_nccl_df_index_resolver.json.gz", 1),
+    ("a100_8rank_rank3 (NVIDIA, 109k events)", SHARED / "hta/trace_diff_control_a100_8rank_rank3.json.gz", 3),
+    ("a100_16rank_cudagraph (NVIDIA, 109k events)", SHARED / "hta/a100_16rank_nccl_cudagraph_rank0.json.gz", 0),
+    ("h100_qwen0.5b (NVIDIA, 18k events)", SHARED / "tracelens/h100_single_gpu_qwen1.5_0.5b_chat.json.gz", 0),
+]
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def worker(mode: str, path: str, rank: int) -> dict[str, object]:
+    """One measurement in this process. Imports happen before the clock starts."""
+    out: dict[str, object] = {}
+    if mode == "json":
+        base = _rss_mb()
+        t = time.perf_counter()
+        with open(path, "rb") as fh:
+            data = json.load(fh)
+        out["seconds"] = time.perf_counter() - t
+        out["events"] = len(data.get("traceEvents", []))
+    elif mode == "diagnose":
+        sys.path.insert(0, str(ROOT))
+        from diagnose.trace import analyze_trace
+
+        base = _rss_mb()
+        t = time.perf_counter()
+        a = analyze_trace(path)
+        out["seconds"] = time.perf_counter() - t
+        g = a.tables["trace_gpu_time"]
+        if not g.empty:
+            r = g.iloc[0]
+            out["shares"] = {"busy": r["busy_ratio"], "idle": r["idle_ratio"], "compute": r["compute_ratio"],
+                             "non_compute": (r["busy_us"] - r["compute_us"]) / r["window_us"],
+                             "comm_overlap": r["comm_overlap_ratio"]}
+    elif mode == "hta":
+        import logging
+
+        logging.disable(logging.WARNING)
+        from hta.trace_analysis import TraceAnalysis
+
+        base = _rss_mb()
+        t = time.perf_counter()
+        ta = TraceAnalysis(trace_files={rank: path}, trace_dir=str(Path(path).parent))
+        out["seconds"] = time.perf_counter() - t
+        if os.environ.get("BENCH_COMPARE"):
+            tb = ta.get_temporal_breakdown(visualize=False)
+            r = tb.iloc[0]
+            window = float(r["idle_time(us)"] + r["compute_time(us)"] + r["non_compute_time(us)"])
+            shares = {"busy": 1 - r["idle_time_pctg"] / 100, "idle": r["idle_time_pctg"] / 100,
+                      "compute": r["compute_time_pctg"] / 100, "non_compute": r["non_compute_time_pctg"] / 100,
+                      "window_us": window}
+            try:
+                ov = ta.get_comm_comp_overlap(visualize=False)
+                shares["comm_overlap"] = float(ov.iloc[0]["comp_comm_overlap_pctg"]) / 100
+            except Exception as e:  # noqa: BLE001 - HTA fails on traces without communication
+                shares["comm_overlap_error"] = str(e)[:80]
+            out["shares"] = shares
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    out["rss_mb"] = _rss_mb()
+    out["rss_base_mb"] = base
+    return out
+
+
+def ensure_hta() -> Path:
+    py = HTA_VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "holistictraceanalysis==0.5.0", "pandas<3"],
+                       check=True)
+    return py
+
+
+def run_one(python: str, mode: str, path: Path, rank: int, env: dict[str, str]) -> dict[str, object]:
+    cmd = [python, str(Path(__file__).resolve()), "--worker", mode, str(path), str(rank)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if res.returncode != 0:
+        return {"error": (res.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", nargs=3, metavar=("MODE", "PATH", "RANK"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/trace_bench.md"))
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--only", default="", help="substring of the trace labels to run")
+    args = ap.parse_args()
+    if args.worker:
+        mode, path, rank = args.worker
+        print(json.dumps(worker(mode, path, int(rank)), default=float))
+        return
+    hta_py = str(ensure_hta())
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if args.compare:
+        env["BENCH_COMPARE"] = "1"
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="trace_bench_"))
+    try:
+        for label, path, rank in TRACES:
+            if args.only and args.only not in label:
+                continue
+            raw = tmp / (path.name.removesuffix(".gz"))
+            with gzip.open(path, "rb") as src, open(raw, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            res: dict[str, list[dict[str, object]]] = {"json": [], "diagnose": [], "hta": []}
+            for _ in range(args.reps):
+                res["json"].append(run_one(sys.executable, "json", raw, rank, env))
+                res["diagnose"].append(run_one(sys.executable, "diagnose", path, rank, env))
+                res["hta"].append(run_one(hta_py, "hta", path, rank, env))
+            rows.append((label, path, raw.stat().st_size, res))
+            raw.unlink()
+            print(label, {k: [round(float(r.get("seconds", -1)), 3) for r in v] for k, v in res.items()},
+                  flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_report(rows, Path(args.out), args.reps)
+    if args.compare:
+        write_compare(rows, Path(args.out).with_name("trace_compare.md"))
+
+
+def _med(rs: list[dict[str, object]], key: str) -> float:
+    vals = [float(r[key]) for r in rs if key in r]  # type: ignore[arg-type]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def write_report(rows: list, out: Path, reps: int) -> None:  # type: ignore[type-arg]
+    lines = [
+        "# Trace analysis: diagnose vs json.load vs HTA 0.5.0", "",
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python benchmarks/trace_bench.py "
+        f"--reps {reps}` on this 2-core machine (shared with other work: absolute times are noisy, the ratios "
+        "come from interleaved runs). Median of the repetitions; each run is a fresh process.", "",
+        "- **diagnose**: `analyze_trace(file.json.gz)`: streaming gunzip + parse + every analysis (GPU time, idle "
+        "attribution, kernel classes, launch stats, syncs/transfers, steps, multi-rank, signals, sections).",
+        "- **json.load**: `json.load` of the already decompressed file (no analysis at all).",
+        "- **HTA**: `TraceAnalysis(trace_files={rank: file.json.gz})`, the default JSON backend (load only, no "
+        "analysis), holistictraceanalysis 0.5.0 + pandas 2.3 in its own venv.",
+        "- Peak RSS is the whole process (interpreter and imports included); `+` is the growth over the RSS "
+        "after imports.", "",
+        "| trace | raw MB | json.load s | diagnose s | HTA load s | diagnose / json.load | diagnose / HTA | "
+        "peak RSS diagnose MB | peak RSS HTA MB | RSS ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, _path, size, res in rows:
+        j, d, h = (_med(res[k], "seconds") for k in ("json", "diagnose", "hta"))
+        rd, rh = _med(res["diagnose"], "rss_mb"), _med(res["hta"], "rss_mb")
+        bd = rd - _med(res["diagnose"], "rss_base_mb")
+        bh = rh - _med(res["hta"], "rss_base_mb")
+        err = "; ".join(str(r["error"]) for v in res.values() for r in v if "error" in r)
+        lines.append(f"| {label} | {size / 1e6:.1f} | {j:.2f} | {d:.2f} | {h:.2f} | {d / j:.2f} | {d / h:.2f} | "
+                     f"{rd:.0f} (+{bd:.0f}) | {rh:.0f} (+{bh:.0f}) | {rd / rh:.2f} |" + (f" error: {err}" if err
+                                                                                        else ""))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def write_compare(rows: list, out: Path) -> None:  # type: ignore[type-arg]
+    lines = ["# GPU time shares: diagnose vs HTA 0.5.0 temporal breakdown", "",
+             "Percent of the rank's window (first to last GPU activity). non-compute = busy - compute "
+             "(communication and memory not hidden under compute). Difference in percentage points (pp).", "",
+             "| trace | metric | HTA % | diagnose % | diff pp |", "|---|---|---|---|---|"]
+    for label, _path, _size, res in rows:
+        h = next((r.get("shares") for r in res["hta"] if r.get("shares")), None)
+        d = next((r.get("shares") for r in res["diagnose"] if r.get("shares")), None)
+        if not h or not d:
+            lines.append(f"| {label} | (missing) | | | |")
+            continue
+        for k in ("busy", "idle", "compute", "non_compute", "comm_overlap"):
+            if k in h and k in d and d[k] == d[k]:
+                hv, dv = 100 * float(h[k]), 100 * float(d[k])
+                lines.append(f"| {label} | {k} | {hv:.2f} | {dv:.2f} | {dv - hv:+.2f} |")
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Folding decoded trace events into compact numpy columns, one piece of the file at a time.
+
+Hot path: events are routed by category in one loop, then each kept bucket is turned into columns with list
+comprehensions and numpy (no per-event Python function calls). Names are interned per piece with
+``pd.factorize`` into one global name table per event class, so memory grows with the number of kept events
+(about 50 bytes each), never with the number of Python objects in the file. A piece with odd values (string
+durations, missing names) falls back to a careful per-event path.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GPU_CATS = {"kernel": 0, "Kernel": 0, "gpu_memcpy": 1, "Memcpy": 1, "gpu_memset": 2, "Memset": 2}
+GPU_KINDS = ["kernel", "memcpy", "memset"]
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+CPU_OP_CATS = {"cpu_op", "Operator"}
+ANNOTATION_CATS = {"user_annotation": 0, "gpu_user_annotation": 1}
+_EMPTY: dict[str, Any] = {}
+_getcat = operator.methodcaller("get", "cat")
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class _Table:
+    """Chunks of columns for one event class plus its global name table."""
+
+    def __init__(self, extra: tuple[str, ...]) -> None:
+        self.names: dict[str, int] = {}
+        self.extra = extra
+        self.chunks: list[dict[str, np.ndarray]] = []
+
+    def add(self, evs: list[dict[str, Any]], tids: dict[Any, int]) -> None:
+        if not evs:
+            return
+        try:
+            cols = self._fast(evs)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            cols = self._slow(evs)
+        tid = cols.pop("_tid")
+        arr = np.asarray(tid) if all(t.__class__ is int for t in tid) else None
+        if arr is None or arr.dtype.kind not in "iu":
+            arr = np.array([_tid(t, tids) for t in tid], dtype=np.int64)
+        cols["tid"] = arr.astype(np.int64, copy=False)
+        self.chunks.append(cols)
+
+    def _intern(self, names: list[Any]) -> np.ndarray:
+        codes, uniq = pd.factorize(np.asarray(names, dtype=object))
+        table = self.names
+        glob = np.array([table.setdefault(str(u), len(table)) for u in uniq], dtype=np.int32)
+        return glob[codes] if len(glob) else np.zeros(len(names), np.int32)
+
+    def _fast(self, evs: list[dict[str, Any]]) -> dict[str, Any]:
+        cols: dict[str, Any] = {
+            "name": self._intern([e["name"] for e in evs]),
+            "ts_us": np.array([e["ts"] for e in evs], dtype=np.float64),
+            "dur_us": np.array([e.get("dur") for e in evs], dtype=np.float64),
+            "_tid": [e.get("tid", -1) for e in evs],
+        }
+        if self.extra:
+            args = [e.get("args") or _EMPTY for e in evs]
+            for k in self.extra:
+                if k == "ext_id":
+                    cols[k] = np.array([a.get("External id", a.get("external id", -1)) for a in args], np.float64)
+                elif k == "stream":
+                    cols["_tid"] = [a.get("stream", e.get("tid", -1)) for a, e in zip(args, evs, strict=True)]
+                elif k == "device":
+                    cols[k] = np.array([a.get("device", e.get("pid", -1)) for a, e in zip(args, evs, strict=True)],
+                                       np.float64)
+                elif k == "corr":
+                    cols[k] = np.array([a.get("correlation", -1) for a in args], np.float64)
+                elif k == "bytes":
+                    cols[k] = np.array([a.get("bytes", -1) for a in args], np.float64)
+                elif k in ("kind", "gpu"):
+                    table = GPU_CATS if k == "kind" else ANNOTATION_CATS
+                    cols[k] = np.array([table[e["cat"]] for e in evs], np.int8)
+        return cols
+
+    def _slow(self, evs: list[dict[str, Any]]) -> dict[str, Any]:
+        cols: dict[str, Any] = {
+            "name": self._intern([str(e.get("name", "?")) for e in evs]),
+            "ts_us": np.array([_num(e.get("ts")) for e in evs], dtype=np.float64),
+            "dur_us": np.array([_num(e.get("dur")) for e in evs], dtype=np.float64),
+            "_tid": [e.get("tid", -1) for e in evs],
+        }
+        args: list[dict[str, Any]] = [e["args"] if isinstance(e.get("args"), dict) else _EMPTY for e in evs]
+        for k in self.extra:
+            if k == "ext_id":
+                cols[k] = np.array([_num(a.get("External id", a.get("external id", -1))) for a in args])
+            elif k == "stream":
+                cols["_tid"] = [a.get("stream", e.get("tid", -1)) for a, e in zip(args, evs, strict=True)]
+            elif k == "device":
+                cols[k] = np.array([_num(a.get("device", e.get("pid", -1))) for a, e in zip(args, evs, strict=True)])
+            elif k in ("corr", "bytes"):
+                key = "correlation" if k == "corr" else "bytes"
+                cols[k] = np.array([_num(a.get(key, -1)) for a in args])
+            elif k in ("kind", "gpu"):
+                table = GPU_CATS if k == "kind" else ANNOTATION_CATS
+                cols[k] = np.array([table.get(str(e.get("cat")), 0) for e in evs], np.int8)
+        return cols
+
+    def frame(self) -> pd.DataFrame:
+        keys = ["name", "tid", "ts_us", "dur_us", *[k for k in self.extra if k != "stream"]]
+        if self.chunks:
+            cols = {k: np.concatenate([c[k] for c in self.chunks]) for k in keys}
+        else:
+            cols = {k: np.zeros(0, np.int32 if k == "name" else np.int8 if k in ("kind", "gpu") else np.float64)
+                    for k in keys}
+            cols["tid"] = np.zeros(0, np.int64)
+        self.chunks = []
+        cols["name"] = pd.Categorical.from_codes(cols["name"].astype(np.int32),
+                                                 categories=pd.Index(list(self.names), dtype=object))
+        return pd.DataFrame(cols)
+
+
+def _tid(v: Any, tids: dict[Any, int]) -> int:
+    if v.__class__ is int:
+        return int(v)
+    code = tids.get(v)
+    if code is None:  # string thread ids ("stream 7", "PyTorch Profiler"): stable negative codes
+        code = tids[v] = -(len(tids) + 1)
+    return code
+
+
+class Accumulator:
+    def __init__(self, include_python: bool) -> None:
+        self.include_python = include_python
+        self.gpu = _Table(("stream", "kind", "device", "corr", "ext_id", "bytes"))
+        self.runtime = _Table(("corr",))
+        self.cpu = _Table(())
+        self.ann = _Table(("gpu",))
+        self.py = _Table(())
+        self.cats: Counter[Any] = Counter()
+        self.tids: dict[Any, int] = {}
+        self.meta_events: list[dict[str, Any]] = []
+        self.events = 0
+
+    def consume(self, evs: list[Any]) -> None:
+        dicts = evs if all(e.__class__ is dict for e in evs) else [e for e in evs if e.__class__ is dict]
+        self.events += len(dicts)
+        self.cats.update(map(_getcat, dicts))
+        gpu: list[dict[str, Any]] = []
+        rt: list[dict[str, Any]] = []
+        cpu: list[dict[str, Any]] = []
+        ann: list[dict[str, Any]] = []
+        py: list[dict[str, Any]] = []
+        none: list[dict[str, Any]] = []
+        route: dict[str | None, Any] = {c: gpu.append for c in GPU_CATS}
+        route.update({c: rt.append for c in RUNTIME_CATS})
+        route.update({c: cpu.append for c in CPU_OP_CATS})
+        route.update({c: ann.append for c in ANNOTATION_CATS})
+        route[None] = none.append
+        if self.include_python:
+            route["python_function"] = py.append
+        get = route.get
+        for e in dicts:
+            f = get(e.get("cat"))
+            if f is not None:
+                f(e)
+        self.meta_events.extend(e for e in none if e.get("ph") == "M")
+        x = "X"
+        for table, bucket in ((self.gpu, gpu), (self.runtime, rt), (self.cpu, cpu), (self.ann, ann),
+                              (self.py, py)):
+            if bucket:
+                if not all(e.get("ph") == x for e in bucket):
+                    bucket = [e for e in bucket if e.get("ph") == x]
+                table.add(bucket, self.tids)
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        gpu = self.gpu.frame().rename(columns={"tid": "stream"})
+        gpu["kind"] = pd.Categorical.from_codes(gpu["kind"].to_numpy().astype(np.int8), categories=GPU_KINDS)
+        ann = self.ann.frame()
+        ann["where"] = np.where(ann.pop("gpu").to_numpy() > 0, "gpu", "cpu")
+        out = {"gpu": gpu, "runtime": self.runtime.frame(), "cpu_ops": self.cpu.frame(), "annotations": ann}
+        if self.include_python:
+            out["python"] = self.py.frame()
+        return out
