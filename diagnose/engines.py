@@ -44,8 +44,10 @@ DP_LABEL: dict[str, str] = {"vllm": "engine", "sglang": "dp_rank"}
 class MetricRef:
     """One engine-neutral signal and the wire sample names that carry it for one engine.
 
-    ``names`` are sample names as they appear on the wire (counters with ``_total``; histograms by family
-    name, the ``_bucket``/``_sum``/``_count`` suffixes are added by the reader). With ``combine="first"``
+    ``names`` are sample names as they appear on the wire (histograms by family name, the
+    ``_bucket``/``_sum``/``_count`` suffixes are added by the reader; a counter named without ``_total``,
+    as TGI's exporter writes them, is also looked up as ``<name>_total``, which is how prometheus_client's
+    parser reports every counter sample). With ``combine="first"``
     the first name present in a scrape is used (renames across versions); with ``"sum"`` all present names
     are added (llama.cpp prefix-cache queries = uncached + cached prompt tokens). ``labels`` filters samples
     by label value (a regular expression that must match the whole value). ``agg`` combines several

@@ -59,7 +59,9 @@ def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]],
 
 def _scalar_rows(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]], engine: str,
                  dp_label: str, t_s: float) -> list[dict[str, Any]]:
-    names = [n for n in ref.names if n in idx]
+    # prometheus_client's parser exposes every counter sample as <family>_total, whatever the wire said
+    cands = [n if ref.kind != "counter" or n.endswith("_total") else f"{n}_total" for n in ref.names]
+    names = [n for n in cands if n in idx]
     if ref.combine == "first":
         names = names[:1]
     groups: dict[str, list[float]] = defaultdict(list)
@@ -113,8 +115,9 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         return {}
     records.sort(key=lambda r: r["t_ns"])
     fam_names = [str(f.get("name", "")) for f in bundle.iter_records("metric_families")]
-    engine = engine_from_metric_names(fam_names) or str((bundle.manifest.get("target") or {}).get("engine")
-                                                         or "unknown")
+    sample_names = (str(s[0]) for s in records[0].get("samples") or [] if isinstance(s, list) and s)
+    engine = (engine_from_metric_names(fam_names) or engine_from_metric_names(sample_names)
+              or str((bundle.manifest.get("target") or {}).get("engine") or "unknown"))
     refs = metric_map(engine)
     dp_label = DP_LABEL.get(engine, "")
     anchor = bundle.anchor_mono_ns
