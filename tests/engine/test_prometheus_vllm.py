@@ -36,9 +36,9 @@ async def _stream(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int
         assert r.status == 200
         async for raw in r.content:
             line = raw.strip()
-            if line.startswith(b"data: {") and not first:
-                if any(c.get("text") for c in json.loads(line[6:]).get("choices", [])):
-                    first = time.monotonic_ns()
+            if (line.startswith(b"data: {") and not first
+                    and any(c.get("text") for c in json.loads(line[6:]).get("choices", []))):
+                first = time.monotonic_ns()
     assert first
     return sent, first, time.monotonic_ns()
 
