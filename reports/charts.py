@@ -273,7 +273,9 @@ def histogram(bins: Sequence[Sequence[float]], *, title: str, x_label: str, y_la
             continue
         x = f.sx(mx, xlo, xhi, log_x)
         out.append(f'<line class="marker" x1="{x:.1f}" y1="{f.y0}" x2="{x:.1f}" y2="{f.y1}"/>')
-        out.append(f'<text class="marker-label" x="{x + 3:.1f}" y="{f.y0 + 10 + 11 * (i % 3)}">'
+        right_half = x > (f.x0 + f.x1) / 2
+        out.append(f'<text class="marker-label" x="{x - 3 if right_half else x + 3:.1f}" '
+                   f'y="{f.y0 + 10 + 11 * (i % 3)}" text-anchor="{"end" if right_half else "start"}">'
                    f'{esc(m.get("label", ""))} {fmt_num(mx)}</text>')
     out.append("</svg>")
     return "\n".join(out)

@@ -157,7 +157,8 @@ def _finding(f: Finding) -> dict[str, Any]:
 
 # -- percentile table -----------------------------------------------------------------------------------
 def _percentiles(a: Analysis) -> dict[str, Any]:
-    windows = [{"label": "whole run", **_window_table(a.signals, a.tables.get("requests"), a.tables.get("itl"), None)}]
+    windows = [{"label": "whole run", **_window_table(a.signals, a.tables.get("requests"), a.tables.get("itl"), None,
+                                                      _baseline_phases(a))}]
     for i, sigs in enumerate(a.phase_signals):
         ph = a.phases[i] if i < len(a.phases) else {}
         idx = ph.get("phase", i)
@@ -197,9 +198,14 @@ def _sweep(phase_windows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"groups": groups, "columns": columns, "rows": rows}
 
 
+def _baseline_phases(a: Analysis) -> frozenset[Any]:
+    """Phases outside the run window (the reference baseline), like the pipeline's run window."""
+    return frozenset(p.get("phase", i) for i, p in enumerate(a.phases) if p.get("role") == "baseline")
+
+
 def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl: pd.DataFrame | None,
-                  phase: Any) -> dict[str, Any]:
-    fallback = _table_percentiles(requests, itl, phase)
+                  phase: Any, exclude: frozenset[Any] = frozenset()) -> dict[str, Any]:
+    fallback = _table_percentiles(requests, itl, phase, exclude)
     rows: list[dict[str, Any]] = []
     note = ""
     for key, label, desc in METRICS:
@@ -215,8 +221,11 @@ def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl
     return {"rows": rows, "throughput": thr, "note": note}
 
 
-def _measured(requests: pd.DataFrame, phase: Any = None) -> pd.DataFrame:
+def _measured(requests: pd.DataFrame, phase: Any = None, exclude: frozenset[Any] = frozenset()) -> pd.DataFrame:
+    """Requests in the statistics: not warm-up, succeeded, of ``phase`` (or of every phase not excluded)."""
     df = requests
+    if phase is None and exclude and "phase" in df.columns:
+        df = df[~df["phase"].isin(list(exclude))]
     if "warmup" in df.columns:
         df = df[~df["warmup"].fillna(False).astype(bool)]
     if "ok" in df.columns:
@@ -226,11 +235,12 @@ def _measured(requests: pd.DataFrame, phase: Any = None) -> pd.DataFrame:
     return df
 
 
-def _table_percentiles(requests: pd.DataFrame | None, itl: pd.DataFrame | None, phase: Any) -> dict[str, dict[str, float | None]]:
+def _table_percentiles(requests: pd.DataFrame | None, itl: pd.DataFrame | None, phase: Any,
+                       exclude: frozenset[Any] = frozenset()) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float | None]] = {}
     if requests is None or requests.empty:
         return out
-    df = _measured(requests, phase)
+    df = _measured(requests, phase, exclude)
     cols = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
     for key, col in cols.items():
         if col in df.columns:
@@ -271,7 +281,7 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     req = a.tables.get("requests")
     if req is None or req.empty:
         return unavailable(title, "no requests table (the load probe did not run or recorded no requests)")
-    measured = _measured(req)
+    measured = _measured(req, exclude=_baseline_phases(a))
     if key == "ttft":
         if "ttft_ms" not in measured.columns:
             return unavailable(title, "the requests table has no ttft_ms column")

@@ -188,3 +188,15 @@ def test_large_series_are_bounded() -> None:
     sec = build_view(a)["section_groups"][0]["sections"][0]
     assert len(sec["series"][0]["points"]) <= 400
     assert max(y for _, y in sec["series"][0]["points"]) == 99.0
+
+
+def test_baseline_phase_is_outside_the_whole_run_figures() -> None:
+    a = synthetic_analysis(levels=(1, 4), per_level_s=3.0)
+    a.phases[0]["role"] = "baseline"
+    a.signals = {}  # force the table fallback so the window definition is visible
+    view = build_view(a)
+    req = a.tables["requests"]
+    in_run = req[(req["phase"] == 1) & ~req["warmup"] & req["ok"]]
+    assert view["charts"]["ttft"]["n"] == len(in_run)
+    ttft = next(r for r in view["percentiles"]["windows"][0]["rows"] if r["key"] == "ttft")
+    assert ttft["values"]["max"] == pytest.approx(in_run["ttft_ms"].max())
