@@ -51,7 +51,9 @@ class NvmlProbe:
     name = NAME
 
     def __init__(self, *, rate_hz: float = 10.0, procs_interval_s: float = 1.0, gpm: bool = True,
-                 nvml: Any = None) -> None:
+                 nvml: Any = None, interval_s: float | None = None) -> None:
+        if interval_s is not None and interval_s > 0:  # the CLI's --nvml-interval
+            rate_hz = 1.0 / interval_s
         self.rate_hz = max(0.1, float(rate_hz))
         self.procs_interval_s = procs_interval_s
         self.gpm = gpm

@@ -195,10 +195,11 @@ class PySpyProbe:
 
     def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = 20.0,
                  nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 5.0,
-                 binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 10.0) -> None:
+                 binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 10.0,
+                 rate: float | None = None) -> None:
         self.pid = pid
         self.port = port
-        self.rate_hz = rate_hz
+        self.rate_hz = float(rate if rate is not None else rate_hz)  # ``rate``: the CLI's name for it
         self.nonblocking = nonblocking
         self.cpu_interval_s = cpu_interval_s
         self.dump_interval_s = dump_interval_s

@@ -1,0 +1,116 @@
+"""pyinstrument: the client profiler probe and `diagnose run` (run_under_profiler) on a real asyncio server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.pyinstrument_probe import ClientProfilerProbe, load_summary, redact, run_under_profiler
+
+from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.errors import InputError
+
+SERVER = Path(__file__).parent / "host_data" / "tiny_async_server.py"
+
+
+def test_client_profile_busy_and_idle(tmp_path: Path) -> None:
+    bw = BundleWriter(tmp_path / "b")
+    ctx = CaptureContext(bundle=bw, target=Target(url="http://127.0.0.1:9"), stop=asyncio.Event())
+
+    def crunch() -> int:
+        return sum(j * j for j in range(60_000))
+
+    async def client() -> None:
+        for _ in range(10):
+            crunch()
+            await asyncio.sleep(0.05)
+        ctx.stop.set()
+
+    async def go() -> object:
+        st, _ = await asyncio.gather(ClientProfilerProbe().run(ctx), client())
+        return st
+
+    status = asyncio.run(go())
+    bw.finish()
+    assert status.state == "ok"  # type: ignore[attr-defined]
+    s = load_summary(tmp_path / "b")
+    assert s is not None and 0.0 < s["busy_ratio"] < 0.9  # mostly sleeping between bursts
+    funcs = [t["function"] for t in s["top"]]
+    assert any("crunch" in f or "genexpr" in f for f in funcs)
+    assert (tmp_path / "b" / "artifacts" / "pyinstrument_client.html").stat().st_size > 1000
+    assert "pyinstrument_client.pyisession" in open_bundle(tmp_path / "b").artifacts()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_run_under_profiler_profiles_the_server(tmp_path: Path) -> None:
+    port = _free_port()
+    out = tmp_path / "prof"
+    result: dict[str, int] = {}
+
+    def run() -> None:
+        result["code"] = run_under_profiler([sys.executable, str(SERVER), str(port), "--api-key", "sk-secret"],
+                                            str(out))
+
+    # signal handlers can only be installed from the main thread: run it there, drive it from a thread
+    def drive() -> None:
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                    c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    c.recv(100)
+                break
+            except OSError:
+                time.sleep(0.1)
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                c.recv(100)
+        os.kill(os.getpid(), signal.SIGINT)  # forwarded to the server as SIGINT
+
+    t = threading.Thread(target=drive)
+    t.start()
+    run()
+    t.join()
+    assert result["code"] == 0
+    b = open_bundle(out)
+    st = {s.name: s for s in b.probe_statuses()}["pyinstrument"]
+    assert st.state == "ok"
+    s = load_summary(out)
+    assert s is not None and s["who"] == "server"
+    assert any(x["function"] in ("busy_work", "<genexpr>") for x in s["top"])
+    assert "sk-secret" not in (out / "manifest.json").read_text()
+    assert (out / "artifacts" / "pyinstrument_server.html").exists()
+
+
+def test_run_under_profiler_bad_command(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not found"):
+        run_under_profiler(["no-such-program-xyz"], str(tmp_path / "x"))
+    with pytest.raises(InputError, match="give the server command"):
+        run_under_profiler([], str(tmp_path / "y"))
+
+
+def test_server_crash_is_failed_status(tmp_path: Path) -> None:
+    bad = tmp_path / "crash.py"
+    bad.write_text("import os\nos._exit(3)\n")
+    code = run_under_profiler([sys.executable, str(bad)], str(tmp_path / "c"))
+    assert code == 3
+    st = open_bundle(tmp_path / "c").probe_statuses()[0]
+    assert st.state == "failed" and "exited (3)" in st.reason
+
+
+def test_redact() -> None:
+    assert redact(["python", "s.py", "--api-key", "k", "--token=t", "--port", "1"]) == [
+        "python", "s.py", "--api-key", "***", "--token=***", "--port", "1"]
