@@ -149,10 +149,11 @@ def test_sections_bars_waterfall_and_unmatched(tmp_path: Path) -> None:
     assert shares["columns"][-1] == "share of TTFT" and len(shares["rows"]) == 4
     assert sum(r[-1] for r in shares["rows"]) == pytest.approx(1.0)
     wf = secs["otel_slowest_waterfall"].payload["rows"]
-    assert wf[0]["label"].startswith("r9 ") and len(wf) == 10
+    assert wf[0]["label"] == "r9 (TTFT 133 ms, E2E 286 ms)" and len(wf) == 10
     segs = wf[0]["segments"]
-    assert [g["name"] for g in segs] == ["client+network", "server frontend", "queue", "prefill",
-                                         "first token to client", "decode", "rest (frontend, streaming)"]
+    assert [g["name"] for g in segs] == ["client+network", "server frontend", "queue", "prefill", "decode",
+                                         "rest (output, streaming back)"]
+    assert segs[3]["end"] == pytest.approx(2 + 130)  # prefill ends at the server's first token
     assert segs[-1]["end"] == pytest.approx(2 + 130 + 140 + 10 + 4)
     assert all(a["end"] == pytest.approx(b["start"]) for a, b in zip(segs, segs[1:], strict=False))
     assert "1 successful request(s) had no server span" in secs["otel_unmatched"].payload["text"]

@@ -62,23 +62,23 @@ def _waterfall(df: pd.DataFrame) -> dict[str, Any]:
     for _, r in slow.iterrows():
         client = math.isfinite(float(r["client_ttft_ms"]))
         end = float(r["client_e2e_ms"]) if client else float(r["server_e2e_ms"])
+        ttft = float(r["client_ttft_ms"]) if client else float(r["server_ttft_ms"])
         label = str(r["rid"]) if isinstance(r["rid"], str) else str(r["trace_id"])[:12]
-        rows.append({"label": f"{label} ({end:.0f} ms)", "segments": _segments(r, client, end)})
+        rows.append({"label": f"{label} (TTFT {ttft:.0f} ms, E2E {end:.0f} ms)",
+                     "segments": _segments(r, client, end)})
     return {"rows": rows, "unit": "ms"}
 
 
 def _segments(r: pd.Series, client: bool, end: float) -> list[dict[str, Any]]:
-    """Consecutive parts of one request from the client's send (0 ms). The frontend is drawn as one block
-    before the queue although part of it (detokenisation) happens after prefill."""
+    """One request on a time line from the client's send (0 ms): client+network until the server's arrival
+    stamp, then frontend, queue and prefill (together the server TTFT), decode, and the rest until the
+    response ended at the client (server-side output processing and the trip back). The frontend is drawn
+    as one block before the queue although part of it (detokenising the first token) comes after prefill."""
     parts: list[tuple[str, float]] = []
     if client:
         parts.append(("client+network", float(r["pre_server_ms"])))
     parts += [("server frontend", float(r["frontend_ms"])), ("queue", float(r["queue_ms"])),
-              ("prefill", float(r["prefill_ms"]))]
-    if client:
-        before = sum(_pos(d) for _, d in parts)
-        parts.append(("first token to client", float(r["client_ttft_ms"]) - before))
-    parts.append(("decode", float(r["decode_ms"])))
+              ("prefill", float(r["prefill_ms"])), ("decode", float(r["decode_ms"]))]
     segs: list[dict[str, Any]] = []
     t = 0.0
     for name, dur in parts:
@@ -87,7 +87,7 @@ def _segments(r: pd.Series, client: bool, end: float) -> list[dict[str, Any]]:
             segs.append({"name": name, "start": round(t, 3), "end": round(t + d, 3)})
         t += d
     if end - t > 0:
-        segs.append({"name": "rest (frontend, streaming)", "start": round(t, 3), "end": round(end, 3)})
+        segs.append({"name": "rest (output, streaming back)", "start": round(t, 3), "end": round(end, 3)})
     return segs
 
 
