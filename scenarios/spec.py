@@ -1,0 +1,122 @@
+"""Scenario descriptions (scenarios/scenarios.yaml) -> typed :class:`Scenario` objects.
+
+A bad file is a one-line :class:`ScenarioError` saying what and where; the suite never starts an engine
+for a scenario it cannot describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diagnose.errors import InputError
+
+SCENARIOS_FILE = Path(__file__).resolve().parent / "scenarios.yaml"
+HOG_TARGETS = ("worker", "client")
+
+
+class ScenarioError(InputError):
+    """scenarios.yaml is malformed (the message names the scenario and the key)."""
+
+
+@dataclass(frozen=True)
+class Hog:
+    target: str  # "worker": pinned to the engine worker's core; "client": to the load client's core
+    procs: int = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    engine_args: tuple[str, ...]
+    engine_env: dict[str, str]
+    kv_cache_space_gib: int
+    attach_args: tuple[str, ...]
+    expect_top: str | None
+    expect_top3: tuple[str, ...]
+    hog: Hog | None = None
+    timeout_s: float = 150.0
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def engine_key(self) -> tuple[Any, ...]:
+        """Scenarios with the same key can share one engine start."""
+        return (self.engine_args, tuple(sorted(self.engine_env.items())), self.kv_cache_space_gib)
+
+
+def _strs(v: Any, where: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, (str, int, float)) for x in v):
+        raise ScenarioError(f"{where}: expected a list of strings")
+    return tuple(str(x) for x in v)
+
+
+def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ScenarioError(f"{path}: every scenario needs a 'name'")
+    name = raw["name"]
+    where = f"{path}: scenario {name!r}"
+    known = {"name", "description", "engine", "attach", "hog", "expect", "timeout_s"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    d_eng = defaults.get("engine") or {}
+    eng = raw.get("engine") or {}
+    if not isinstance(eng, dict):
+        raise ScenarioError(f"{where}: 'engine' must be a mapping")
+    env = {**(d_eng.get("env") or {}), **(eng.get("env") or {})}
+    expect = raw.get("expect")
+    if not isinstance(expect, dict) or "top" not in expect:
+        raise ScenarioError(f"{where}: 'expect' needs 'top' (a rule id, or null for a healthy run)")
+    top = expect["top"]
+    if top is not None and not isinstance(top, str):
+        raise ScenarioError(f"{where}: expect.top must be a rule id or null")
+    hog = None
+    if raw.get("hog") is not None:
+        h = raw["hog"]
+        if not isinstance(h, dict) or h.get("target") not in HOG_TARGETS:
+            raise ScenarioError(f"{where}: hog.target must be one of {', '.join(HOG_TARGETS)}")
+        procs = h.get("procs", 1)
+        if not isinstance(procs, int) or procs < 1:
+            raise ScenarioError(f"{where}: hog.procs must be a positive integer")
+        hog = Hog(str(h["target"]), procs)
+    try:
+        kv = int(eng.get("kv_cache_space_gib", d_eng.get("kv_cache_space_gib", 2)))
+        timeout = float(raw.get("timeout_s", defaults.get("timeout_s", 150)))
+    except (TypeError, ValueError) as e:
+        raise ScenarioError(f"{where}: {e}") from e
+    return Scenario(
+        name=name,
+        description=str(raw.get("description", "")),
+        engine_args=_strs(d_eng.get("args"), f"{path}: defaults.engine.args") + _strs(eng.get("args"), f"{where}: engine.args"),
+        engine_env={str(k): str(v) for k, v in env.items()},
+        kv_cache_space_gib=kv,
+        attach_args=_strs(defaults.get("attach"), f"{path}: defaults.attach") + _strs(raw.get("attach"), f"{where}: attach"),
+        expect_top=top,
+        expect_top3=_strs(expect.get("top3"), f"{where}: expect.top3"),
+        hog=hog,
+        timeout_s=timeout,
+        raw=raw,
+    )
+
+
+def load_scenarios(path: Path = SCENARIOS_FILE) -> list[Scenario]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ScenarioError(f"{path}: cannot read scenarios ({str(e).splitlines()[0]})") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("scenarios"), list):
+        raise ScenarioError(f"{path}: expected a mapping with a 'scenarios' list")
+    defaults = doc.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ScenarioError(f"{path}: 'defaults' must be a mapping")
+    out = [_parse(r, defaults, path) for r in doc["scenarios"]]
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ScenarioError(f"{path}: duplicate scenario name(s) {', '.join(dup)}")
+    return out
