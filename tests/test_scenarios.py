@@ -1,0 +1,79 @@
+"""The scenario suite's description file and scoring (the real-engine run itself is scenarios/suite.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from diagnose.rules.spec import load_rules
+
+from scenarios.score import HEALTHY, ScenarioResult, accuracy, confusion_markdown, report_markdown
+from scenarios.spec import ScenarioError, load_scenarios
+
+
+def test_shipped_scenarios_cover_the_issue_and_name_real_rules() -> None:
+    scns = load_scenarios()
+    names = {s.name for s in scns}
+    assert {"healthy", "queue_bound", "prefill_heavy", "kv_pressure", "prefix_cache_miss", "bursty",
+            "host_contention", "client_bound"} <= names
+    ids = {r.id for r in load_rules()}
+    for s in scns:
+        assert s.expect_top is None or s.expect_top in ids, s.name
+        assert set(s.expect_top3) <= ids, s.name
+        assert s.expect_top is None or not s.expect_top3 or s.expect_top in s.expect_top3, s.name
+        assert "--concurrency" in s.attach_args or "--rate" in s.attach_args, s.name
+    healthy = next(s for s in scns if s.name == "healthy")
+    assert healthy.expect_top is None and healthy.hog is None and not healthy.engine_args
+
+
+def test_scenarios_with_the_same_engine_flags_share_a_key() -> None:
+    by = {s.name: s for s in load_scenarios()}
+    assert by["healthy"].engine_key() == by["bursty"].engine_key()
+    assert by["healthy"].engine_key() != by["queue_bound"].engine_key()
+
+
+@pytest.mark.parametrize(("text", "msg"), [
+    ("scenarios: 3", "'scenarios' list"),
+    ("scenarios: [{name: a}]", "'expect' needs 'top'"),
+    ("scenarios: [{name: a, expect: {top: X}, hog: {target: gpu}}]", "hog.target"),
+    ("scenarios: [{name: a, expect: {top: X}, colour: red}]", "unknown key"),
+    ("scenarios: [{name: a, expect: {top: X}}, {name: a, expect: {top: Y}}]", "duplicate"),
+    ("scenarios: [{name: a, expect: {top: X}, attach: 5}]", "list of strings"),
+    ("scenarios: [", "cannot read"),
+])
+def test_bad_scenario_files_are_one_line_errors(tmp_path: Path, text: str, msg: str) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    with pytest.raises(ScenarioError, match=msg) as e:
+        load_scenarios(p)
+    assert "\n" not in str(e.value) and str(p) in str(e.value)
+
+
+def _f(rule: str, sev: str, score: float = 1.0) -> dict[str, object]:
+    return {"rule_id": rule, "severity": sev, "score": score, "title": rule}
+
+
+def test_top1_skips_info_findings_and_top3_counts() -> None:
+    r = ScenarioResult("q", "SCH001", findings=[_f("VAL002", "info", 9), _f("LAT001", "warning", 3),
+                                                _f("SCH001", "error", 2)])
+    assert r.top1 == "LAT001" and not r.ok1 and r.ok3
+    r2 = ScenarioResult("q", "SCH001", findings=[_f("SCH001", "error")])
+    assert r2.ok1 and r2.ok3
+
+
+def test_healthy_is_right_only_without_warnings() -> None:
+    assert ScenarioResult("h", None, findings=[_f("CST002", "info")]).ok1
+    assert ScenarioResult("h", None, findings=[]).top1 == HEALTHY
+    bad = ScenarioResult("h", None, findings=[_f("VAL004", "warning")])
+    assert not bad.ok1 and not bad.ok3 and bad.top1 == "VAL004"
+
+
+def test_errors_count_as_wrong_and_show_in_the_table() -> None:
+    rs = [ScenarioResult("q", "SCH001", error="attach exited 3: refused"),
+          ScenarioResult("h", None, findings=[], repeat=1),
+          ScenarioResult("q", "SCH001", findings=[_f("SCH001", "error")], repeat=2)]
+    assert accuracy(rs) == (2, 2, 3)
+    table = confusion_markdown(rs)
+    assert "(error)" in table and "| q | SCH001 |" in table and "**1**" in table
+    md = report_markdown(rs, "# t")
+    assert "## Run 1: top-1 1/2" in md and "## Run 2: top-1 1/1" in md and "error: attach exited 3" in md
