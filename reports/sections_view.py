@@ -21,7 +21,7 @@ from .charts import downsample
 MAX_TABLE_ROWS = 200
 MAX_LINE_POINTS = 400
 MAX_WATERFALL_ROWS = 60
-MAX_FLAME_NODES = 2500
+MAX_FLAME_NODES = 1200
 MAX_TEXT_CHARS = 20_000
 HIST_BINS = 40
 
@@ -84,7 +84,7 @@ def bin_values(values: Sequence[float] | np.ndarray, bins: int = HIST_BINS) -> d
 
 
 # -- flame graph -------------------------------------------------------------------------------------
-def prune_tree(root: dict[str, Any], *, min_frac: float = 0.001, max_nodes: int = MAX_FLAME_NODES,
+def prune_tree(root: dict[str, Any], *, min_frac: float = 0.002, max_nodes: int = MAX_FLAME_NODES,
                max_depth: int = 64) -> tuple[dict[str, Any], int]:
     """Copy of the tree without nodes under ``min_frac`` of the root (their time stays in the parent) and
     beyond ``max_depth``; raises the cut-off until at most ``max_nodes`` remain. Returns (tree, dropped)."""
@@ -157,7 +157,7 @@ def _stacked(p: dict[str, Any]) -> dict[str, Any]:
 
 def _flame(p: dict[str, Any]) -> dict[str, Any]:
     tree, dropped = prune_tree(p["root"])
-    note = f"{dropped} small frames (< 0.1% of the total, or too deep) folded into their callers" if dropped else ""
+    note = f"{dropped} small frames (under 0.2% of the total, or too deep) folded into their callers" if dropped else ""
     return {"kind": "flamegraph", "root": tree, "unit": str(p.get("unit", "samples")), "note": note}
 
 
@@ -232,7 +232,7 @@ def flatten(d: Any, prefix: str = "", depth: int = 0) -> list[list[str]]:
 
 
 def _text_value(v: Any) -> str:
-    if v is None:
+    if v is None or (isinstance(v, (dict, list, str)) and not v):
         return "—"
     if isinstance(v, list):
         s = ", ".join(_text_value(redact_value("", x)) for x in v)
