@@ -60,7 +60,8 @@ def kernel_tables(rt: RankTrace, cls: pd.Series) -> tuple[pd.DataFrame, pd.DataF
     top = pd.DataFrame({"class": by_name["class"].first(), "count": by_name["dur_us"].size(),
                         "total_ms": by_name["dur_us"].sum() / 1e3, "mean_us": by_name["dur_us"].mean()})
     top = top.sort_values("total_ms", ascending=False).head(25)
-    top["p99_us"] = [_pct(df["dur_us"].to_numpy()[df["name"].to_numpy() == n], 99) for n in top.index]
+    sub = df[df["name"].isin(top.index)]
+    top["p99_us"] = sub.groupby("name", observed=True)["dur_us"].quantile(0.99).reindex(top.index)
     top["share_ratio"] = top["total_ms"] * 1e3 / total if total > 0 else np.nan
     top = top.reset_index()
     top["name"] = top["name"].astype(str).str.slice(0, 200)
@@ -80,6 +81,13 @@ def cpu_op_table(rt: RankTrace, top: int = 25) -> pd.DataFrame:
 
 def _analyze_rank(rt: RankTrace) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rt.rank, "cpu_ops": cpu_op_table(rt)}
+    if rt.python is not None:
+        out["python"] = cpu_op_table(RankTrace(path=rt.path, rank=rt.rank, meta={}, gpu=rt.gpu, runtime=rt.runtime,
+                                               cpu_ops=rt.python, annotations=rt.annotations, python=None))
+    spans = [(float(f["ts_us"].min()), float((f["ts_us"] + f["dur_us"]).max()))
+             for f in (rt.gpu, rt.runtime, rt.cpu_ops, rt.annotations) if len(f)]
+    if spans:
+        out["span_us"] = (min(a for a, _ in spans), max(b for _, b in spans))
     cls = classify_kernels(rt.gpu)
     launch_ts = timeline.launch_start_for(rt.gpu, rt.runtime)
     sync = launch.sync_intervals(rt.runtime) if not rt.runtime.empty else None
@@ -108,10 +116,14 @@ def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAna
 
     Bad input raises :class:`diagnose.errors.InputError` with a one-line message naming the file.
     """
+    return analyze_files(trace_files(path), include_python=include_python)
+
+
+def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAnalysis:
+    """Analyse the given per-rank trace files together (one rank each)."""
     from diagnose.trace.report import build_sections, build_signals
 
     t0 = time.perf_counter()
-    files = trace_files(path)
     warnings: list[str] = []
     results: list[dict[str, Any]] = []
     traces: list[RankTrace] = []
@@ -146,6 +158,8 @@ def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAna
         "trace_steps": _concat([r.get("steps") for r in results]),
         "trace_cpu_ops": _concat([r.get("cpu_ops") for r in results]),
     }
+    if include_python:
+        tables["trace_python_functions"] = _concat([r.get("python") for r in results])
     tables["trace_step_summary"] = steps.step_summary(tables["trace_steps"])
     per_coll, per_rank, w = collective_skew({r["rank"]: r["comm_starts"] for r in results if "comm_starts" in r})
     warnings.extend(w)
@@ -166,6 +180,7 @@ def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAna
         "categories": _merge_counts([t.categories for t in traces]),
         "meta": {t.rank: t.meta for t in traces}, "include_python": include_python,
         "steps": len(tables["trace_steps"]), "analysis_s": round(time.perf_counter() - t0, 3),
+        "span_us": {r["rank"]: r["span_us"] for r in results if "span_us" in r},
     }
     signals = build_signals(tables, summary)
     return TraceAnalysis(tables=tables, signals=signals, sections=build_sections(tables, summary, warnings),

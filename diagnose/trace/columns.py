@@ -48,10 +48,11 @@ class _Table:
         except (KeyError, TypeError, ValueError, AttributeError):
             cols = self._slow(evs)
         tid = cols.pop("_tid")
-        arr = np.asarray(tid) if all(t.__class__ is int for t in tid) else None
-        if arr is None or arr.dtype.kind not in "iu":
+        try:
+            arr = np.array(tid, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):  # string thread ids
             arr = np.array([_tid(t, tids) for t in tid], dtype=np.int64)
-        cols["tid"] = arr.astype(np.int64, copy=False)
+        cols["tid"] = arr
         self.chunks.append(cols)
 
     def _intern(self, names: list[Any]) -> np.ndarray:
@@ -146,35 +147,32 @@ class Accumulator:
         self.events = 0
 
     def consume(self, evs: list[Any]) -> None:
-        dicts = evs if all(e.__class__ is dict for e in evs) else [e for e in evs if e.__class__ is dict]
-        self.events += len(dicts)
-        self.cats.update(map(_getcat, dicts))
-        gpu: list[dict[str, Any]] = []
-        rt: list[dict[str, Any]] = []
-        cpu: list[dict[str, Any]] = []
-        ann: list[dict[str, Any]] = []
-        py: list[dict[str, Any]] = []
-        none: list[dict[str, Any]] = []
-        route: dict[str | None, Any] = {c: gpu.append for c in GPU_CATS}
-        route.update({c: rt.append for c in RUNTIME_CATS})
-        route.update({c: cpu.append for c in CPU_OP_CATS})
-        route.update({c: ann.append for c in ANNOTATION_CATS})
-        route[None] = none.append
-        if self.include_python:
-            route["python_function"] = py.append
-        get = route.get
-        for e in dicts:
-            f = get(e.get("cat"))
-            if f is not None:
-                f(e)
-        self.meta_events.extend(e for e in none if e.get("ph") == "M")
-        x = "X"
-        for table, bucket in ((self.gpu, gpu), (self.runtime, rt), (self.cpu, cpu), (self.ann, ann),
-                              (self.py, py)):
-            if bucket:
-                if not all(e.get("ph") == x for e in bucket):
-                    bucket = [e for e in bucket if e.get("ph") == x]
-                table.add(bucket, self.tids)
+        try:
+            cl = list(map(_getcat, evs))  # C-level pass; AttributeError when an element is not an object
+        except AttributeError:
+            evs = [e for e in evs if e.__class__ is dict]
+            cl = list(map(_getcat, evs))
+        if not evs:
+            return
+        self.events += len(evs)
+        codes, uniq = pd.factorize(np.asarray(cl, dtype=object), use_na_sentinel=True)
+        counts = np.bincount(codes[codes >= 0], minlength=len(uniq))
+        for u, n in zip(uniq, counts, strict=True):
+            self.cats[u] += int(n)
+        n_none = int((codes < 0).sum())
+        if n_none:
+            self.cats[None] += n_none
+            self.meta_events.extend(e for e, c in zip(evs, cl, strict=True) if c is None and e.get("ph") == "M")
+        pos = {u: i for i, u in enumerate(uniq)}
+        buckets = ((self.gpu, GPU_CATS), (self.runtime, RUNTIME_CATS), (self.cpu, CPU_OP_CATS),
+                   (self.ann, ANNOTATION_CATS), *(((self.py, {"python_function"}),) if self.include_python else ()))
+        for table, cats in buckets:
+            want = [pos[c] for c in cats if c in pos]
+            if not want:
+                continue
+            idx = np.flatnonzero(codes == want[0]) if len(want) == 1 else np.flatnonzero(np.isin(codes, want))
+            picked = [evs[int(idx[0])]] if len(idx) == 1 else list(operator.itemgetter(*idx.tolist())(evs))
+            table.add(picked, self.tids)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         gpu = self.gpu.frame().rename(columns={"tid": "stream"})

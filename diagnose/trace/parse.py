@@ -125,9 +125,12 @@ def _find_events_start(buf: bytes, path: Path) -> tuple[int, dict[str, Any]] | N
         return j + m.end(), meta
 
 
-def _decode(piece: bytes) -> list[Any] | None:
+def _decode(piece: bytes | memoryview) -> list[Any] | None:
+    ba = bytearray(b"[")
+    ba += piece
+    ba += b"]"
     try:
-        out = orjson.loads(b"[" + piece + b"]")
+        out = orjson.loads(ba)
     except orjson.JSONDecodeError:
         return None
     return out if isinstance(out, list) else None
@@ -142,7 +145,7 @@ def _split(buf: bytes, final: bool) -> tuple[list[Any], bytes, bool] | None:
             k = buf.rfind(b"]", 0, end)
             if k < 0:
                 break
-            evs = _decode(buf[:k])
+            evs = _decode(memoryview(buf)[:k])
             if evs is not None:
                 return evs, buf[k + 1:], True
             end = k
@@ -151,7 +154,7 @@ def _split(buf: bytes, final: bool) -> tuple[list[Any], bytes, bool] | None:
     while True:
         cuts = [m.start() for m in _CUT.finditer(buf, lo)]
         for c in reversed(cuts[-8:]):
-            evs = _decode(buf[:c + 1])
+            evs = _decode(memoryview(buf)[:c + 1])
             if evs is not None:
                 rest = buf[c + 1:].lstrip()
                 return evs, rest[1:] if rest[:1] == b"," else rest, False
@@ -189,10 +192,19 @@ def read_trace(path: str | Path, *, rank: int | None = None, include_python: boo
 
 def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
     buf = b""
+    pending: list[bytes] = []
+    pending_len = 0
     meta: dict[str, Any] | None = None
     closed = False
     tail = b""
     for blk in _blocks(p):
+        if meta is not None and not closed:
+            pending.append(blk)  # join once per piece, not once per block
+            pending_len += len(blk)
+            if pending_len < PIECE:
+                continue
+            blk = b"".join(pending)
+            pending, pending_len = [], 0
         buf = buf + blk if buf else blk
         if meta is None:
             found = _find_events_start(buf, p)
@@ -217,6 +229,8 @@ def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
             del evs
             if closed:
                 tail, buf = buf, b""
+    if pending:
+        buf += b"".join(pending)
     if meta is None:
         found = _find_events_start(buf, p)
         if found is None:
@@ -224,15 +238,17 @@ def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
             raise InputError(f"{p}: {what}")
         start, meta = found
         buf = buf[start:]
-    if not closed:
+    if closed:
+        tail += buf
+    else:
         res = _split(buf, final=True)
         if res is None:
             raise InputError(f"{p}: invalid or truncated JSON in traceEvents (could not decode the last "
                              f"{len(buf):,} bytes)")
-        evs, buf, closed = res
+        evs, rest, closed = res
         acc.consume(evs)
         del evs
-    tail += buf
+        tail += rest
     meta.update(_tail_meta(tail))
     return _finish(p, rank, meta, acc)
 

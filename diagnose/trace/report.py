@@ -105,9 +105,8 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
     if len(gaps):
         _sig(out, "trace_inter_step_gap_p50_ms", np.percentile(gaps, 50), "ms", "median CPU time between steps")
     if st["gpu_busy_ratio"].notna().any():
-        _sig(out, "trace_step_gpu_busy_ratio", _ratio(st["gpu_busy_us"].sum(), st.loc[st["gpu_busy_us"].notna(),
-                                                                                        "dur_us"].sum()),
-             "ratio", "GPU busy time of kernels launched inside steps over the steps' duration")
+        _sig(out, "trace_step_gpu_busy_ratio", _ratio(st["gpu_busy_us"].sum(), st["gpu_span_us"].sum()), "ratio",
+             "GPU busy time of the kernels launched by steps over the steps' GPU spans")
     if st["sync_us"].notna().any():
         _sig(out, "trace_sync_in_step_ms", st["sync_us"].mean() / 1e3, "ms",
              "mean CPU time per step in host syncs and synchronous copies")

@@ -72,7 +72,12 @@ def find_steps(annotations: pd.DataFrame, rank: int) -> pd.DataFrame:
 
 def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_ts: np.ndarray,
                  sync: tuple[np.ndarray, np.ndarray] | None) -> pd.DataFrame:
-    """Adds per-step GPU busy time (kernels launched inside the step), class shares, sync time and CPU gaps."""
+    """Adds per-step GPU use, memory-bound kernel time, host-sync time and the CPU gap before each step.
+
+    A kernel belongs to the step whose CPU interval contains the start of the runtime call that launched it.
+    ``gpu_busy_ratio`` = union of the step's kernel intervals / the step's GPU span (step start to the later of
+    the step end and its last kernel end).
+    """
     out = steps.copy()
     n = len(out)
     st = out["ts_us"].to_numpy(dtype=float)
@@ -92,6 +97,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     out["kernel_us"] = np.nan
     out["memory_bound_us"] = np.nan
     out["gpu_busy_ratio"] = np.nan
+    out["gpu_span_us"] = np.nan
     if gpu.empty or n == 0:
         return out
     k = np.searchsorted(st, launch_ts, side="right") - 1
@@ -111,10 +117,12 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     busy = np.zeros(n)
     kern = np.zeros(n)
     memb = np.zeros(n)
+    gpu_end = np.zeros(n)
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         sel = idx[a:b]
         step = kk[a]
         busy[step] = union_len(gs[sel], ge[sel])
+        gpu_end[step] = ge[sel].max()
         d = ge[sel] - gs[sel]
         kern[step] = d.sum()
         memb[step] = d[mb[sel]].sum()
@@ -123,8 +131,11 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     out.loc[has, "gpu_busy_us"] = busy[has]
     out.loc[has, "kernel_us"] = kern[has]
     out.loc[has, "memory_bound_us"] = memb[has]
-    dur = out["dur_us"].to_numpy(dtype=float)
-    out.loc[has, "gpu_busy_ratio"] = np.where(dur[has] > 0, busy[has] / dur[has], np.nan)
+    # the step's GPU span: from the step start to whichever ends last, the CPU step or its kernels (kernels
+    # of a graph replay run after the CPU side has returned)
+    span = np.maximum(en, gpu_end) - st
+    out["gpu_span_us"] = np.where(has, span, np.nan)
+    out.loc[has, "gpu_busy_ratio"] = np.where(span[has] > 0, busy[has] / span[has], np.nan)
     return out
 
 
