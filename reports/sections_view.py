@@ -224,6 +224,8 @@ def flatten(d: Any, prefix: str = "", depth: int = 0) -> list[list[str]]:
                 rows.extend(flatten(v, key, depth + 1))
             elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
                 rows.extend([f"{key}[{i}]", _text_value(x)] for i, x in enumerate(v[:20]))
+            elif str(k).endswith("_bytes") and isinstance(v, int) and v >= 1024:
+                rows.append([key, f"{v / 2**30:.3g} GiB" if v >= 2**30 else f"{v / 2**20:.3g} MiB"])
             else:
                 rows.append([key, _text_value(redact_value(str(k), v))])
     elif d not in (None, "", {}, []):
@@ -237,7 +239,7 @@ def _text_value(v: Any) -> str:
     if isinstance(v, list):
         s = ", ".join(_text_value(redact_value("", x)) for x in v)
     elif isinstance(v, dict):
-        s = ", ".join(f"{k}={_text_value(redact_value(str(k), x))}" for k, x in v.items())
+        s = ", ".join(f"{k}={_text_value(redact_value(str(k), x))}" for k, x in v.items() if x not in (None, "", [], {}))
     elif isinstance(v, float):
         s = f"{v:.6g}"
     else:

@@ -62,7 +62,7 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
                             "sections": [s for s in sections if s["group"] == g]}
                            for g in dict.fromkeys(s["group"] for s in sections)],
         "probes": [{"name": p.name, "state": p.state, "reason": p.reason,
-                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail))}
+                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail) if v != "—")}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "environment": _environment(manifest),
     }
@@ -306,7 +306,8 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
 # -- environment ----------------------------------------------------------------------------------------
 def _environment(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     cap = dict(manifest.get("capture") or {})
-    cap.pop("clock_anchor", None)
+    for raw in ("clock_anchor", "started_unix_ns", "ended_unix_ns"):  # the ISO times say the same, readably
+        cap.pop(raw, None)
     groups = (("Target", manifest.get("target")), ("Workload", manifest.get("workload")),
               ("Host", manifest.get("host")), ("Capture", {**cap, "tool": manifest.get("tool"),
                                                             "schema_version": manifest.get("schema_version")}),

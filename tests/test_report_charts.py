@@ -116,3 +116,9 @@ def test_redaction() -> None:
     assert redact_value("cmd", "--api-key sk-abcdefghijkl") == "--api-key [redacted]"
     rows = flatten({"target": {"headers": {"X": "1"}, "url": "http://h"}, "hf_token": "hf_abcdefghijk"})
     assert rows == [["hf_token", "[redacted]"], ["target.headers", "[redacted]"], ["target.url", "http://h"]]
+
+
+def test_flatten_compacts_lists_and_sizes() -> None:
+    rows = dict(flatten({"phases": [{"index": 0, "rate": None, "name": "c=1"}], "memory_total_bytes": 25276514304,
+                         "extra": {}}))
+    assert rows == {"phases[0]": "index=0, name=c=1", "memory_total_bytes": "23.5 GiB", "extra": "—"}
