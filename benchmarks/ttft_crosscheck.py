@@ -166,7 +166,7 @@ def main() -> int:
 
             ensure_engine()
             out = args.keep or Path(tempfile.mkdtemp(prefix="ttft-crosscheck-")) / "bundle"
-            with VllmServer(port=args.port, extra_args=args.server_args.split()) as server:
+            with VllmServer(port=args.port, extra_args=args.server_args.split(), startup_timeout_s=600) as server:
                 asyncio.run(live_capture(server.url, out, args.requests, args.concurrency, args.prompt_words,
                                          args.max_tokens, args.interval))
             report = compare(out)
