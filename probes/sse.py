@@ -182,49 +182,68 @@ class _Conn(asyncio.Protocol):
                 self._finish_body(t)
             return
         buf = self.buf
-        buf += data
+        if buf:  # a partial size line or chunk from the previous read
+            buf += data
+            data = bytes(buf)
+            buf.clear()
         pos = 0
-        n = len(buf)
+        n = len(data)
+        left = self.chunk_left
+        payload = self._payload
         while pos < n:
-            left = self.chunk_left
-            if left > 0:
+            if left == 0:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                try:
+                    size = int(data[pos:eol], 16)
+                except ValueError:
+                    size_txt = data[pos:eol].split(b";", 1)[0].strip()
+                    try:
+                        size = int(size_txt, 16)
+                    except ValueError:
+                        self._fail("malformed_sse", f"bad chunk size line {size_txt[:40]!r}")
+                        return
+                pos = eol + 2
+                if size == 0:
+                    self.chunk_left = 0
+                    self._finish_body(t)
+                    return
+                end = pos + size
+                if end + 2 <= n:  # the whole chunk and its CRLF are here (the usual case)
+                    payload(data[pos:end], t)
+                    if self.res is None:
+                        return
+                    pos = end + 2
+                    continue
+                left = size
+            elif left > 0:
                 take = min(left, n - pos)
-                self._payload(buf[pos:pos + take], t)
+                payload(data[pos:pos + take], t)
+                if self.res is None:
+                    return
                 pos += take
-                self.chunk_left = left - take
-                if self.chunk_left == 0:
-                    self.chunk_left = -2  # expect CRLF after the data
-                continue
-            if left == -2:
+                left -= take
+                if left == 0:
+                    left = -2  # expect the CRLF after the data
+            else:  # -2: the CRLF after a chunk's data
                 if n - pos < 2:
                     break
                 pos += 2
-                self.chunk_left = 0
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            size_txt = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_txt, 16)
-            except ValueError:
-                del buf[:]
-                self._fail("malformed_sse", f"bad chunk size line {size_txt[:40]!r}")
-                return
-            pos = eol + 2
-            if size == 0:
-                del buf[:]
-                self._finish_body(t)
-                return
-            self.chunk_left = size
-        del buf[:pos]
+                left = 0
+        self.chunk_left = left
+        if pos < n:
+            buf += data[pos:]
 
-    def _payload(self, data: bytes | bytearray, t: int) -> None:
+    def _payload(self, data: bytes, t: int) -> None:
         if not self.is_sse:
             if len(self.body) < _MAX_ERROR_BODY:
                 self.body += data[: _MAX_ERROR_BODY - len(self.body)]
             return
         sse = self.sse
+        if not sse and data.startswith(b"data: {") and data.endswith(b"}\n\n") and data.find(b"\n") == len(data) - 2:
+            self._json_event(data[6:-2], t)  # one complete single-line event: the usual case
+            return
         sse += data
         if b"\r" in data:
             sse[:] = sse.replace(b"\r\n", b"\n")
@@ -262,6 +281,9 @@ class _Conn(asyncio.Protocol):
         if payload == b"[DONE]":
             res.done = True
             return
+        self._json_event(payload, t)
+
+    def _json_event(self, payload: bytes, t: int) -> None:
         if not self.store_text:
             i = payload.find(_TEXT)
             if i < 0:
@@ -278,8 +300,18 @@ class _Conn(asyncio.Protocol):
                 i += 8
             if i >= 0:
                 if payload[i] != 34:  # non-empty string value: a content chunk
-                    self._content_chunk(payload, t)
-                elif payload.find(_FINISH) >= 0:
+                    res = self.res
+                    assert res is not None
+                    n = 1
+                    if self.client.continuous_usage:
+                        m = _COMPLETION_TOKENS.search(payload)
+                        if m is not None:
+                            cum = int(m.group(1))
+                            n = cum - res.cum_tokens if cum > res.cum_tokens else 1
+                            res.cum_tokens = cum
+                    res.t_ns.append(t)
+                    res.tok.append(n)
+                if payload.find(_FINISH, i) >= 0:
                     self._finish_reason(payload)
                 return
         self._slow_event(payload, t)

@@ -167,11 +167,11 @@ def test_duration_bounds_the_phase_and_per_phase_override(tmp_path: Path) -> Non
 def test_cancel_mid_run_keeps_finished_records_and_marks_in_flight(tmp_path: Path) -> None:
     srv = TestServer(itl_s=0.01)
     spec = spec_for("2", num_requests=None, duration_s=30.0, output_tokens=10)
-    _, b = asyncio.run(run_probe(srv, spec, tmp_path / "b", cancel_after=0.8))
+    _, b = asyncio.run(run_probe(srv, spec, tmp_path / "b", cancel_after=1.5))
     recs = b.records("requests")
     done = [r for r in recs if r["ok"]]
     incomplete = [r for r in recs if r["error"] == "incomplete"]
-    assert len(done) >= 3 and len(incomplete) == 2
+    assert len(done) >= 2 and len(incomplete) == 2
     assert all(r["n_chunks"] == 10 for r in done)
     ph = b.records("phases")
     assert len(ph) == 1 and ph[0]["interrupted"] and ph[0]["end_ns"] is not None

