@@ -355,7 +355,7 @@ def flamegraph(root: dict[str, Any], *, title: str, unit: str, width: int = 1000
     out = _open(width, height, title, "flamegraph")
     out.append(f'<text class="axis-label x-label" x="{width / 2:.0f}" y="32" text-anchor="middle">'
                f'box width = share of {esc(unit)} (root = {fmt_num(total)} {esc(unit)}); '
-               f'depth = call stack, caller above callee</text>')
+               f'depth = call stack, caller above callee; click a frame to zoom, the root to reset</text>')
     if total <= 0:
         out.append(f'<text class="empty" x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle">no samples</text>')
         out.append("</svg>")
@@ -369,7 +369,7 @@ def flamegraph(root: dict[str, Any], *, title: str, unit: str, width: int = 1000
         y = 42 + d * row_h
         name = str(node.get("name", ""))
         hue = (sum(map(ord, name[:12])) * 7) % 50
-        out.append(f'<g><title>{esc(name)}: {fmt_num(v)} {esc(unit)} ({v / total:.1%})</title>'
+        out.append(f'<g class="fg"><title>{esc(name)}\n{fmt_num(v)} {esc(unit)} ({v / total:.1%})</title>'
                    f'<rect x="{x:.1f}" y="{y}" width="{max(w - 0.4, 0.3):.1f}" height="{row_h - 1}" '
                    f'fill="hsl({hue + 10},75%,{62 if d % 2 else 58}%)"/>')
         chars = int((w - 6) / 6.3)

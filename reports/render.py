@@ -87,7 +87,10 @@ def render_html(analysis: Analysis) -> str:
     """The report for ``analysis`` as one HTML document."""
     view = build_view(analysis)
     css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
-    return _env().get_template("report.html").render(v=view, css=css)
+    has_flame = any(s["kind"] == "flamegraph" for g in view["section_groups"] for s in g["sections"])
+    # our own static asset, never captured data; only when a flame graph needs it
+    js = Markup((HERE / "assets" / "flame.js").read_text(encoding="utf-8")) if has_flame else None
+    return _env().get_template("report.html").render(v=view, css=css, flame_js=js)
 
 
 def write_report(analysis: Analysis, path: str | os.PathLike[str]) -> Path:

@@ -15,6 +15,7 @@ from diagnose.errors import DiagnoseError
 
 HOSTILE = "<script>alert(1)</script>"
 ATTR_HOSTILE = "\"'><img src=x onerror=alert(2)>"
+FLAME_JS = (Path(__file__).resolve().parents[1] / "reports" / "assets" / "flame.js").read_text(encoding="utf-8")
 URL_ATTRS = {"src", "href", "xlink:href", "action", "formaction", "poster", "data", "srcset", "background"}
 
 
@@ -26,6 +27,7 @@ class Doc(HTMLParser):
         self.tags: list[tuple[str, dict[str, str | None]]] = []
         self.text: list[str] = []
         self.styles: list[str] = []
+        self.scripts: list[str] = []
         self._in_style = False
         self.stack: list[str] = []
         self.svgs: list[dict[str, list[str]]] = []
@@ -48,6 +50,9 @@ class Doc(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._in_style:
             self.styles.append(data)
+        if self.stack and self.stack[-1] == "script":
+            self.scripts.append(data)
+            return
         self.text.append(data)
         if self.svgs and self.stack and self.stack[-1] == "title" and "svg" in self.stack:
             self.svgs[-1]["title"].append(data)
@@ -78,14 +83,20 @@ def test_no_external_urls(hostile_html: str) -> None:
         assert not (tag == "link" and attrs.get("rel") == "stylesheet")
     css = "".join(doc.styles) + "".join(a.get("style") or "" for _, a in doc.tags)
     assert "url(" not in css and "@import" not in css
-    assert not [t for t, _ in doc.tags if t in ("script", "iframe", "img", "object", "embed")]
+    assert not [t for t, _ in doc.tags if t in ("iframe", "img", "object", "embed")]
+    # one inline script: the flame graph's zoom, our own static asset (no src, no fetch)
+    scripts = [a for t, a in doc.tags if t == "script"]
+    assert scripts == [{}]
+    assert "".join(doc.scripts).strip() == FLAME_JS.strip()
+    assert not re.search(r"fetch|XMLHttpRequest|import\(|https?:", FLAME_JS)
 
 
 def test_hostile_strings_only_escaped(hostile_html: str) -> None:
     assert HOSTILE not in hostile_html
     assert ATTR_HOSTILE not in hostile_html
     doc = parse(hostile_html)
-    assert not [t for t, _ in doc.tags if t in ("script", "img")]
+    assert [t for t, _ in doc.tags if t in ("script", "img")] == ["script"]  # only the flame-graph asset
+    assert "alert" not in "".join(doc.scripts)
     assert not [k for _, a in doc.tags for k in a if k.startswith("on")]
     text = "".join(doc.text)
     # the hostile strings survive as visible text: model name, rule title, error detail, probe reason,
@@ -134,7 +145,7 @@ def test_missing_tables_render_not_available_lines() -> None:
     assert "TTFT distribution: not available: no requests table" in text
     assert "not available: no itl table" in text or "ITL distribution (pooled chunk gaps): not available" in text
     assert "over time: not available" in text
-    assert "<svg" not in html
+    assert "<svg" not in html and "<script" not in html  # no flame graph: no script at all
 
 
 def test_report_is_small_for_a_long_run(tmp_path: Path) -> None:
