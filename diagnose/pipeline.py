@@ -125,7 +125,9 @@ def finish_verdict(analysis: Analysis) -> None:
                f"ITL P50/P95/P99 {v('itl_p50_ms', '.1f')}/{v('itl_p95_ms', '.1f')}/{v('itl_p99_ms', '.1f')} ms, "
                f"{v('output_tps', '.0f')} output tok/s, {v('request_rps', '.2f')} req/s")
     if invalid:
-        analysis.verdict = f"Run invalid: {invalid[0].title}. Do not draw conclusions about the server from it."
+        title = invalid[0].title
+        lead = title if title.lower().startswith("run invalid") else f"Run invalid: {title}"
+        analysis.verdict = f"{lead}. Do not draw conclusions about the server from it."
     elif not s and analysis.findings:
         analysis.verdict = f"Most likely: {_lead(analysis.findings)}"
     elif any(x.severity in ("warning", "error", "critical") for x in f):

@@ -97,11 +97,14 @@ def test_attach_then_analyze_end_to_end(tmp_path: Path) -> None:
     html = report.read_text()
     assert "<html" in html.lower() and "http://" not in html.replace(url, "")
     data = json.loads((tmp_path / "f.json").read_text())
-    assert data["run_valid"] is True
-    assert data["signals"]["ttft_p50_ms"]["value"] > 4.0
+    assert data["signals"]["ttft_p50_ms"]["value"] > 4.0  # the server waits 5 ms before the first token
     assert data["signals"]["goodput_ratio"]["value"] > 0.9
     assert not [f for f in data["findings"] if f["severity"] in ("warning", "error", "critical")
                 and f["family"] != "validity"]
+    # on a loaded machine the client's own lag can make the run invalid: then the verdict must say so
+    client_bound = any(f["rule_id"] == "VAL001" for f in data["findings"])
+    assert data["run_valid"] is (not client_bound)
+    assert data["verdict"].startswith("Run invalid") is client_bound
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
