@@ -22,7 +22,13 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
                    manifest: dict[str, Any]) -> dict[str, Any]:
     req = tables.get("requests")
     if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
-        return unavailable(TITLE, "no requests table with sent_s/end_s (the load probe did not run)")
+        qd = _queue_depth(tables.get("metrics"))
+        if not qd:
+            return unavailable(TITLE, "no requests table (the load probe did not run) and no queue_depth samples")
+        return {"kind": "line_chart", "title": "Server queue depth over time", "bands": [],
+                "series": [{"name": "server queue depth", "axis": "left", "style": "line", "points": qd}],
+                "x_label": "time since capture start (s)", "y_label": "requests queued", "y2_label": "",
+                "note": "no client requests in this capture (observe-only?): in-flight count and TTFT not available"}
     sent = req["sent_s"].to_numpy(dtype=float)
     end = req["end_s"].to_numpy(dtype=float)
     keep = np.isfinite(sent) & np.isfinite(end)

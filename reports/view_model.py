@@ -42,7 +42,7 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
                                  s["order"], s["id"]))
     return {
         "schema": VIEW_SCHEMA,
-        "title": _title(manifest),
+        "title": _title(manifest, str(a.source)),
         "source": str(a.source),
         "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
@@ -68,8 +68,12 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def _title(manifest: dict[str, Any]) -> str:
+def _title(manifest: dict[str, Any], source: str) -> str:
     t = manifest.get("target") or {}
+    name = str(source).rstrip("/").rsplit("/", 1)[-1] or str(source)
+    if not (t.get("model") or t.get("engine")):
+        kind = {"trace": "Profiler trace", "spans": "OTLP spans"}.get(str(manifest.get("kind")), "Capture")
+        return f"{kind}: {name}"
     model = t.get("model") or "unknown model"
     engine = t.get("engine") or "unknown engine"
     ver = t.get("engine_version")
@@ -304,12 +308,24 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
 
 
 # -- environment ----------------------------------------------------------------------------------------
+ENV_SKIP = {"target", "workload", "host", "capture", "options", "tool", "schema_version", "probes", "streams",
+            "artifacts", "kind"}
+
+
 def _environment(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     cap = dict(manifest.get("capture") or {})
     for raw in ("clock_anchor", "started_unix_ns", "ended_unix_ns"):  # the ISO times say the same, readably
         cap.pop(raw, None)
-    groups = (("Target", manifest.get("target")), ("Workload", manifest.get("workload")),
-              ("Host", manifest.get("host")), ("Capture", {**cap, "tool": manifest.get("tool"),
-                                                            "schema_version": manifest.get("schema_version")}),
-              ("Options", manifest.get("options")))
-    return [{"group": g, "rows": flatten(d or {})} for g, d in groups if d]
+    if cap or manifest.get("tool"):
+        cap.update(tool=manifest.get("tool"), schema_version=manifest.get("schema_version"))
+    groups: list[tuple[str, Any]] = [
+        ("Target", manifest.get("target")), ("Workload", manifest.get("workload")), ("Host", manifest.get("host")),
+        ("Capture", cap), ("Options", manifest.get("options"))]
+    groups += [(str(k).replace("_", " ").capitalize(), v) for k, v in sorted(manifest.items(), key=lambda kv: str(kv[0]))
+               if k not in ENV_SKIP and isinstance(v, dict)]
+    contents = {f"stream {k}": f"{(v or {}).get('records', '?')} records" for k, v in (manifest.get("streams") or {}).items()
+                if isinstance(v, dict)}
+    contents.update({f"artifact {k}": f"{(v or {}).get('kind', '')} {(v or {}).get('bytes') or ''} bytes".strip()
+                     for k, v in (manifest.get("artifacts") or {}).items() if isinstance(v, dict)})
+    groups.append(("Bundle contents", contents))
+    return [{"group": g, "rows": flatten(d)} for g, d in groups if d]

@@ -200,3 +200,18 @@ def test_baseline_phase_is_outside_the_whole_run_figures() -> None:
     assert view["charts"]["ttft"]["n"] == len(in_run)
     ttft = next(r for r in view["percentiles"]["windows"][0]["rows"] if r["key"] == "ttft")
     assert ttft["values"]["max"] == pytest.approx(in_run["ttft_ms"].max())
+
+
+def test_observe_only_timeline_shows_queue_depth() -> None:
+    metrics = pd.DataFrame({"t_s": [1.0, 2.0, 3.0], "signal": "queue_depth", "value": [0.0, 3.0, 1.0]})
+    tl = build_view(Analysis(source="b", manifest={}, tables={"metrics": metrics}))["charts"]["timeline"]
+    assert tl["kind"] == "line_chart" and tl["series"][0]["points"] == [[1.0, 0.0], [2.0, 3.0], [3.0, 1.0]]
+    assert "in-flight count and TTFT not available" in tl["note"]
+
+
+def test_trace_analysis_title_and_environment() -> None:
+    a = Analysis(source="/data/rank0.pt.trace.json.gz",
+                 manifest={"schema_version": None, "kind": "trace", "trace": {"events": 1200, "gpu": False}})
+    view = build_view(a)
+    assert view["title"] == "Profiler trace: rank0.pt.trace.json.gz"
+    assert view["environment"] == [{"group": "Trace", "rows": [["events", "1200"], ["gpu", "False"]]}]
