@@ -24,9 +24,10 @@ from typing import Any
 
 import orjson
 from diagnose.probes.base import CaptureContext
+from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
-from diagnose.probes.sse import HttpClient, RequestFailed, StreamResult, now_ns
+from diagnose.probes.sse import StreamResult, now_ns
 
 from diagnose.model import ProbeStatus
 from diagnose.workload import Phase, WorkloadSpec

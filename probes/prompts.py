@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from diagnose.probes.sse import HttpClient, RequestFailed
+from diagnose.probes.http_client import HttpClient, RequestFailed
 
 Source = Literal["tokenize", "estimate"]
 

@@ -8,7 +8,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from diagnose.probes.sse import HttpClient, StreamResult
+from diagnose.probes.http_client import HttpClient
+from diagnose.probes.sse import StreamResult
 
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
@@ -84,7 +85,8 @@ def test_server_dying_mid_run_stops_the_run_and_keeps_what_finished(tmp_path: Pa
         url = await srv.start()
 
         async def kill_later() -> None:
-            await asyncio.sleep(0.5)
+            while len(srv.bodies) < 10:  # let some requests finish first
+                await asyncio.sleep(0.01)
             await srv.stop()
 
         killer = asyncio.ensure_future(kill_later())

@@ -1,0 +1,198 @@
+"""Pooled keep-alive HTTP/1.1 client for one base URL: streamed completions and plain calls.
+
+The response parsing lives in :mod:`diagnose.probes.sse` (why this project speaks HTTP itself instead of using
+aiohttp is explained there). Network failures become a category (``refused``, ``connect``, ``reset``,
+``timeout``) on the request's :class:`StreamResult`, never an exception, for streamed requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from diagnose.probes.sse import SseConnection, StreamResult, now_ns
+
+
+class RequestFailed(Exception):
+    """Raised by :meth:`HttpClient.request` for a non-streaming call that failed (category + detail)."""
+
+    def __init__(self, category: str, detail: str) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+
+
+class HttpClient:
+    """Pooled keep-alive HTTP/1.1 client for one base URL (http or https)."""
+
+    def __init__(self, base_url: str, *, headers: dict[str, str] | None = None,
+                 connect_timeout_s: float = 10.0, request_timeout_s: float = 60.0,
+                 stall_timeout_s: float | None = None) -> None:
+        u = urlsplit(base_url.rstrip("/"))
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"bad URL {base_url!r}: use http://HOST:PORT")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.prefix = u.path.rstrip("/")
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if u.scheme == "https" else None
+        hostport = self.host if u.port is None else f"{self.host}:{u.port}"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._head_tail = f"Host: {hostport}\r\n{extra}".encode("latin-1")
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_ns = int(request_timeout_s * 1e9)
+        self.stall_timeout_ns = int((stall_timeout_s or request_timeout_s) * 1e9)
+        self.continuous_usage = False
+        self.store_text = False
+        self._idle: deque[SseConnection] = deque()
+        self._busy: set[SseConnection] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # -- pool --------------------------------------------------------------------------------
+    async def _connect(self) -> SseConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: SseConnection(self), self.host, self.port, ssl=self.ssl),
+                self.connect_timeout_s)
+        except ConnectionRefusedError as e:
+            raise RequestFailed("refused", f"connection refused by {self.host}:{self.port}") from e
+        except asyncio.TimeoutError as e:
+            raise RequestFailed("connect", f"connect to {self.host}:{self.port} timed out "
+                                           f"after {self.connect_timeout_s:g} s") from e
+        except (OSError, socket.gaierror) as e:
+            raise RequestFailed("connect", f"cannot connect to {self.host}:{self.port}: "
+                                           f"{e.strerror or e}") from e
+        sock = proto.transport.get_extra_info("socket") if proto.transport else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return proto
+
+    def _release(self, conn: SseConnection) -> None:
+        self._busy.discard(conn)
+        if not conn.closed:
+            self._idle.append(conn)
+
+    async def _acquire(self) -> tuple[SseConnection, bool]:
+        while self._idle:
+            c = self._idle.pop()
+            if not c.closed:
+                return c, True
+        return await self._connect(), False
+
+    def in_flight(self) -> int:
+        return len(self._busy)
+
+    # -- requests ----------------------------------------------------------------------------
+    def _request_bytes(self, method: str, path: str, body: bytes | None, extra: dict[str, str] | None) -> bytes:
+        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head_tail
+        if extra:
+            head += "".join(f"{k}: {v}\r\n" for k, v in extra.items()).encode("latin-1")
+        if body is not None:
+            head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        return head + b"\r\n" + (body or b"")
+
+    async def stream(self, path: str, body: bytes, res: StreamResult, extra_headers: dict[str, str] | None = None,
+                     on_sent: Callable[[int], None] | None = None) -> StreamResult:
+        """POST ``body`` and read the SSE response into ``res``; never raises for server/network failures."""
+        data = self._request_bytes("POST", path, body, extra_headers)
+        for attempt in range(2):
+            try:
+                conn, reused = await self._acquire()
+            except RequestFailed as e:
+                res.error, res.error_detail, res.end_ns = e.category, e.detail, now_ns()
+                if not res.sent_ns:
+                    res.sent_ns = res.end_ns
+                return res
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
+            conn.store_text = self.store_text
+            conn.expect_sse = True
+            self._busy.add(conn)
+            t = now_ns()
+            res.sent_ns = t
+            conn.last_ns = t
+            conn.deadline_ns = t + self.request_timeout_ns
+            self._ensure_watchdog()
+            assert conn.transport is not None
+            conn.transport.write(data)
+            if on_sent is not None:
+                on_sent(t)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                conn.res, conn.fut = None, None
+                conn.closed = True
+                self._busy.discard(conn)
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            self._busy.discard(conn)
+            if res.error == "reset" and reused and conn.retry and attempt == 0:
+                # a pooled connection the server had closed: retry once on a fresh one
+                res.error = res.error_detail = None
+                res.status = None
+                continue
+            break
+        return res
+
+    async def request(self, method: str, path: str, body: Any = None,
+                      timeout_s: float = 10.0) -> tuple[int, bytes]:
+        """A plain (non-streaming) call; returns (status, body); raises RequestFailed on network failure."""
+        payload = orjson.dumps(body) if body is not None else None
+        res = StreamResult()
+        conn, _ = await self._acquire()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
+        conn.store_text = False
+        conn.expect_sse = False
+        self._busy.add(conn)
+        try:
+            assert conn.transport is not None
+            conn.transport.write(self._request_bytes(method, path, payload, None))
+            await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError as e:
+            conn._fail("timeout", f"no answer in {timeout_s:g} s")
+            raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
+        finally:
+            self._busy.discard(conn)
+        if res.error and res.status is None:
+            raise RequestFailed(res.error, f"{method} {path}: {res.error_detail}")
+        return res.status or 0, res.body
+
+    # -- timeouts ----------------------------------------------------------------------------
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Fails requests past their deadline or silent for longer than the stall timeout (checked 10x/s)."""
+        while self._busy:
+            await asyncio.sleep(0.1)
+            t = now_ns()
+            for c in list(self._busy):
+                if c.res is None:
+                    continue
+                if t > c.deadline_ns:
+                    c._fail("timeout", f"request not finished after {self.request_timeout_ns / 1e9:g} s")
+                elif t - c.last_ns > self.stall_timeout_ns:
+                    c._fail("timeout", f"no bytes from the server for {self.stall_timeout_ns / 1e9:g} s")
+
+    async def close(self) -> None:
+        for c in list(self._idle) + list(self._busy):
+            c.closed = True
+            if c.transport is not None:
+                c.transport.close()
+        self._idle.clear()
+        self._busy.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
