@@ -16,9 +16,10 @@ import asyncio
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
+if TYPE_CHECKING:  # aiohttp is imported where it is used: the parse worker imports this module too
+    import aiohttp
 
 Kind = Literal["gauge", "counter", "histogram"]
 Agg = Literal["sum", "max"]
@@ -203,6 +204,8 @@ _OWNED_BY = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "llama.
 async def _get(session: aiohttp.ClientSession, url: str, timeout_s: float,
                headers: dict[str, str] | None, as_json: bool = True) -> Any:
     """GET ``url``; the decoded JSON (or text), or None on any failure (detection is best effort)."""
+    import aiohttp
+
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as r:
             if r.status != 200:

@@ -1,7 +1,8 @@
 """Prometheus probe: scrape the server's /metrics at a fixed interval during the capture.
 
-Each scrape is parsed with prometheus_client's text-format parser (in a worker thread, so the load
-generator's event loop is not blocked) and written as one ``metrics`` record
+Each scrape is parsed with prometheus_client's text-format parser in a child process
+(``probes/prometheus_worker.py``; a thread with ``parse_in="thread"`` or when the child cannot run), so
+parsing neither blocks nor GIL-starves the load generator's event loop, and written as one ``metrics`` record
 ``{t_ns, scrape_ms, parse_ms, bytes, samples: [[name, {labels}, value], ...]}``; ``t_ns`` is the midpoint of
 the HTTP exchange, ``scrape_ms`` its duration (the cost the server sees). Each metric family's type and help
 are written once to ``metric_families`` as ``{name, type, help}``.
@@ -24,67 +25,17 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from diagnose.probes.base import CaptureContext
-from prometheus_client.parser import text_string_to_metric_families
+from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 
-from diagnose.engines import is_engine_relevant
 from diagnose.model import ProbeStatus
 
-
-class ScrapeError(Exception):
-    """One scrape failed; ``category`` is one of refused, connect, timeout, http_<status>, not_prometheus."""
-
-    def __init__(self, category: str, message: str) -> None:
-        super().__init__(message)
-        self.category = category
-
-
-def prefilter(text: str) -> str:
-    """Keep only the lines (samples and their # HELP / # TYPE) of engine-relevant metrics."""
-    out: list[str] = []
-    for line in text.splitlines():
-        if not line:
-            continue
-        if line[0] == "#":
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and not is_engine_relevant(parts[2]):
-                continue
-        else:
-            brace = line.find("{")
-            name = line[:brace] if brace >= 0 else line.split(" ", 1)[0]
-            if not is_engine_relevant(name):
-                continue
-        out.append(line)
-    out.append("")
-    return "\n".join(out)
-
-
-def parse_scrape(text: str, keep_all: bool = False) -> tuple[list[list[Any]], list[dict[str, str]]]:
-    """Prometheus text -> (samples as [name, labels, value], families as {name, type, help}).
-
-    Raises ScrapeError("not_prometheus") when the text does not parse."""
-    body = text if keep_all else prefilter(text)
-    samples: list[list[Any]] = []
-    families: list[dict[str, str]] = []
-    try:
-        for fam in text_string_to_metric_families(body):
-            families.append({"name": fam.name, "type": fam.type, "help": fam.documentation})
-            for s in fam.samples:
-                if s.name.endswith("_created") and not keep_all:
-                    continue
-                v = float(s.value)
-                samples.append([s.name, dict(s.labels), v if math.isfinite(v) else None])
-        if not samples and body is not text:
-            # nothing engine-relevant: make sure the unfiltered body is Prometheus text at all
-            for _ in text_string_to_metric_families(text):
-                pass
-    except (ValueError, TypeError, IndexError, KeyError) as e:
-        raise ScrapeError("not_prometheus", f"response is not Prometheus text format ({e})") from e
-    return samples, families
+__all__ = ["PrometheusProbe", "ScrapeError", "parse_scrape", "prefilter"]
 
 
 @dataclass
@@ -97,6 +48,8 @@ class _Stats:
     parse_ms: list[float] = field(default_factory=list)
     bytes_in: int = 0
     samples_last: int = 0
+    parse_note: str = ""
+    parsed_in_worker: int = 0
 
     def fail(self, e: ScrapeError) -> None:
         self.failed += 1
@@ -115,7 +68,8 @@ class _Stats:
             "last_error": self.last_error, "scrape_ms_p50": pct(self.scrape_ms, 0.5),
             "scrape_ms_max": max(self.scrape_ms) if self.scrape_ms else None,
             "parse_ms_p50": pct(self.parse_ms, 0.5), "bytes_received": self.bytes_in,
-            "samples_per_scrape": self.samples_last,
+            "samples_per_scrape": self.samples_last, "parse_note": self.parse_note,
+            "parsed_in_worker": self.parsed_in_worker,
         }
 
 
@@ -125,12 +79,14 @@ class PrometheusProbe:
     name = "prometheus"
 
     def __init__(self, interval_s: float = 1.0, path: str = "/metrics", timeout_s: float | None = None,
-                 keep_all: bool = False, settle_s: float = 0.2) -> None:
+                 keep_all: bool = False, settle_s: float = 0.2,
+                 parse_in: Literal["process", "thread"] = "process") -> None:
         self.interval_s = float(interval_s)
         self.path = path if path.startswith("/") else "/" + path
         self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
         self.keep_all = keep_all
         self.settle_s = max(0.0, float(settle_s))
+        self.parse_in = parse_in
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
@@ -179,10 +135,39 @@ class PrometheusProbe:
             writers["m"].write({"t_ns": (t0 + t1) // 2, "scrape_ms": round((t1 - t0) / 1e6, 3),
                                 "parse_ms": round(parse_ms, 3), "bytes": nbytes, "samples": samples})
 
+        worker: ParseWorker | None = None
+        if self.parse_in == "process":
+            worker = ParseWorker()
+            try:
+                await worker.start()
+            except WorkerGone as e:
+                stats.parse_note = str(e)
+                worker = None
+
+        async def parse(text: str) -> tuple[list[list[Any]], list[dict[str, str]]]:
+            nonlocal worker
+            if worker is not None and worker.failed:
+                stats.parse_note = "parse worker did not start; parsing in a thread"
+                await worker.close()
+                worker = None
+            if worker is not None and worker.ready:
+                try:
+                    out = await worker.parse(text, self.keep_all)
+                except WorkerGone as e:  # fall back to a thread for the rest of the capture
+                    stats.parse_note = f"{e}; parsing in a thread since"
+                    await worker.close()
+                    worker = None
+                else:
+                    if "error" in out:
+                        raise ScrapeError(str(out["error"]), str(out.get("message", "")))
+                    stats.parsed_in_worker += 1
+                    return out["samples"], out["families"]
+            return await asyncio.to_thread(parse_scrape, text, self.keep_all)
+
         async def scrape(session: aiohttp.ClientSession) -> None:
             text, t0, t1 = await self._fetch(session, url, headers)
             p0 = time.perf_counter()
-            samples, families = await asyncio.to_thread(parse_scrape, text, self.keep_all)
+            samples, families = await parse(text)
             parse_ms = (time.perf_counter() - p0) * 1e3
             write(samples, families, t0, t1, parse_ms, len(text))
             stats.ok += 1
@@ -191,6 +176,14 @@ class PrometheusProbe:
             stats.bytes_in += len(text)
             stats.samples_last = len(samples)
 
+        try:
+            return await self._loop(ctx, url, scrape, stats)
+        finally:
+            if worker is not None:
+                await worker.close()
+
+    async def _loop(self, ctx: CaptureContext, url: str, scrape: Callable[[aiohttp.ClientSession], Awaitable[None]],
+                    stats: _Stats) -> ProbeStatus:
         connector = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
             try:

@@ -67,11 +67,13 @@ def _text(body: str, status: int = 200) -> Handler:
 
 
 def test_scrapes_are_filtered_parsed_and_timed(tmp_path: Path) -> None:
-    status, bdir, stop_at = _run_probe(tmp_path, _text(VLLM_SCRAPE))
+    status, bdir, stop_at = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=1.5)
     assert status.state == "ok", status
+    # parsed in the child process once it has started (in a thread until then)
+    assert status.detail["parse_note"] == "" and status.detail["parsed_in_worker"] >= 1
     b = open_bundle(bdir)
     recs = b.records("metrics")
-    assert len(recs) >= 4 and status.detail["scrapes_ok"] == len(recs)
+    assert len(recs) >= 3 and status.detail["scrapes_ok"] == len(recs)
     assert all(r["scrape_ms"] > 0 and r["parse_ms"] > 0 for r in recs)
     names = {s[0] for s in recs[0]["samples"]}
     assert "vllm:num_requests_waiting" in names and "vllm:time_to_first_token_seconds_bucket" in names
@@ -121,7 +123,7 @@ def test_later_failures_are_counted_and_the_probe_still_ends_ok(tmp_path: Path) 
             return web.Response(text="boom", status=500)
         return web.Response(text=VLLM_SCRAPE, content_type="text/plain")
 
-    status, bdir, _ = _run_probe(tmp_path, flaky, duration_s=0.4)
+    status, bdir, _ = _run_probe(tmp_path, flaky, duration_s=1.5, interval_s=0.1)
     assert status.state == "ok"
     assert status.detail["scrapes_failed"] >= 2
     assert status.detail["failures"]["http_500"] == status.detail["scrapes_failed"]
@@ -174,3 +176,21 @@ def test_prefilter_keeps_exactly_the_engine_families() -> None:
     assert len(prefilter(VLLM_SCRAPE)) < len(VLLM_SCRAPE) * 0.8
     # one record stays small: this is what a 1 s interval costs per second in the bundle
     assert len(orjson.dumps(kept)) < 40_000
+
+
+def test_thread_parsing_gives_the_same_records(tmp_path: Path) -> None:
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=0.3, parse_in="thread")
+    assert status.state == "ok"
+    recs = open_bundle(bdir).records("metrics")
+    assert recs and recs[0]["samples"] == orjson.loads(orjson.dumps(parse_scrape(VLLM_SCRAPE)[0]))
+
+
+def test_a_dead_parse_worker_falls_back_to_a_thread(tmp_path: Path, monkeypatch: Any) -> None:
+    import diagnose.probes.prometheus_worker as worker
+
+    monkeypatch.setattr(worker, "MODULE", "diagnose.no_such_module_for_the_test")
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=0.5)
+    assert status.state == "ok", status
+    assert "thread" in status.detail["parse_note"] and status.detail["parsed_in_worker"] == 0
+    assert status.detail["scrapes_failed"] == 0
+    assert len(open_bundle(bdir).records("metrics")) == status.detail["scrapes_ok"] >= 2

@@ -1,0 +1,169 @@
+"""Parse Prometheus scrapes in a child process, so parsing never holds the capturing process's GIL.
+
+prometheus_client's parser is pure Python: tens of ms per vLLM scrape here. In a thread it holds the GIL
+in 5 ms slices, delaying the load generator's event loop (and so its token timestamps) in the same
+process; benchmarks/results/prometheus_probe_cost.md measures it. :class:`ParseWorker` starts
+``python -m diagnose.probes.prometheus_worker`` once per capture and exchanges one length-prefixed text and
+one JSON line per scrape over pipes. If the child cannot start or dies, the probe falls back to a thread.
+
+Protocol (stdin): a JSON header line ``{"n": <bytes>, "keep_all": bool}`` then ``n`` bytes of UTF-8 text.
+(stdout): one JSON line ``{"samples": [...], "families": [...]}`` or ``{"error": category, "message": str}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import sys
+from typing import Any
+
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from diagnose.engines import is_engine_relevant
+
+MODULE = "diagnose.probes.prometheus_worker"
+
+
+class ScrapeError(Exception):
+    """One scrape failed; ``category`` is one of refused, connect, timeout, http_<status>, not_prometheus."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+def prefilter(text: str) -> str:
+    """Keep only the lines (samples and their # HELP / # TYPE) of engine-relevant metrics."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and not is_engine_relevant(parts[2]):
+                continue
+        else:
+            brace = line.find("{")
+            name = line[:brace] if brace >= 0 else line.split(" ", 1)[0]
+            if not is_engine_relevant(name):
+                continue
+        out.append(line)
+    out.append("")
+    return "\n".join(out)
+
+
+def parse_scrape(text: str, keep_all: bool = False) -> tuple[list[list[Any]], list[dict[str, str]]]:
+    """Prometheus text -> (samples as [name, labels, value], families as {name, type, help}).
+
+    Raises ScrapeError("not_prometheus") when the text does not parse."""
+    body = text if keep_all else prefilter(text)
+    samples: list[list[Any]] = []
+    families: list[dict[str, str]] = []
+    try:
+        for fam in text_string_to_metric_families(body):
+            families.append({"name": fam.name, "type": fam.type, "help": fam.documentation})
+            for s in fam.samples:
+                if s.name.endswith("_created") and not keep_all:
+                    continue
+                v = float(s.value)
+                samples.append([s.name, dict(s.labels), v if math.isfinite(v) else None])
+        if not samples and body is not text:
+            # nothing engine-relevant: make sure the unfiltered body is Prometheus text at all
+            for _ in text_string_to_metric_families(text):
+                pass
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise ScrapeError("not_prometheus", f"response is not Prometheus text format ({e})") from e
+    return samples, families
+
+
+
+
+class WorkerGone(Exception):
+    """The child process is not (or no longer) usable."""
+
+
+class ParseWorker:
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ready: asyncio.Task[bytes] | None = None
+
+    @property
+    def ready(self) -> bool:
+        """The child has imported its modules and waits for work (until then the probe parses in a thread)."""
+        return (self._ready is not None and self._ready.done() and not self._ready.cancelled()
+                and self._ready.exception() is None and self._ready.result() == b"ready\n")
+
+    @property
+    def failed(self) -> bool:
+        return self._ready is not None and self._ready.done() and not self.ready
+
+    async def start(self) -> None:
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", MODULE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, limit=1 << 26)
+        except OSError as e:
+            raise WorkerGone(f"cannot start the parse worker: {e}") from e
+        assert self._proc.stdout is not None
+        self._ready = asyncio.ensure_future(self._proc.stdout.readline())
+
+    async def parse(self, text: str, keep_all: bool) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None or proc.returncode is not None:
+            raise WorkerGone("parse worker not running")
+        data = text.encode("utf-8")
+        try:
+            proc.stdin.write(orjson.dumps({"n": len(data), "keep_all": keep_all}) + b"\n" + data)
+            await proc.stdin.drain()
+            line = await proc.stdout.readline()
+        except (OSError, ValueError, asyncio.LimitOverrunError) as e:
+            raise WorkerGone(f"parse worker pipe broke: {e}") from e
+        if not line:
+            raise WorkerGone(f"parse worker exited (status {proc.returncode})")
+        out = orjson.loads(line)
+        if not isinstance(out, dict):
+            raise WorkerGone("parse worker answered garbage")
+        return out
+
+    async def close(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 2.0)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+def main() -> int:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(b"ready\n")
+    stdout.flush()
+    while True:
+        header = stdin.readline()
+        if not header:
+            return 0
+        try:
+            h = orjson.loads(header)
+            text = stdin.read(int(h["n"])).decode("utf-8")
+            samples, families = parse_scrape(text, bool(h.get("keep_all")))
+            out: dict[str, Any] = {"samples": samples, "families": families}
+        except ScrapeError as e:
+            out = {"error": e.category, "message": str(e)}
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            out = {"error": "not_prometheus", "message": f"bad request to the parse worker: {e}"}
+        stdout.write(orjson.dumps(out) + b"\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
