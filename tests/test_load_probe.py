@@ -195,3 +195,25 @@ def test_prompts_exact_unique_and_shared_prefix() -> None:
     assert len({f.make(i).text for i in range(2000)}) == 2000
     g = PromptFactory(100, seed=3)
     assert g.make(0).text.split()[0] != g.make(1).text.split()[0]  # no shared prefix asked: differ at once
+
+
+def test_api_key_text_storage_and_capped_open_loop(tmp_path: Path) -> None:
+    async def scenario() -> tuple[TestServer, ProbeStatus, Bundle]:
+        srv = TestServer(itl_s=0.01)
+        url = await srv.start()
+        bw = BundleWriter(tmp_path / "b")
+        ctx = CaptureContext(bundle=bw, target=Target(url=url, api_key="sk-test-123"), stop=asyncio.Event())
+        spec = spec_for(rate="500", num_requests=12, max_concurrency=2, store_text=True)
+        status = await LoadProbe(spec, progress=True).run(ctx)  # progress forced on: must not break anything
+        await srv.stop()
+        bw.finish()
+        return srv, status, open_bundle(tmp_path / "b")
+
+    srv, status, b = asyncio.run(scenario())
+    assert status.state == "ok"
+    assert all(h["authorization"] == "Bearer sk-test-123" for h in srv.headers)
+    recs = b.records("requests")
+    assert all(r["prompt_text"].split() and r["output_text"] == " tok" * 8 for r in recs)
+    assert sum(r["capped"] for r in recs) >= 5  # 500/s asked, 2 in flight allowed: most arrivals wait
+    for f in (tmp_path / "b").rglob("*"):  # the key is never written to disk
+        assert not f.is_file() or b"sk-test-123" not in f.read_bytes()
