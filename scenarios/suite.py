@@ -175,7 +175,7 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
 
 # -- the suite ----------------------------------------------------------------------------------------
 def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: int, fresh: bool,
-              server_logs: Path, nice: int = DEFAULT_NICE) -> list[ScenarioResult]:
+              server_logs: Path, nice: int = DEFAULT_NICE, restart: bool = False) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     groups: list[list[Scenario]] = []
     for s in scenarios:
@@ -184,14 +184,19 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
             groups.append([s])
         else:
             same.append(s)
+    # engine starts dominate the suite's time (30-200 s each on 2 shared cores), so by default one start
+    # serves every repeat of its group; --restart-per-repeat starts the engines afresh for each repeat
+    rounds = ([[(g, rep) for g in groups] for rep in range(1, repeats + 1)] if restart
+              else [[(g, 0) for g in groups]])
     port = port_base
-    for rep in range(1, repeats + 1):
-        for group in groups:
+    for rnd in rounds:
+        for group, rep in rnd:
             first = group[0]
             port = port_base + (port - port_base + 1) % 100
+            reps = [rep] if rep else list(range(1, repeats + 1))
             server = NicedServer(nice, port=port, extra_args=list(first.engine_args), env=first.engine_env,
-                                kv_cache_space_gib=first.kv_cache_space_gib,
-                                log_path=server_logs / f"engine-{first.name}-r{rep}.log")
+                                 kv_cache_space_gib=first.kv_cache_space_gib,
+                                 log_path=server_logs / f"engine-{first.name}-r{reps[0]}.log")
             log(f"engine for {', '.join(s.name for s in group)}: {' '.join(first.engine_args) or '(defaults)'} "
                 f"on port {port}")
             try:
@@ -199,19 +204,21 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
                     if server.pid is not None:
                         set_group_priority(server.pid, nice)
                     log(f"engine ready in {server.ready_s:.0f} s")
-                    for scn in group:
-                        r = run_scenario(scn, server, work, rep, nice)
-                        results.append(r)
-                        log(f"{scn.name}: top-1 {r.top1} (expected {r.expected or '(none)'}) "
-                            f"{'OK' if r.ok1 else 'WRONG'}; top-3 {r.top3}; {r.seconds:.0f} s"
-                            + (f"; {r.error}" if r.error else ""))
+                    for r_ in reps:
+                        for scn in group:
+                            r = run_scenario(scn, server, work, r_, nice)
+                            results.append(r)
+                            log(f"{scn.name} (run {r_}): top-1 {r.top1} (expected {r.expected or '(none)'}) "
+                                f"{'OK' if r.ok1 else 'WRONG'}; top-3 {r.top3}; {r.seconds:.0f} s"
+                                + (f"; {r.error}" if r.error else ""))
             except DiagnoseError as e:
-                for scn in group:
-                    if not any(r.name == scn.name and r.repeat == rep for r in results):
-                        results.append(ScenarioResult(scn.name, scn.expect_top, scn.expect_top3,
-                                                      error=str(e)[:300], repeat=rep))
+                for r_ in reps:
+                    for scn in group:
+                        if not any(r.name == scn.name and r.repeat == r_ for r in results):
+                            results.append(ScenarioResult(scn.name, scn.expect_top, scn.expect_top3,
+                                                          error=str(e)[:300], repeat=r_))
                 log(f"engine failed: {e}")
-    return results
+    return sorted(results, key=lambda r: r.repeat)
 
 
 def export_samples(results: list[ScenarioResult], scenarios: list[Scenario], work: Path, dest: Path,
@@ -240,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-prefix", default="vllm_cpu_", help="folder-name prefix for --export-samples")
     ap.add_argument("--port-base", type=int, default=18600)
     ap.add_argument("--fresh-engine", action="store_true", help="one engine start per scenario (no sharing)")
+    ap.add_argument("--restart-per-repeat", action="store_true",
+                    help="start the engines afresh for each repeat (default: one start serves all repeats)")
     ap.add_argument("--nice", type=int, default=DEFAULT_NICE,
                     help="priority of the engine, client and hogs (negative needs root; 0: leave as is)")
     ap.add_argument("--scenarios", type=Path, default=None, help="scenario file (default scenarios/scenarios.yaml)")
@@ -262,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
         set_group_priority("self", nice)
-        results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work, nice)
+        results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work, nice,
+                            args.restart_per_repeat)
         took = time.monotonic() - t0
         a1, a3, n = accuracy(results)
         header = (f"# Scenario suite {started.strftime('%Y-%m-%d %H:%M UTC')}\n\n"
