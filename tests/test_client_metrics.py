@@ -160,3 +160,18 @@ def test_truncated_stream_and_missing_streams(tmp_path: Path) -> None:
     empty.finish()
     assert client.tables(open_bundle(tmp_path / "e")) == {}
     assert client.signals({}, WHOLE) == []
+
+
+def test_ttft_cold_ratio_compares_within_the_first_phase(tmp_path: Path) -> None:
+    reqs, chunks = [], []
+    for i, ttft in enumerate([100, 90, 80, 10, 12, 10]):  # phase 0: three cold, three warm
+        reqs.append(req(f"a{i}", i * 200, i * 200 + ttft + 5, first=i * 200 + ttft, n=2, warmup=i == 0))
+        chunks.append({"rid": f"a{i}", "t": [i * 200 + ttft, i * 200 + ttft + 5], "tok": [1, 1]})
+    for i in range(6):  # phase 1 at a higher load: slower, but not cold
+        sent = 2000 + i * 10
+        reqs.append(req(f"b{i}", sent, sent + 300, first=sent + 290, n=2, phase=1))
+        chunks.append({"rid": f"b{i}", "t": [sent + 290, sent + 300], "tok": [1, 1]})
+    tables, _ = make_bundle(tmp_path, reqs, chunks)
+    assert sigs(tables)["ttft_cold_ratio"] == pytest.approx(90 / 10)
+    tables2, _ = make_bundle(tmp_path / "x", reqs[3:], chunks[3:])  # too few in the first phase: absent
+    assert "ttft_cold_ratio" not in sigs(tables2)

@@ -31,7 +31,7 @@ PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("
 CLIENT_CPU_BOUND_PERCENT = 90.0  # client saturated: CPU at least this (% of one core) ...
 CLIENT_CPU_BOUND_SHARE = 0.25  # ... in at least this share of the self-check samples
 CLIENT_LAG_BOUND_MS = 10.0  # or loop lag / schedule lag P99 above this
-COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the measured median
+COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the rest of their phase
 
 REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "http_status", "api", "sent_s", "end_s",
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
@@ -247,12 +247,15 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
 def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None, window: Window,
               out: dict[str, Signal]) -> None:
     ok = req[req["ok"].astype(bool) & np.isfinite(req["ttft_ms"].to_numpy(dtype=float))].sort_values("sent_s")
-    measured = _in_window(ok[~ok["warmup"].astype(bool)], window)
-    if len(ok) >= 10 and len(measured):
-        warm = float(np.median(measured["ttft_ms"]))
-        if warm > 0:
-            cold = float(np.median(ok["ttft_ms"].iloc[:COLD_REQUESTS]))
-            out["ttft_cold_ratio"] = _sig("ttft_cold_ratio", cold / warm, "ratio")
+    if len(ok):
+        # cold start: the first requests of the capture's first phase (warm-up included) vs the rest of that
+        # phase, so load differences between phases do not pass for coldness
+        first = ok[ok["phase"] == ok["phase"].iloc[0]]
+        if len(first) >= 2 * COLD_REQUESTS:
+            warm = float(np.median(first["ttft_ms"].iloc[COLD_REQUESTS:]))
+            if warm > 0:
+                cold = float(np.median(first["ttft_ms"].iloc[:COLD_REQUESTS]))
+                out["ttft_cold_ratio"] = _sig("ttft_cold_ratio", cold / warm, "ratio")
     if phases is None or phases.empty:
         return
     levels = [p for p in phases.to_dict("records") if p.get("role", "measure") != "baseline"]
