@@ -38,6 +38,12 @@ TRACES = [  # (label, path, rank) - the largest AMD trace, the largest NVIDIA tr
 ]
 
 
+def _cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime + c.ru_utime + c.ru_stime
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -47,25 +53,24 @@ def worker(mode: str, path: str, rank: int) -> dict[str, object]:
     out: dict[str, object] = {}
     if mode == "json":
         base = _rss_mb()
-        t = time.perf_counter()
+        c, t = _cpu_s(), time.perf_counter()
         with open(path, "rb") as fh:
             data = json.load(fh)
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu"] = time.perf_counter() - t, _cpu_s() - c
         out["events"] = len(data.get("traceEvents", []))
     elif mode == "diagnose":
         sys.path.insert(0, str(ROOT))
         from diagnose.trace import analyze_trace
 
         base = _rss_mb()
-        t = time.perf_counter()
+        c, t = _cpu_s(), time.perf_counter()
         a = analyze_trace(path)
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu"] = time.perf_counter() - t, _cpu_s() - c
+        out["rss_mb"] = _rss_mb()  # before the comparison extras below
         g = a.tables["trace_gpu_time"]
-        if not g.empty:
-            r = g.iloc[0]
-            out["shares"] = {"busy": r["busy_ratio"], "idle": r["idle_ratio"], "compute": r["compute_ratio"],
-                             "non_compute": (r["busy_us"] - r["compute_us"]) / r["window_us"],
-                             "comm_overlap": r["comm_overlap_ratio"]}
+        if not g.empty and os.environ.get("BENCH_COMPARE"):
+            out["shares"] = _shares(g.iloc[0])
+            out["shares_trim"] = _hta_trimmed_shares(path)
     elif mode == "hta":
         import logging
 
@@ -73,11 +78,16 @@ def worker(mode: str, path: str, rank: int) -> dict[str, object]:
         from hta.trace_analysis import TraceAnalysis
 
         base = _rss_mb()
-        t = time.perf_counter()
+        c, t = _cpu_s(), time.perf_counter()
         ta = TraceAnalysis(trace_files={rank: path}, trace_dir=str(Path(path).parent))
-        out["seconds"] = time.perf_counter() - t
+        out["seconds"], out["cpu"] = time.perf_counter() - t, _cpu_s() - c
         if os.environ.get("BENCH_COMPARE"):
-            tb = ta.get_temporal_breakdown(visualize=False)
+            try:
+                tb = ta.get_temporal_breakdown(visualize=False)
+            except Exception as e:  # noqa: BLE001 - HTA asserts on some traces; record it
+                out["shares_error"] = f"{type(e).__name__} in get_temporal_breakdown"
+                out["rss_mb"], out["rss_base_mb"] = _rss_mb(), base
+                return out
             r = tb.iloc[0]
             window = float(r["idle_time(us)"] + r["compute_time(us)"] + r["non_compute_time(us)"])
             shares = {"busy": 1 - r["idle_time_pctg"] / 100, "idle": r["idle_time_pctg"] / 100,
@@ -91,9 +101,39 @@ def worker(mode: str, path: str, rank: int) -> dict[str, object]:
             out["shares"] = shares
     else:
         raise SystemExit(f"unknown mode {mode}")
-    out["rss_mb"] = _rss_mb()
+    out.setdefault("rss_mb", _rss_mb())
     out["rss_base_mb"] = base
     return out
+
+
+def _shares(r: object) -> dict[str, float]:
+    g = r  # a row of trace_gpu_time
+    return {"busy": g["busy_ratio"], "idle": g["idle_ratio"], "compute": g["compute_ratio"],  # type: ignore[index]
+            "non_compute": (g["busy_us"] - g["compute_us"]) / g["window_us"],  # type: ignore[index]
+            "comm_overlap": g["comm_overlap_ratio"]}  # type: ignore[index]
+
+
+def _hta_trimmed_shares(path: str) -> dict[str, float] | None:
+    """Our shares after HTA's iteration trimming: with >= 2 ProfilerSteps, keep only kernels launched inside
+    the ProfilerSteps but the last (HTA's default ``include_last_profiler_step=False``)."""
+    import numpy as np
+
+    from diagnose.trace.classify import classify_kernels
+    from diagnose.trace.parse import read_trace
+    from diagnose.trace.timeline import gpu_time, launch_start_for
+
+    rt = read_trace(path)
+    ann = rt.annotations
+    steps = ann[(ann["where"] == "cpu") & ann["name"].astype(str).str.startswith("ProfilerStep")].sort_values("ts_us")
+    if len(steps) < 2:
+        return None
+    lt = launch_start_for(rt.gpu, rt.runtime)
+    keep = np.zeros(len(rt.gpu), dtype=bool)
+    for ts, dur in zip(steps["ts_us"].iloc[:-1], steps["dur_us"].iloc[:-1], strict=True):
+        keep |= (lt >= ts) & (lt <= ts + dur)
+    g = rt.gpu[keep].reset_index(drop=True)
+    row, _ = gpu_time(g, classify_kernels(g), rt.rank)
+    return _shares(row)
 
 
 def ensure_hta() -> Path:
@@ -145,7 +185,7 @@ def main() -> None:
                 res["hta"].append(run_one(hta_py, "hta", path, rank, env))
             rows.append((label, path, raw.stat().st_size, res))
             raw.unlink()
-            print(label, {k: [round(float(r.get("seconds", -1)), 3) for r in v] for k, v in res.items()},
+            print(label, {k: [round(float(r.get("cpu", -1)), 3) for r in v] for k, v in res.items()},
                   flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -171,18 +211,23 @@ def write_report(rows: list, out: Path, reps: int) -> None:  # type: ignore[type
         "- **HTA**: `TraceAnalysis(trace_files={rank: file.json.gz})`, the default JSON backend (load only, no "
         "analysis), holistictraceanalysis 0.5.0 + pandas 2.3 in its own venv.",
         "- Peak RSS is the whole process (interpreter and imports included); `+` is the growth over the RSS "
-        "after imports.", "",
-        "| trace | raw MB | json.load s | diagnose s | HTA load s | diagnose / json.load | diagnose / HTA | "
-        "peak RSS diagnose MB | peak RSS HTA MB | RSS ratio |",
+        "after imports.",
+        "- CPU s = user + system time of the process and its children (robust to other load on the machine); "
+        "wall s = elapsed time. Ratios are given for both.", "",
+        "| trace | raw MB | json.load CPU s (wall) | diagnose CPU s (wall) | HTA load CPU s (wall) | "
+        "diagnose / json.load CPU (wall) | diagnose / HTA CPU (wall) | peak RSS diagnose MB | peak RSS HTA MB | "
+        "RSS ratio |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, _path, size, res in rows:
         j, d, h = (_med(res[k], "seconds") for k in ("json", "diagnose", "hta"))
+        jc, dc, hc = (_med(res[k], "cpu") for k in ("json", "diagnose", "hta"))
         rd, rh = _med(res["diagnose"], "rss_mb"), _med(res["hta"], "rss_mb")
         bd = rd - _med(res["diagnose"], "rss_base_mb")
         bh = rh - _med(res["hta"], "rss_base_mb")
         err = "; ".join(str(r["error"]) for v in res.values() for r in v if "error" in r)
-        lines.append(f"| {label} | {size / 1e6:.1f} | {j:.2f} | {d:.2f} | {h:.2f} | {d / j:.2f} | {d / h:.2f} | "
+        lines.append(f"| {label} | {size / 1e6:.1f} | {jc:.2f} ({j:.2f}) | {dc:.2f} ({d:.2f}) | {hc:.2f} ({h:.2f}) | "
+                     f"{dc / jc:.2f} ({d / j:.2f}) | {dc / hc:.2f} ({d / h:.2f}) | "
                      f"{rd:.0f} (+{bd:.0f}) | {rh:.0f} (+{bh:.0f}) | {rd / rh:.2f} |" + (f" error: {err}" if err
                                                                                         else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -192,19 +237,28 @@ def write_report(rows: list, out: Path, reps: int) -> None:  # type: ignore[type
 
 def write_compare(rows: list, out: Path) -> None:  # type: ignore[type-arg]
     lines = ["# GPU time shares: diagnose vs HTA 0.5.0 temporal breakdown", "",
-             "Percent of the rank's window (first to last GPU activity). non-compute = busy - compute "
-             "(communication and memory not hidden under compute). Difference in percentage points (pp).", "",
-             "| trace | metric | HTA % | diagnose % | diff pp |", "|---|---|---|---|---|"]
+             f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python benchmarks/trace_bench.py "
+             "--compare`. Percent of the rank's window. diagnose's window is first to last GPU activity of the "
+             "whole trace; HTA (default `include_last_profiler_step=False`) first trims a trace with >= 2 "
+             "ProfilerSteps to the kernels launched inside the steps but the last. The `diagnose, HTA trim` "
+             "column applies that same trim to diagnose's tables: it isolates the window definition from the "
+             "interval arithmetic. non-compute = busy - compute. comm_overlap = share of communication time "
+             "under compute. Differences in percentage points (pp).", "",
+             "| trace | metric | HTA % | diagnose % | diff pp | diagnose, HTA trim % | diff pp |",
+             "|---|---|---|---|---|---|---|"]
     for label, _path, _size, res in rows:
         h = next((r.get("shares") for r in res["hta"] if r.get("shares")), None)
         d = next((r.get("shares") for r in res["diagnose"] if r.get("shares")), None)
+        dt = next((r.get("shares_trim") for r in res["diagnose"] if r.get("shares_trim")), None)
         if not h or not d:
-            lines.append(f"| {label} | (missing) | | | |")
+            err = next((r.get("shares_error") for r in res["hta"] if r.get("shares_error")), "no result")
+            lines.append(f"| {label} | (HTA: {err}) | | | | | |")
             continue
         for k in ("busy", "idle", "compute", "non_compute", "comm_overlap"):
             if k in h and k in d and d[k] == d[k]:
                 hv, dv = 100 * float(h[k]), 100 * float(d[k])
-                lines.append(f"| {label} | {k} | {hv:.2f} | {dv:.2f} | {dv - hv:+.2f} |")
+                tv = f"{100 * float(dt[k]):.2f} | {100 * float(dt[k]) - hv:+.2f}" if dt else "n/a (< 2 ProfilerSteps) |"
+                lines.append(f"| {label} | {k} | {hv:.2f} | {dv:.2f} | {dv - hv:+.2f} | {tv} |")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
