@@ -238,3 +238,22 @@ def test_unknown_engine_still_normalises_process_metrics(tmp_path: Path) -> None
     s = {x.name: x for x in prom.signals(tables, ALL)}
     assert s["server_process_cpu_ratio"].value == pytest.approx(0.5)
     assert "queue_depth_mean" not in s
+
+
+def test_ttft_cross_check_section_and_gap_with_the_client_table() -> None:
+    from diagnose.normalize import client
+
+    b = open_bundle(REAL_BUNDLE)
+    tables = {**client.tables(b), **prom.tables(b)}
+    s = {x.name: x for x in prom.signals(tables, ALL)}
+    gap = s["server_ttft_client_gap_mean_ms"].value
+    client_mean = float(tables["requests"]["ttft_ms"].mean())
+    assert gap == pytest.approx(client_mean - s["server_ttft_mean_ms"].value)
+    assert 0 < gap < 200  # the client's TTFT contains the server's
+    sec = {x.id: x for x in prom.sections(tables)}["ttft_crosscheck"]
+    rows = {r[0]: r for r in sec.payload["rows"]}
+    assert set(rows) == {"P50", "P90", "P99", "mean"}
+    assert rows["P90"][4] == "yes" and rows["P99"][4] == "yes"
+    assert "120 client requests, 120 server TTFT observations" in sec.payload["note"]
+    # without the client table there is nothing to compare
+    assert "ttft_crosscheck" not in {x.id for x in prom.sections(prom.tables(b))}

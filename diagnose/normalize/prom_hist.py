@@ -124,12 +124,10 @@ class CrossCheckRow:
 
 
 def sample_quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated sample quantile (numpy's default method) of a non-empty sequence."""
+    """The ``ceil(q * n)``-th smallest value (inverted CDF, numpy's ``inverted_cdf``): the same rank a
+    histogram quantile locates, so a client quantile and the server bucket refer to the same request."""
     ys = sorted(values)
-    pos = q * (len(ys) - 1)
-    i = int(math.floor(pos))
-    j = min(i + 1, len(ys) - 1)
-    return ys[i] + (ys[j] - ys[i]) * (pos - i)
+    return ys[min(len(ys) - 1, max(0, math.ceil(q * len(ys)) - 1))]
 
 
 def bucket_of(x: float, les: Sequence[float]) -> tuple[float, float]:

@@ -316,6 +316,11 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if step is not None:
         out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
                           f"prompt + generation tokens per engine step, mean of {step[1]:.0f} steps"))
+    gap = ttft_gap(tables, window)
+    if gap is not None:
+        out.append(Signal("server_ttft_client_gap_mean_ms", gap[0], "ms", SOURCE,
+                          f"client mean TTFT - server mean TTFT ({gap[1]:.0f} client requests): time outside the "
+                          "engine's TTFT interval (HTTP, frontend before arrival, detokenize, SSE, network)"))
     cfg = tables.get("server_config")
     if cfg is not None:
         for key, value in zip(cfg["key"], cfg["value"], strict=True):
@@ -338,37 +343,32 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
     return out
 
 
+def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:
+    """TTFTs (s) of the measured, successful client requests sent in the window (the client table's rule)."""
+    req = tables.get("requests")
+    if req is None or req.empty or not {"ok", "ttft_ms", "sent_s"} <= set(req.columns):
+        return []
+    r = req[req["ok"].astype(bool)]
+    if "warmup" in r.columns:
+        r = r[~r["warmup"].astype(bool)]
+    if window.phase is not None and "phase" in r.columns:
+        r = r[r["phase"] == window.phase]
+    else:
+        r = r[(r["sent_s"] >= window.start_s) & (r["sent_s"] <= window.end_s)]
+    vals = pd.to_numeric(r["ttft_ms"], errors="coerce").dropna()
+    return [float(v) / 1e3 for v in vals if math.isfinite(v)]
+
+
+def ttft_gap(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, int] | None:
+    """(client mean TTFT - server mean TTFT in ms, client count), when both sides have observations."""
+    client = client_ttft_s(tables, window)
+    server = hist_mean(tables, "ttft_seconds", window)
+    if not client or server is None:
+        return None
+    return (sum(client) / len(client) - server[0]) * 1e3, len(client)
+
+
 def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
-    out: list[Section] = []
-    series = []
-    for sig, label, axis, scale in (("queue_depth", "waiting requests", "left", 1.0),
-                                    ("running_requests", "running requests", "left", 1.0),
-                                    ("kv_usage_ratio", "KV cache usage %", "right", 100.0)):
-        pts = gauge_series(tables, sig)
-        if pts:
-            series.append({"name": label, "points": [[round(t, 3), v * scale] for t, v in pts], "axis": axis})
-    if series:
-        out.append(Section("server_load", "Server queue, batch and KV cache over time", "line_chart",
-                           {"series": series, "x_label": "time (s)", "y_label": "requests",
-                            "y2_label": "KV cache usage (%)"}, group="server", order=20))
-    df = tables.get("metrics_hist_sum")
-    if df is not None and not df.empty:
-        whole = Window(-math.inf, math.inf)
-        rows = []
-        for sig, _prefix, _p, _m, what in _HISTOGRAM_SIGNALS:
-            mean = hist_mean(tables, sig, whole)
-            if mean is None:
-                continue
-            cells: list[Any] = [what, int(mean[1]), round(mean[0] * 1e3, 2)]
-            for q in (0.5, 0.99):
-                est = hist_quantile(tables, sig, q, whole)
-                cells.append("" if est is None else
-                             f"{est.value * 1e3:.1f} in ({_fmt_bound(est.lo)}, {_fmt_bound(est.hi)}]")
-            rows.append(cells)
-        if rows:
-            out.append(Section("server_histograms", "Server-side latency histograms (whole capture)", "table",
-                               {"columns": ["histogram", "observations", "mean ms", "P50 ms (bucket)",
-                                            "P99 ms (bucket)"], "rows": rows,
-                                "note": "Quantiles are interpolated inside histogram buckets; the bucket is the "
-                                        "true resolution (docs/engine-signals.md)."}, group="server", order=21))
-    return out
+    from diagnose.normalize.prom_report import sections as _sections
+
+    return _sections(tables)
