@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from diagnose.analysis import Section
 
@@ -45,6 +46,11 @@ def finite(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def num(col: Any) -> np.ndarray:
+    """A table column as floats; unreadable entries become NaN (and are then left out), never an error."""
+    return np.asarray(pd.to_numeric(col, errors="coerce"), dtype=float)
 
 
 def cell(v: Any) -> str | float | int | None:

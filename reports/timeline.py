@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .charts import downsample
-from .sections_view import finite, unavailable
+from .sections_view import finite, num, unavailable
 
 TITLE = "Load vs latency vs queue depth over time"
 GRID_POINTS = 300
@@ -29,8 +29,8 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
                 "series": [{"name": "server queue depth", "axis": "left", "style": "line", "points": qd}],
                 "x_label": "time since capture start (s)", "y_label": "requests queued", "y2_label": "",
                 "note": "no client requests in this capture (observe-only?): in-flight count and TTFT not available"}
-    sent = req["sent_s"].to_numpy(dtype=float)
-    end = req["end_s"].to_numpy(dtype=float)
+    sent = num(req["sent_s"])
+    end = num(req["end_s"])
     keep = np.isfinite(sent) & np.isfinite(end)
     sent, end = np.sort(sent[keep]), np.sort(end[keep])
     if sent.size == 0:
@@ -41,7 +41,8 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
     series: list[dict[str, Any]] = []
     notes: list[str] = []
     if "ttft_ms" in req.columns:
-        ok = req[np.isfinite(req["ttft_ms"].to_numpy(dtype=float)) & np.isfinite(req["sent_s"].to_numpy(dtype=float))]
+        ok = req.assign(sent_s=num(req["sent_s"]), ttft_ms=num(req["ttft_ms"]))
+        ok = ok[np.isfinite(ok["ttft_ms"].to_numpy()) & np.isfinite(ok["sent_s"].to_numpy())]
         if "ok" in ok.columns:
             ok = ok[ok["ok"].fillna(False).astype(bool)]
         pts = list(zip(ok["sent_s"].astype(float), ok["ttft_ms"].astype(float), strict=True))
@@ -88,6 +89,7 @@ def _queue_depth(metrics: pd.DataFrame | None) -> list[list[float]]:
     q = metrics[metrics["signal"] == "queue_depth"]
     if q.empty:
         return []
+    q = q.assign(t_s=num(q["t_s"]), value=num(q["value"])).dropna(subset=["t_s", "value"])
     q = q.groupby("t_s", as_index=False)["value"].sum()  # several engine labels -> one depth per scrape
     return _round(downsample(list(zip(q["t_s"].astype(float), q["value"].astype(float), strict=True)), 400))
 

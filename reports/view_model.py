@@ -8,6 +8,7 @@ probe statuses, environment.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import pandas as pd
 from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
 
-from .sections_view import bin_values, finite, flatten, section_view, unavailable
+from .sections_view import bin_values, finite, flatten, num, section_view, unavailable
 from .timeline import timeline_chart
 
 VIEW_SCHEMA = 1
@@ -54,9 +55,10 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
         "percentiles": _percentiles(a),
         "errors": _errors(a.tables.get("requests")),
         "charts": {
-            "ttft": _distribution(a, "ttft"),
-            "itl": _distribution(a, "itl"),
-            "timeline": timeline_chart(a.tables, a.phases, manifest),
+            "ttft": _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
+            "itl": _guard("ITL distribution", lambda: _distribution(a, "itl")),
+            "timeline": _guard("Load vs latency vs queue depth over time",
+                               lambda: timeline_chart(a.tables, a.phases, manifest)),
         },
         "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
                             "sections": [s for s in sections if s["group"] == g]}
@@ -66,6 +68,14 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "environment": _environment(manifest),
     }
+
+
+def _guard(title: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A chart built from tables, or ``unavailable`` saying which table was unreadable (never a traceback)."""
+    try:
+        return build()
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return unavailable(title, f"the input table is malformed ({type(e).__name__}: {str(e)[:200]})")
 
 
 def _title(manifest: dict[str, Any], source: str) -> str:
@@ -248,9 +258,9 @@ def _table_percentiles(requests: pd.DataFrame | None, itl: pd.DataFrame | None, 
     cols = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
     for key, col in cols.items():
         if col in df.columns:
-            out[key] = _pcts(df[col].to_numpy(dtype=float))
+            out[key] = _pcts(num(df[col]))
     if itl is not None and "itl_ms" in itl.columns and "rid" in itl.columns and "rid" in df.columns:
-        out["itl"] = _pcts(itl[itl["rid"].isin(df["rid"])]["itl_ms"].to_numpy(dtype=float))
+        out["itl"] = _pcts(num(itl[itl["rid"].isin(df["rid"])]["itl_ms"]))
     return {k: v for k, v in out.items() if any(x is not None for x in v.values())}
 
 
@@ -289,7 +299,7 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     if key == "ttft":
         if "ttft_ms" not in measured.columns:
             return unavailable(title, "the requests table has no ttft_ms column")
-        values = measured["ttft_ms"].to_numpy(dtype=float)
+        values = num(measured["ttft_ms"])
         y_label = "requests"
     else:
         itl = a.tables.get("itl")
@@ -297,7 +307,7 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
             return unavailable(title, "no itl table (no streamed chunks were recorded)")
         if "rid" in itl.columns and "rid" in measured.columns:
             itl = itl[itl["rid"].isin(measured["rid"])]
-        values = itl["itl_ms"].to_numpy(dtype=float)
+        values = num(itl["itl_ms"])
         y_label = "chunk gaps"
     b = bin_values(values)
     if b["n"] == 0:

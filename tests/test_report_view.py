@@ -215,3 +215,21 @@ def test_trace_analysis_title_and_environment() -> None:
     view = build_view(a)
     assert view["title"] == "Profiler trace: rank0.pt.trace.json.gz"
     assert view["environment"] == [{"group": "Trace", "rows": [["events", "1200"], ["gpu", "False"]]}]
+
+
+def test_malformed_tables_make_charts_unavailable_not_crash() -> None:
+    req = pd.DataFrame({"rid": [1, 2], "sent_s": ["soon", "later"], "end_s": [1.0, 2.0], "ttft_ms": ["x", "y"],
+                        "ok": [True, True], "warmup": [False, False]})
+    view = build_view(Analysis(source="x", manifest={}, tables={"requests": req, "itl": pd.DataFrame({"x": [1]})}))
+    assert view["charts"]["ttft"] == {"kind": "unavailable", "title": "TTFT distribution",
+                                      "reason": "no successful measured requests to plot"}  # text -> NaN, left out
+    assert view["charts"]["timeline"]["kind"] == "unavailable"
+    assert view["charts"]["itl"]["reason"].startswith("no itl table")
+    assert view["percentiles"]["windows"][0]["note"].startswith("not available")
+
+
+def test_guard_turns_a_table_error_into_a_reason() -> None:
+    from diagnose.reports.view_model import _guard
+
+    spec = _guard("T", lambda: {"a": 1}["missing"])
+    assert spec["kind"] == "unavailable" and spec["reason"] == "the input table is malformed (KeyError: 'missing')"
