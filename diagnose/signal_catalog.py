@@ -112,6 +112,7 @@ SIGNALS: dict[str, str] = {
     "kv_capacity_tokens": "KV-cache capacity in tokens (server configuration)",
     "server_ttft_mean_ms": "server TTFT mean (ms)",
     "workload_shared_prefix_ratio": "share of each prompt that is a prefix common to all requests (workload spec)",
+    "warmup_requests": "warm-up requests excluded from the statistics at the start of the capture (workload spec)",
 }
 
 # Families of names built from a pattern (host categories, trace analysis): any name with one of these
