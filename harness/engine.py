@@ -23,7 +23,8 @@ CLI for manual use::
     python -m harness.engine serve [--port P] [--profiler-dir D] [--otlp URL] [-- extra vllm args]
 
 Environment: ``DIAGNOSE_CACHE_DIR`` (default ``~/.cache/diagnose``), ``DIAGNOSE_ENGINE_VENV``,
-``DIAGNOSE_TINY_MODEL`` (override the two cached folders).
+``DIAGNOSE_TINY_MODEL`` (override the two cached folders), ``DIAGNOSE_ENGINE_STARTUP_TIMEOUT`` (seconds,
+default 240, used when ``startup_timeout_s`` is not given).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class VllmServer:
         max_model_len: int = 2048,
         served_model_name: str = SERVED_MODEL_NAME,
         log_path: str | os.PathLike[str] | None = None,
-        startup_timeout_s: float = 240.0,
+        startup_timeout_s: float | None = None,
         model_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.port = port if port is not None else free_port()
@@ -151,10 +152,13 @@ class VllmServer:
         self.served_model_name = served_model_name
         self.model_dir = Path(model_dir) if model_dir is not None else tiny_model_dir()
         self.log_path = Path(log_path) if log_path is not None else self._default_log_path()
+        if startup_timeout_s is None:  # env override: shared, loaded dev machines start slowly
+            startup_timeout_s = float(os.environ.get("DIAGNOSE_ENGINE_STARTUP_TIMEOUT") or 240.0)
         self.startup_timeout_s = startup_timeout_s
         self.ready_s: float | None = None  # seconds from spawn to /health == 200
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     # -- properties ---------------------------------------------------------------------------------
     @property
@@ -229,6 +233,14 @@ class VllmServer:
             start_new_session=True,  # own process group: stop() signals the whole tree
         )
         _LIVE.add(self)
+        # A watchdog that kills the group if this process dies without stop() (SIGKILL, crash).
+        self._reaper = subprocess.Popen(
+            [sys.executable, str(HARNESS_DIR / "_reaper.py"), str(os.getpid()), str(self._proc.pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
         try:
             self._wait_healthy(t0)
         except BaseException:
@@ -287,14 +299,17 @@ class VllmServer:
             for p in tree:  # children that moved to another group still get the signal
                 with contextlib.suppress(psutil.Error):
                     p.terminate()
-            _, alive = psutil.wait_procs(tree, timeout=term_timeout_s)
-            _signal_group(pgid, signal.SIGKILL)
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            psutil.wait_procs(alive, timeout=10)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+            alive = _wait_gone(proc, tree, term_timeout_s)
+            if alive:
+                _signal_group(pgid, signal.SIGKILL)
+                for p in alive:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                _wait_gone(proc, alive, 10.0)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.kill()
+            reaper.wait()
         log, self._log_file = self._log_file, None
         if log is not None:
             log.close()
@@ -324,6 +339,27 @@ class VllmServer:
         return f"VllmServer(url={self.url!r}, pid={self.pid}, log={str(self.log_path)!r})"
 
 
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (this machine's init may never reap orphans' zombies)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(
+    child: subprocess.Popen[bytes], tree: list[psutil.Process], timeout_s: float
+) -> list[psutil.Process]:
+    """Poll until every process of ``tree`` has exited (reaping our direct child); return those left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        child.poll()
+        alive = [p for p in tree if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -347,7 +383,7 @@ def _main(argv: list[str] | None = None) -> int:
     serve.add_argument("--profiler-dir", default=None)
     serve.add_argument("--otlp", default=None, help="OTLP traces endpoint, e.g. http://127.0.0.1:4317")
     serve.add_argument("--log", default=None, help="server log file (default: a temp file)")
-    serve.add_argument("--timeout", type=float, default=240.0, help="startup timeout, seconds")
+    serve.add_argument("--timeout", type=float, default=None, help="startup timeout, s (default 240)")
     args = parser.parse_args(argv)
     try:
         ensure_engine()

@@ -9,12 +9,15 @@ Fixtures for tests marked ``engine`` (deselected by default through pyproject's 
   need their own flags (profiler, OTLP, --max-num-seqs...); every server it started is stopped when the
   test ends, pass or fail.
 
+Server startup timeout: ``DIAGNOSE_ENGINE_STARTUP_TIMEOUT`` (default 600 s under pytest).
+A SIGTERM to pytest is turned into KeyboardInterrupt so these fixtures still stop their servers.
 ``DIAGNOSE_TEST_ENGINE_PORT`` pins the session server's port (default: a free loopback port).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +30,15 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from harness.engine import VllmServer, ensure_engine  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (e.g. from `timeout` in .ci/run) unwinds like Ctrl-C, so fixtures stop their vLLM servers
+    # (which run in their own process groups and would not get the signal themselves).
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Startup takes 30-70 s on an idle 2-core machine but several minutes when it is shared.
+    os.environ.setdefault("DIAGNOSE_ENGINE_STARTUP_TIMEOUT", "600")
 
 
 @pytest.fixture(scope="session")

@@ -175,6 +175,41 @@ def test_profiler_then_stop_leaves_no_process_behind(
     server.stop()  # idempotent
 
 
+@pytest.mark.engine
+def test_killed_owner_leaves_no_orphans(engine_built: None, tmp_path: Path) -> None:
+    """SIGKILL the Python process that started a server (no cleanup can run there): the harness's
+    watchdog (harness/_reaper.py) still takes down the API server, EngineCore and Worker."""
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        f"import sys; sys.path.insert(0, {str(repo)!r}); from harness.engine import VllmServer; "
+        f"VllmServer(log_path={str(tmp_path / 'log')!r}, startup_timeout_s=600).start()"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 180
+        tree: list[psutil.Process] = []
+        names: list[str] = []
+        while time.monotonic() < deadline:  # wait until the whole tree exists
+            tree = psutil.Process(owner.pid).children(recursive=True)
+            names = [p.name() for p in tree if p.is_running()]
+            if "VLLM::EngineCore" in names and "VLLM::Worker" in names:
+                break
+            time.sleep(0.5)
+        assert "VLLM::EngineCore" in names and "VLLM::Worker" in names, names
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    survivors = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for p in survivors:  # do not leak them even when the test fails
+        p.kill()
+    assert survivors == []
+
+
 # ---- offline (no engine needed; runs in the unit suite) --------------------------------------------
 
 
