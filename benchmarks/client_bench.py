@@ -117,8 +117,15 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
+NICE: list[str] = []
+
+
+def _pin(core: int) -> list[str]:
+    return [*NICE, "taskset", "-c", str(core)]
+
+
 def _run_worker(kind: str, url: str, core: int, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
-    cmd = ["taskset", "-c", str(core), sys.executable, str(Path(__file__).resolve()), "--worker", kind,
+    cmd = [*_pin(core), sys.executable, str(Path(__file__).resolve()), "--worker", kind,
            "--url", url, "--concurrency", str(c), "--seconds", str(seconds), "--output-tokens", str(out_tokens)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 4 + 120, cwd=ROOT)
     if p.returncode != 0:
@@ -132,7 +139,7 @@ def _run_vllm(venv: Path, model_dir: str, url: str, core: int, c: int, seconds: 
     d = tempfile.mkdtemp(prefix="vllm_bench_")
     code = ("from vllm.utils.argparse_utils import FlexibleArgumentParser; from vllm.benchmarks.serve import "
             "add_cli_args, main; p=FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
-    cmd = ["taskset", "-c", str(core), str(venv / "bin" / "python"), "-c", code, "--backend", "openai",
+    cmd = [*_pin(core), str(venv / "bin" / "python"), "-c", code, "--backend", "openai",
            "--base-url", url, "--endpoint", "/v1/completions", "--model", "tiny-llama", "--tokenizer", model_dir,
            "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", str(out_tokens),
            "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf", "--ignore-eos",
@@ -172,6 +179,8 @@ def main() -> None:
     ap.add_argument("--server-core", type=int, default=0)
     ap.add_argument("--client-core", type=int, default=1)
     ap.add_argument("--port", type=int, default=18290)
+    ap.add_argument("--nice", type=int, default=0,
+                    help="run server and clients at this nice value (e.g. -15 on a machine shared with other work)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-aiohttp", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/client_bench.md"))
@@ -180,7 +189,10 @@ def main() -> None:
         worker_main(args)
         return
     url = f"http://127.0.0.1:{args.port}"
-    srv = subprocess.Popen(["taskset", "-c", str(args.server_core), sys.executable, args.truth_server, "--port",
+    args.load0 = os.getloadavg()[0]
+    if args.nice:
+        NICE[:] = ["nice", "-n", str(args.nice)]
+    srv = subprocess.Popen([*_pin(args.server_core), sys.executable, args.truth_server, "--port",
                             str(args.port), "--ttft-ms", "0", "--itl-ms", "0"], stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
@@ -226,9 +238,12 @@ def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[s
         "# Load-client benchmark (benchmarks/client_bench.py)", "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; truth server on core "
         f"{args.server_core}, client on core {args.client_core} (taskset); concurrency {args.concurrency}, "
-        f"{args.output_tokens}-token outputs, {args.seconds:g} s per client run, {args.reps} repetitions alternating.",
+        f"{args.output_tokens}-token outputs, {args.seconds:g} s per client run, {args.reps} repetitions alternating"
+        + (f"; server and clients at nice {args.nice}." if args.nice else "."),
+        f"Load average at the start: {args.load0:.1f}, at the end: {os.getloadavg()[0]:.1f} (1-minute; 2 = both cores busy).",
         "", "Command: `python benchmarks/client_bench.py --out " + str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
-                                                               else out) + f" --reps {args.reps}`", "",
+                                                               else out) + f" --reps {args.reps}"
+        + (f" --nice {args.nice}" if args.nice else "") + "`", "",
         "## Capacity (truth TTFT = ITL = 0): streamed output tokens/s", "",
         "| client | runs (tok/s) | median | ratio vs vLLM bench serve |", "|---|---|---|---|"]
     base = med.get("vllm bench serve")
