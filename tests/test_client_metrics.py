@@ -29,7 +29,8 @@ def req(rid: str, sent: float, end: float, *, first: float | None = None, ok: bo
 def make_bundle(tmp: Path, requests: list[dict[str, Any]], chunks: list[dict[str, Any]],
                 health: list[dict[str, Any]] = (), phases: list[dict[str, Any]] = (),  # type: ignore[assignment]
                 slo: dict[str, float] | None = None) -> tuple[dict[str, Any], int]:
-    bw = BundleWriter(tmp / "b", options={"slo": slo or {}})
+    bw = BundleWriter(tmp / "b", options={"slo": slo or {}},
+                      workload={"warmup_requests": 2, "shared_prefix_fraction": 0.25})
     t0 = bw.anchor_mono_ns + 1_000_000_000
     fix = [{k: (t0 + v * MS if k.endswith("_ns") and v is not None else v) for k, v in r.items()} for r in requests]
     bw.stream("requests").write_many(fix)
@@ -88,6 +89,7 @@ def test_throughput_errors_and_counts(tmp_path: Path) -> None:
     assert s["prompt_tokens_mean"] == 32 and s["output_tokens_mean"] == 5
     assert s["client_schedule_lag_p99_ms"] == pytest.approx(4.96)  # lags 1..5 ms, linear interpolation
     assert "goodput_ratio" not in s and not any(k.startswith("slo_") for k in s)
+    assert s["warmup_requests"] == 2 and s["workload_shared_prefix_ratio"] == 0.25  # from the workload spec
 
 
 def test_goodput_under_slo(tmp_path: Path) -> None:

@@ -113,6 +113,11 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             q["end_s"] = (_f(p.get("end_ns")) - anchor) / 1e9
             phases.append(q)
     out["client_phases"] = pd.DataFrame(phases)
+    wl = bundle.manifest.get("workload") or {}
+    facts = {"warmup_requests": wl.get("warmup_requests"), "workload_shared_prefix_ratio": wl.get("shared_prefix_fraction")}
+    out["client_workload"] = pd.DataFrame([{"name": k, "value": float(v)} for k, v in facts.items()
+                                           if isinstance(v, (int, float)) and not isinstance(v, bool)],
+                                          columns=["name", "value"])
     slo = (bundle.manifest.get("options") or {}).get("slo") or {}
     if isinstance(slo, dict):
         out["client_slo"] = pd.DataFrame([{"key": str(k), "limit_ms": float(v)} for k, v in slo.items()
@@ -238,6 +243,10 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         return []
     itl = tables.get("itl", pd.DataFrame(columns=["rid", "phase", "t_s", "itl_ms", "tok"]))
     out = _window_core(req, itl, window, tables.get("client_slo"))
+    wl = tables.get("client_workload")
+    if wl is not None and out:  # workload facts the rules read (from the manifest's workload spec)
+        for name, value in zip(wl["name"], wl["value"], strict=True):
+            out[name] = _sig(name, float(value), "requests" if name == "warmup_requests" else "ratio")
     _self_check(tables.get("client_health"), window, out)
     if window.phase is None:
         _run_only(req, itl, tables.get("client_phases"), window, out)
