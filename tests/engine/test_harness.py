@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -275,3 +276,38 @@ def test_env_overrides_win(tmp_path: Path) -> None:
     assert merged["VLLM_CPU_KVCACHE_SPACE"] == "5" and merged["X"] == "y"
     assert merged["HF_HUB_OFFLINE"] == "1"
     assert "VIRTUAL_ENV" not in merged
+
+
+@pytest.mark.engine
+def test_ensure_rebuilds_half_built_model_deterministically_once(engine_built: None, tmp_path: Path) -> None:
+    """Two concurrent ensure_engine.sh calls on a half-built model folder: the leftover is removed, one
+    caller builds (the other waits on the lock and reuses), and the result is byte-identical to the
+    cached model (fixed seeds)."""
+    import hashlib
+    import subprocess
+
+    from harness.engine import ENSURE_SCRIPT, tiny_model_dir
+
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "junk.bin").write_bytes(b"half-built")  # no .ready marker
+    env = {**os.environ, "DIAGNOSE_TINY_MODEL": str(target)}
+    procs = [
+        subprocess.Popen(
+            ["bash", str(ENSURE_SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    joined = "\n".join(outputs)
+    assert joined.count("removing half-built model") == 1
+    assert joined.count("generating tiny model") == 1
+    assert joined.count("tiny model ready (cached)") == 1
+    assert (target / ".ready").is_file() and not (target / "junk.bin").exists()
+
+    def digest(folder: Path, name: str) -> str:
+        return hashlib.sha256((folder / name).read_bytes()).hexdigest()
+
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert digest(target, name) == digest(tiny_model_dir(), name), name
