@@ -17,7 +17,7 @@ import pandas as pd
 from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
 
-from .sections_view import bin_values, finite, flatten, num, section_view, unavailable
+from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
 
 VIEW_SCHEMA = 1
@@ -63,7 +63,7 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
         "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
                             "sections": [s for s in sections if s["group"] == g]}
                            for g in dict.fromkeys(s["group"] for s in sections)],
-        "probes": [{"name": p.name, "state": p.state, "reason": p.reason,
+        "probes": [{"name": p.name, "state": p.state, "reason": redact_value("reason", p.reason),
                     "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail) if v != "—")}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "environment": _environment(manifest),
@@ -102,7 +102,7 @@ def _banners(a: Analysis) -> list[dict[str, str]]:
     for w in a.warnings:
         if a.partial and str(w).startswith("partial capture"):
             continue
-        out.append({"level": "warning", "text": str(w)})
+        out.append({"level": "warning", "text": redact_value("warning", str(w))})
     return out
 
 
@@ -282,7 +282,7 @@ def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
         cat = bad["error"].fillna("unknown").astype(str) if "error" in bad.columns else pd.Series("unknown", bad.index)
         for name, grp in bad.groupby(cat, sort=True):
             details = grp["error_detail"].dropna().astype(str) if "error_detail" in grp.columns else pd.Series([], dtype=str)
-            example = details.iloc[0][:300] if not details.empty else ""
+            example = redact_value("error_detail", details.iloc[0][:300]) if not details.empty else ""
             warm = int(grp["warmup"].fillna(False).astype(bool).sum()) if "warmup" in grp.columns else 0
             rows.append({"category": str(name), "count": int(len(grp)), "warmup": warm, "example": example})
     return {"total": int(len(bad)), "requests": int(len(requests)), "rows": rows}

@@ -233,3 +233,16 @@ def test_guard_turns_a_table_error_into_a_reason() -> None:
 
     spec = _guard("T", lambda: {"a": 1}["missing"])
     assert spec["kind"] == "unavailable" and spec["reason"] == "the input table is malformed (KeyError: 'missing')"
+
+
+def test_key_like_text_in_error_details_and_probe_reasons_is_redacted() -> None:
+    from diagnose.model import ProbeStatus
+
+    req = pd.DataFrame({"rid": [1], "ok": [False], "error": ["http_4xx"], "warmup": [False],
+                        "error_detail": ["401: invalid api_key=sk-live-abcdefgh12345 for Bearer tok123"]})
+    view = build_view(Analysis(source="x", manifest={}, tables={"requests": req},
+                               probe_statuses=[ProbeStatus("otel", "failed", "export failed: Bearer abc.def")],
+                               warnings=["token: hf_abcdefghijkl leaked"]))
+    text = json.dumps(view)
+    assert "sk-live" not in text and "abc.def" not in text and "hf_abcdefghijkl" not in text and "tok123" not in text
+    assert view["errors"]["rows"][0]["example"].startswith("401: invalid [redacted]")
