@@ -219,12 +219,14 @@ def _baseline_phases(a: Analysis) -> frozenset[Any]:
 
 def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl: pd.DataFrame | None,
                   phase: Any, exclude: frozenset[Any] = frozenset()) -> dict[str, Any]:
-    fallback = _table_percentiles(requests, itl, phase, exclude)
     rows: list[dict[str, Any]] = []
     note = ""
+    fallback: dict[str, dict[str, float | None]] | None = None
     for key, label, desc in METRICS:
         vals: dict[str, float | None] = {p: _sig(signals, f"{key}_{p}_ms") for p in PCTS}
-        if all(v is None for v in vals.values()) and key in fallback:
+        if all(v is None for v in vals.values()) and fallback is None:  # only then read the big tables
+            fallback = _table_percentiles(requests, itl, phase, exclude)
+        if all(v is None for v in vals.values()) and fallback and key in fallback:
             vals = fallback[key]
             note = "computed from the requests table (the client signals were absent)"
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
