@@ -134,8 +134,8 @@ def engine_tree(root_pid: int) -> list[ProcInfo]:
             name, cmd, ppid = p.name(), p.cmdline(), p.ppid()
         except (psutil.Error, OSError):
             continue
-        if p.pid != root_pid and not _is_python(p):
-            continue
+        if p.pid != root_pid and (not _is_python(p) or any("resource_tracker" in c for c in cmd[:4])):
+            continue  # not Python, or multiprocessing's idle resource tracker
         title = cmd[0] if cmd and cmd[0].startswith("VLLM::") else name
         out.append(ProcInfo(p.pid, ppid, role_of(title, cmd, p.pid == root_pid), title))
     return out
