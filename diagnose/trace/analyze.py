@@ -126,7 +126,7 @@ def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAn
     t0 = time.perf_counter()
     warnings: list[str] = []
     results: list[dict[str, Any]] = []
-    traces: list[RankTrace] = []
+    infos: list[dict[str, Any]] = []  # per file: what the summary needs once its columns are freed
     seen: set[int] = set()
     for i, f in enumerate(files):
         rt = read_trace(f, include_python=include_python)
@@ -139,10 +139,8 @@ def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAn
         seen.add(rt.rank)
         warnings.extend(rt.warnings)
         results.append(_analyze_rank(rt))
-        traces.append(rt.__class__(path=rt.path, rank=rt.rank, meta=rt.meta, gpu=rt.gpu.iloc[0:0],
-                                   runtime=rt.runtime.iloc[0:0], cpu_ops=rt.cpu_ops.iloc[0:0],
-                                   annotations=rt.annotations.iloc[0:0], python=None, categories=rt.categories,
-                                   warnings=[], events_total=rt.events_total, time_unit=rt.time_unit))
+        infos.append({"path": rt.path, "rank": rt.rank, "meta": rt.meta, "events": rt.events_total,
+                      "unit": rt.time_unit, "categories": rt.categories})
         del rt
     tables: dict[str, pd.DataFrame] = {
         "trace_gpu_time": pd.DataFrame([r["gpu_row"] for r in results if "gpu_row" in r]),
@@ -173,12 +171,12 @@ def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAn
         warnings.append("no engine-step annotations found (vLLM execute_context_*, SGLang step[...], or "
                         "ProfilerStep#): per-step analysis skipped")
     summary = {
-        "files": [str(t.path) for t in traces], "ranks": sorted(t.rank for t in traces),
-        "events": sum(t.events_total for t in traces), "gpu": has_gpu,
-        "devices": sorted({d for t in traces for d in t.meta.get("devices", []) if d}),
-        "time_unit": sorted({t.time_unit for t in traces}),
-        "categories": _merge_counts([t.categories for t in traces]),
-        "meta": {t.rank: t.meta for t in traces}, "include_python": include_python,
+        "files": [str(t["path"]) for t in infos], "ranks": sorted(t["rank"] for t in infos),
+        "events": sum(t["events"] for t in infos), "gpu": has_gpu,
+        "devices": sorted({d for t in infos for d in t["meta"].get("devices", []) if d}),
+        "time_unit": sorted({t["unit"] for t in infos}),
+        "categories": _merge_counts([t["categories"] for t in infos]),
+        "meta": {t["rank"]: t["meta"] for t in infos}, "include_python": include_python,
         "steps": len(tables["trace_steps"]), "analysis_s": round(time.perf_counter() - t0, 3),
         "span_us": {r["rank"]: r["span_us"] for r in results if "span_us" in r},
     }
