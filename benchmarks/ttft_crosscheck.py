@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -169,8 +170,9 @@ def main() -> int:
             with VllmServer(port=args.port, extra_args=args.server_args.split(), startup_timeout_s=600) as server:
                 asyncio.run(live_capture(server.url, out, args.requests, args.concurrency, args.prompt_words,
                                          args.max_tokens, args.interval))
+            load = os.getloadavg()[0]  # the 1-minute load average at the end of the capture
             report = compare(out)
-            header = (f"Live run: vLLM CPU 0.32.0 (tiny-llama), {args.requests} streamed /v1/completions at "
+            header = (f"Live run (machine: {os.cpu_count()} cores, load average {load:.1f} at the end): vLLM CPU 0.32.0 (tiny-llama), {args.requests} streamed /v1/completions at "
                       f"concurrency {args.concurrency}, ~{args.prompt_words}-word unique prompts, "
                       f"max_tokens {args.max_tokens}, scrape every {args.interval:g} s.\n"
                       f"Command: `python benchmarks/ttft_crosscheck.py --requests {args.requests} "
