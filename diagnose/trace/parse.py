@@ -12,7 +12,9 @@ pre-filtering the bytes with a regular expression.
 from __future__ import annotations
 
 import gc
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +56,43 @@ class RankTrace:
     warnings: list[str] = field(default_factory=list)
     events_total: int = 0
     time_unit: str = "us"
+
+
+def _prefetched(gen: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
+    """Run a block generator in a thread (zlib and file reads release the GIL, so inflating overlaps with
+    decoding); at most ``depth`` blocks wait in the queue, so memory stays bounded."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for blk in gen:
+                while not stop.is_set():
+                    try:
+                        q.put(("data", blk), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(("end", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer and re-raised there
+            q.put(("error", e))
+
+    t = threading.Thread(target=produce, name="trace-inflate", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, val = q.get()
+            if kind == "data":
+                yield val
+            elif kind == "end":
+                return
+            else:
+                raise val
+    finally:
+        stop.set()
+        t.join(timeout=5)
 
 
 def _blocks(path: Path) -> Iterator[bytes]:
@@ -197,7 +236,7 @@ def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
     meta: dict[str, Any] | None = None
     closed = False
     tail = b""
-    for blk in _blocks(p):
+    for blk in _prefetched(_blocks(p)):
         if meta is not None and not closed:
             pending.append(blk)  # join once per piece, not once per block
             pending_len += len(blk)
