@@ -93,6 +93,7 @@ def test_sum_bound_never_excludes_the_true_quantile(seed: int) -> None:
 
 def test_counter_increments_detect_resets_and_skip_gaps() -> None:
     assert counter_increments([5, 7, 7, 2, 4]) == [pytest.approx(math.nan, nan_ok=True), 2, 0, 2, 2]
+    assert counter_increments([5, 7, 9], [False, False, True])[1:] == [2, 9]  # restart flagged
     out = counter_increments([1.0, math.nan, 4.0])
     assert math.isnan(out[0]) and math.isnan(out[1]) and out[2] == 3
 

@@ -111,6 +111,20 @@ def test_counter_reset_counts_the_new_value(tmp_path: Path) -> None:
     assert s["preemptions_total"].value == 4 + 3 + 2
 
 
+def test_server_restart_is_a_reset_even_when_the_counter_grew_past_its_old_value(tmp_path: Path) -> None:
+    base = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
+    t1 = _set(base, "vllm:num_preemptions_total", 10)
+    t2 = _set(base, "vllm:num_preemptions_total", 12)
+    # restarted between the 2nd and 3rd scrape and already preempted 20 times: 20 new, not 8
+    t3 = _set(_set(base, "vllm:num_preemptions_total", 20), "process_start_time_seconds", 1.9e9)
+    path = _bundle(tmp_path, [t1, t2, t3])
+    assert _signals(path)["preemptions_total"].value == 2 + 20
+    tables = prom.tables(open_bundle(path))
+    assert tables["metrics_scrapes"]["restarted"].tolist() == [False, False, True]
+    # the histograms restart too: all 1059 TTFTs of the third scrape are new
+    assert prom.hist_mean(tables, "ttft_seconds", ALL)[1] == 1059  # type: ignore[index]
+
+
 def test_histogram_reset_and_window_delta(tmp_path: Path) -> None:
     base = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
     fam = "vllm:time_to_first_token_seconds"

@@ -94,16 +94,18 @@ def empirical_cdf_at(values: Sequence[float], bounds: Sequence[float]) -> list[f
     return out
 
 
-def counter_increments(values: Sequence[float]) -> list[float]:
+def counter_increments(values: Sequence[float], resets: Sequence[bool] | None = None) -> list[float]:
     """Increase between consecutive samples of one counter; a decrease is a reset (the counter restarted
-    from 0), so the increment is the new value. The first sample has no increment (nan)."""
+    from 0), so the increment is the new value; so is a sample flagged in ``resets`` (the process restarted
+    even if the counter has already climbed past its old value). The first sample has no increment (nan)."""
     out: list[float] = []
     prev: float | None = None
-    for v in values:
+    for i, v in enumerate(values):
         if math.isnan(v):  # a missing sample: the next increment spans the gap
             out.append(math.nan)
             continue
-        out.append(math.nan if prev is None else (v - prev if v >= prev else v))
+        reset = bool(resets[i]) if resets is not None and i < len(resets) else False
+        out.append(math.nan if prev is None else (v if reset or v < prev else v - prev))
         prev = v
     return out
 

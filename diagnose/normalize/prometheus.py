@@ -10,7 +10,8 @@ Engine-specific names are mapped to engine-neutral signals with ``diagnose.engin
 * ``metrics_hist``: histogram bucket increases per scrape interval: ``t0_s, t_s, signal, le, count``
   (cumulative over ``le``; bounds in the base unit, seconds or tokens; ``le`` = inf for the +Inf bucket).
 * ``metrics_hist_sum``: ``t0_s, t_s, signal, count, sum`` per interval.
-* ``metrics_scrapes``: ``t_s, scrape_ms, parse_ms, samples`` (probe cost).
+* ``metrics_scrapes``: ``t_s, scrape_ms, parse_ms, samples`` (probe cost), ``restarted`` (the server's
+  ``process_start_time_seconds`` changed since the previous scrape: every counter and histogram restarts).
 * ``server_config``: ``key, value`` (``kv_capacity_tokens``, ``max_num_seqs`` when known).
 
 A window takes every scrape interval that overlaps it, so its counters and histograms include the
@@ -98,11 +99,12 @@ def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float
     return series
 
 
-def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
-    """Increase of one histogram series between two scrapes; a decrease anywhere means a reset."""
+def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None, restarted: bool = False) -> dict[str, Any]:
+    """Increase of one histogram series between two scrapes; a decrease anywhere, or a server restart
+    (new process start time), means a reset: everything in the new scrape is new."""
     if prev is None:
         return {}
-    reset = cur["count"] < prev["count"] or any(v < prev["b"].get(le, 0.0) for le, v in cur["b"].items())
+    reset = restarted or cur["count"] < prev["count"] or any(v < prev["b"].get(le, 0.0) for le, v in cur["b"].items())
     if reset:
         return {"b": dict(cur["b"]), "sum": cur["sum"], "count": cur["count"]}
     return {"b": {le: v - prev["b"].get(le, 0.0) for le, v in cur["b"].items()},
@@ -128,12 +130,16 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     config: dict[str, float] = {}
     prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
     bad_total = 0
+    start_time: float | None = None
     for rec in records:
         t_s = (rec["t_ns"] - anchor) / 1e9
         idx, bad = _index(rec.get("samples"))
         bad_total += bad
+        started = next((v for _l, v in idx.get("process_start_time_seconds", [])), None)
+        restarted = started is not None and start_time is not None and started != start_time
+        start_time = started if started is not None else start_time
         scrapes.append({"t_s": t_s, "scrape_ms": rec.get("scrape_ms"), "parse_ms": rec.get("parse_ms"),
-                        "samples": sum(len(v) for v in idx.values())})
+                        "samples": sum(len(v) for v in idx.values()), "restarted": restarted})
         for labels, _v in idx.get("vllm:cache_config_info", [])[:1]:
             for key, label in (("kv_capacity_tokens", "kv_cache_size_tokens"), ("kv_block_size_tokens", "block_size")):
                 with contextlib.suppress(KeyError, ValueError):
@@ -146,7 +152,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             for skey, cur in _hist_series(ref, idx).items():
                 prev = prev_hist.get((ref.signal, skey))
                 prev_hist[(ref.signal, skey)] = (t_s, cur)
-                d = _hist_delta(cur, prev[1] if prev else None)
+                d = _hist_delta(cur, prev[1] if prev else None, restarted)
                 if not d or prev is None:
                     continue
                 agg["n"] += 1
@@ -163,7 +169,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     if bad_total:
         bundle.warnings.append(f"{bundle.path}/metrics.jsonl: skipped {bad_total} malformed sample(s)")
     metrics = pd.DataFrame(rows, columns=[c for c in METRIC_COLUMNS if c not in ("t0_s", "delta")])
-    metrics = _add_deltas(metrics)
+    metrics = _add_deltas(metrics, {s["t_s"] for s in scrapes if s["restarted"]})
     target = bundle.manifest.get("target") or {}
     for src in (target, target.get("config") or {}, target.get("engine_config") or {}):
         if isinstance(src, dict) and isinstance(src.get("max_num_seqs"), (int, float)):
@@ -172,19 +178,19 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         "metrics": metrics,
         "metrics_hist": pd.DataFrame(hist_rows, columns=HIST_COLUMNS),
         "metrics_hist_sum": pd.DataFrame(sum_rows, columns=HIST_SUM_COLUMNS),
-        "metrics_scrapes": pd.DataFrame(scrapes, columns=["t_s", "scrape_ms", "parse_ms", "samples"]),
+        "metrics_scrapes": pd.DataFrame(scrapes, columns=["t_s", "scrape_ms", "parse_ms", "samples", "restarted"]),
         "server_config": pd.DataFrame(sorted(config.items()), columns=["key", "value"]),
     }
     return out
 
 
-def _add_deltas(df: pd.DataFrame) -> pd.DataFrame:
+def _add_deltas(df: pd.DataFrame, restarts: set[float]) -> pd.DataFrame:
     df = df.sort_values(["signal", "dp", "t_s"], kind="stable").reset_index(drop=True)
     df["t0_s"] = df.groupby(["signal", "dp"])["t_s"].shift(1)
     df["delta"] = math.nan
     counters = df["kind"] == "counter"
     for _key, g in df[counters].groupby(["signal", "dp"]):
-        df.loc[g.index, "delta"] = counter_increments(g["value"].tolist())
+        df.loc[g.index, "delta"] = counter_increments(g["value"].tolist(), [t in restarts for t in g["t_s"]])
     return df[METRIC_COLUMNS]
 
 
