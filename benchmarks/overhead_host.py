@@ -91,6 +91,7 @@ async def segment(url: str, seconds: float, concurrency: int, out_tokens: int, s
         res["pyspy_cpu_s"] = status.detail.get("pyspy_cpu_s")
         res["pyspy_samples"] = status.detail.get("samples")
         res["probe_state"] = status.state
+        res["probe_reason"] = status.reason
     return res
 
 

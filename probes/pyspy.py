@@ -280,7 +280,7 @@ class PySpyProbe:
         assert binary is not None
         out = r.artifact.with_suffix(".window")
         while not self._halt.is_set() and r.proc.pid not in self._gone:
-            cmd = [binary, "record", "--pid", str(r.proc.pid), "--rate", str(self.rate_hz), "--format", "raw",
+            cmd = [binary, "record", "--pid", str(r.proc.pid), "--rate", str(max(1, round(self.rate_hz))), "--format", "raw",
                    "--threads", "--nolineno", "--duration", str(int(self.window_s)), "--output", str(out)]
             if self.nonblocking:
                 cmd.append("--nonblocking")

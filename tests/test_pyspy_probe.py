@@ -78,10 +78,12 @@ def test_samples_threads_and_categorises(tmp_path: Path, target: tuple[subproces
 
 def test_discovers_pid_from_listening_port(tmp_path: Path, target: tuple[subprocess.Popen[str], int]) -> None:
     proc, port = target
-    status, b = capture(tmp_path, PySpyProbe(rate_hz=20, dump_interval_s=0), Target(url=f"http://127.0.0.1:{port}"),
+    # default settings (a float rate: py-spy wants an integer on its command line)
+    status, b = capture(tmp_path, PySpyProbe(), Target(url=f"http://127.0.0.1:{port}"),
                         1.0)
     assert status.state == "ok", status.reason
     assert list(status.detail["processes"]) == [str(proc.pid)]
+    assert status.detail["samples"] > 0
 
 
 def test_nothing_on_port_is_unavailable(tmp_path: Path) -> None:
