@@ -94,8 +94,11 @@ def other_core(core: int) -> int:
 def hogs(core: int, n: int, nice: int = 0) -> Iterator[list[int]]:
     """``n`` busy Python processes pinned to ``core`` at priority ``nice``; always stopped on exit."""
     procs = [subprocess.Popen(niced(["taskset", "-c", str(core), sys.executable, "-c", HOG_CODE], nice),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
              for _ in range(n)]
+    for p in procs:  # each hog is its own session, at the priority of the session it competes with
+        set_group_priority(p.pid, nice)
     try:
         yield [p.pid for p in procs]
     finally:
@@ -138,16 +141,22 @@ def engine_description(scn: Scenario) -> str:
             f"{SERVED_MODEL_NAME} --host 127.0.0.1 --max-model-len 2048 --dtype bfloat16 {' '.join(scn.engine_args)}").strip()
 
 
-def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nice: int = 0) -> ScenarioResult:
+def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nice: int = 0,
+                 client_rt: bool = True) -> ScenarioResult:
     res = ScenarioResult(scn.name, scn.expect_top, scn.expect_top3, repeat=repeat, loadavg=os.getloadavg()[0])
     bundle = work / f"{scn.name}-r{repeat}"
     log_path = work / f"{scn.name}-r{repeat}.log"
     t0 = time.monotonic()
     wcore = worker_core(server)
     ccore = other_core(wcore)
-    # the load client always runs on a core the engine's model runner is not pinned to
-    cmd = ["taskset", "-c", str(ccore), *attach_command(scn, server, bundle)]
-    res.command = " ".join(cmd[3:]).replace(str(bundle), "BUNDLE")
+    # the load client always runs on a core the engine's model runner is not pinned to, and (unless the
+    # scenario starves it on purpose) at real-time round-robin priority so that its timestamps are not
+    # delayed by other tenants of the machine; -R: its children (py-spy) fall back to normal scheduling
+    attach = attach_command(scn, server, bundle)
+    starve_client = scn.hog is not None and scn.hog.target == "client"
+    rt = ["chrt", "-R", "-r", "1"] if client_rt and not starve_client else []
+    cmd = ["taskset", "-c", str(ccore), *rt, *attach]
+    res.command = " ".join(attach).replace(str(bundle), "BUNDLE")
     res.engine = engine_description(scn)
     try:
         with contextlib.ExitStack() as stack:
@@ -175,7 +184,8 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
 
 # -- the suite ----------------------------------------------------------------------------------------
 def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: int, fresh: bool,
-              server_logs: Path, nice: int = DEFAULT_NICE, restart: bool = False) -> list[ScenarioResult]:
+              server_logs: Path, nice: int = DEFAULT_NICE, restart: bool = False,
+              client_rt: bool = True, startup_s: float = 600.0) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     groups: list[list[Scenario]] = []
     for s in scenarios:
@@ -196,7 +206,8 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
             reps = [rep] if rep else list(range(1, repeats + 1))
             server = NicedServer(nice, port=port, extra_args=list(first.engine_args), env=first.engine_env,
                                  kv_cache_space_gib=first.kv_cache_space_gib,
-                                 log_path=server_logs / f"engine-{first.name}-r{reps[0]}.log")
+                                 log_path=server_logs / f"engine-{first.name}-r{reps[0]}.log",
+                                 startup_timeout_s=startup_s)
             log(f"engine for {', '.join(s.name for s in group)}: {' '.join(first.engine_args) or '(defaults)'} "
                 f"on port {port}")
             try:
@@ -206,7 +217,7 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
                     log(f"engine ready in {server.ready_s:.0f} s")
                     for r_ in reps:
                         for scn in group:
-                            r = run_scenario(scn, server, work, r_, nice)
+                            r = run_scenario(scn, server, work, r_, nice, client_rt)
                             results.append(r)
                             log(f"{scn.name} (run {r_}): top-1 {r.top1} (expected {r.expected or '(none)'}) "
                                 f"{'OK' if r.ok1 else 'WRONG'}; top-3 {r.top3}; {r.seconds:.0f} s"
@@ -251,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="start the engines afresh for each repeat (default: one start serves all repeats)")
     ap.add_argument("--nice", type=int, default=DEFAULT_NICE,
                     help="priority of the engine, client and hogs (negative needs root; 0: leave as is)")
+    ap.add_argument("--startup-timeout", type=float, default=600.0,
+                    help="seconds to wait for an engine to become healthy (torch.compile on a busy 2-core host: minutes)")
+    ap.add_argument("--no-client-rt", dest="client_rt", action="store_false",
+                    help="run the load client at normal priority (default: SCHED_RR via chrt, when permitted)")
     ap.add_argument("--scenarios", type=Path, default=None, help="scenario file (default scenarios/scenarios.yaml)")
     args = ap.parse_args(argv)
     try:
@@ -271,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
         set_group_priority("self", nice)
+        client_rt = args.client_rt and shutil.which("chrt") is not None and os.geteuid() == 0
         results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work, nice,
-                            args.restart_per_repeat)
+                            args.restart_per_repeat, client_rt, args.startup_timeout)
         took = time.monotonic() - t0
         a1, a3, n = accuracy(results)
         header = (f"# Scenario suite {started.strftime('%Y-%m-%d %H:%M UTC')}\n\n"
