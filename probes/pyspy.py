@@ -37,11 +37,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import orjson
 import psutil
 from diagnose.probes.base import CaptureContext
+from diagnose.probes.host_procs import (
+    ProcInfo,
+    alive,
+    engine_tree,
+    pid_listening_on,
+    port_of,
+    read_system_cpu,
+    read_thread_cpu,
+)
 
 from diagnose.model import ProbeStatus
 
@@ -51,15 +59,6 @@ PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as th
               "/proc/sys/kernel/yama/ptrace_scope to 0 (sysctl kernel.yama.ptrace_scope=0)")
 _PERM = re.compile(r"permission denied|operation not permitted|EPERM|ptrace", re.I)
 _RAW_LINE = re.compile(r"^thread \((\d+)\)(?::\s*(.*?))?;(.*)\s(\d+)$")
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-@dataclass
-class ProcInfo:
-    pid: int
-    ppid: int
-    role: str
-    name: str
 
 
 @dataclass
@@ -86,61 +85,6 @@ def pyspy_binary() -> str | None:
     return shutil.which("py-spy")
 
 
-def port_of(url: str) -> int | None:
-    try:
-        u = urlparse(url)
-        return u.port or (443 if u.scheme == "https" else 80)
-    except ValueError:
-        return None
-
-
-def pid_listening_on(port: int) -> int | None:
-    """PID of the process with a TCP socket listening on ``port`` (None if none is visible to us)."""
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.AccessDenied, OSError):
-        return None
-    pids = sorted({c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                   and c.pid})
-    return pids[0] if pids else None
-
-
-def role_of(name: str, cmdline: list[str], is_root: bool) -> str:
-    text = " ".join([name, *cmdline[:1]])
-    if "EngineCore" in text or "EngineCor" in name:
-        return "engine_core"
-    if "Worker" in text:
-        return "worker"
-    if is_root:
-        return "api_server"
-    return "other"
-
-
-def _is_python(p: psutil.Process) -> bool:
-    try:
-        exe = os.path.basename(p.exe() or "")
-        cmd = p.cmdline()
-    except (psutil.Error, OSError):
-        return False
-    return exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
-
-
-def engine_tree(root_pid: int) -> list[ProcInfo]:
-    """The root process and every Python descendant, with a serving role guessed from its title."""
-    root = psutil.Process(root_pid)
-    out: list[ProcInfo] = []
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            name, cmd, ppid = p.name(), p.cmdline(), p.ppid()
-        except (psutil.Error, OSError):
-            continue
-        if p.pid != root_pid and (not _is_python(p) or any("resource_tracker" in c for c in cmd[:4])):
-            continue  # not Python, or multiprocessing's idle resource tracker
-        title = cmd[0] if cmd and cmd[0].startswith("VLLM::") else name
-        out.append(ProcInfo(p.pid, ppid, role_of(title, cmd, p.pid == root_pid), title))
-    return out
-
-
 def parse_raw(text: str) -> list[tuple[int, str, list[str], int]]:
     """py-spy ``--format raw --threads`` lines -> (tid, thread name, frames root first, count)."""
     out = []
@@ -151,41 +95,6 @@ def parse_raw(text: str) -> list[tuple[int, str, list[str], int]]:
         tid, tname, stack, count = int(m.group(1)), m.group(2) or "", m.group(3), int(m.group(4))
         out.append((tid, tname, [f for f in stack.split(";") if f], count))
     return out
-
-
-def read_thread_cpu(pid: int) -> list[dict[str, Any]]:
-    """Cumulative CPU and run-queue counters of every thread of ``pid`` (empty if it is gone)."""
-    rows: list[dict[str, Any]] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return rows
-    for t in tids:
-        base = f"/proc/{pid}/task/{t}"
-        try:
-            with open(f"{base}/stat") as fh:
-                stat = fh.read()
-            with open(f"{base}/schedstat") as fh:
-                sched = fh.read().split()
-        except OSError:
-            continue
-        comm = stat[stat.find("(") + 1:stat.rfind(")")]
-        rest = stat[stat.rfind(")") + 2:].split()
-        rows.append({"tid": int(t), "comm": comm, "state": rest[0],
-                     "utime_s": int(rest[11]) / _CLK_TCK, "stime_s": int(rest[12]) / _CLK_TCK,
-                     "run_ns": int(sched[0]), "wait_ns": int(sched[1]), "slices": int(sched[2])})
-    return rows
-
-
-def read_system_cpu() -> dict[str, Any] | None:
-    try:
-        with open("/proc/stat") as fh:
-            first = fh.readline().split()
-    except OSError:
-        return None
-    keys = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-    vals = [int(v) for v in first[1:9]] + [0] * (8 - len(first[1:9]))
-    return {"ncpu": os.cpu_count() or 1, **dict(zip(keys, vals, strict=False))}
 
 
 class PySpyProbe:
@@ -316,7 +225,7 @@ class PySpyProbe:
                 r.stderr = err
                 if r.samples == 0 and (r.windows == 1 or _PERM.search(err)):
                     return  # refused or broken from the start: retrying will not help
-            if r.returncode not in (0, None) and not _alive(r.proc.pid):
+            if r.returncode not in (0, None) and not alive(r.proc.pid):
                 return
         out.unlink(missing_ok=True)
 
@@ -339,7 +248,7 @@ class PySpyProbe:
             if p.pid in self._gone:
                 continue
             rows = read_thread_cpu(p.pid)
-            if not rows or not _alive(p.pid):
+            if not rows or not alive(p.pid):
                 self._gone.add(p.pid)
                 recs.append({"kind": "exit", "t_ns": t, "pid": p.pid})
                 continue
@@ -414,16 +323,6 @@ class PySpyProbe:
         missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
         reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note
         return ProbeStatus(NAME, "ok", reason.lstrip("; "), detail)
-
-
-def _alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (exited, not yet reaped by its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def _reap(popen: subprocess.Popen[bytes], timeout_s: float) -> float:
