@@ -203,7 +203,9 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
         bx0, bx1 = f.sx(float(b["start"]), xlo, xhi), f.sx(float(b["end"]), xlo, xhi)
         out.append(f'<rect class="band band{i % 2}" x="{bx0:.1f}" y="{f.y0}" width="{max(bx1 - bx0, 0.5):.1f}" '
                    f'height="{f.y1 - f.y0}"><title>{esc(b.get("label", ""))}</title></rect>')
-        out.append(f'<text class="band-label" x="{bx0 + 3:.1f}" y="{f.y0 + 11}">{esc(b.get("label", ""))}</text>')
+        label = str(b.get("label", ""))
+        if bx1 - bx0 >= 6.5 * len(label) + 6:  # only when it fits; the hover title always has it
+            out.append(f'<text class="band-label" x="{bx0 + 3:.1f}" y="{f.y0 + 11}">{esc(label)}</text>')
     out += _y_axis(f, ylo, yhi, y_label)
     if has_right:
         out += _y_axis(f, ylo2, yhi2, y2_label, right=True)

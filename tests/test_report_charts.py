@@ -122,3 +122,13 @@ def test_flatten_compacts_lists_and_sizes() -> None:
     rows = dict(flatten({"phases": [{"index": 0, "rate": None, "name": "c=1"}], "memory_total_bytes": 25276514304,
                          "extra": {}}))
     assert rows == {"phases[0]": "index=0, name=c=1", "memory_total_bytes": "23.5 GiB", "extra": "—"}
+
+
+def test_band_labels_only_where_they_fit() -> None:
+    bands = [{"start": i, "end": i + 1, "label": f"rate={i}/s"} for i in range(40)]
+    svg = charts.line_chart([{"name": "a", "points": [[0, 1], [40, 2]]}], title="t", x_label="x", y_label="y",
+                            bands=bands)
+    assert 'class="band-label"' not in svg and svg.count("<title>rate=") == 40
+    wide = charts.line_chart([{"name": "a", "points": [[0, 1], [2, 2]]}], title="t", x_label="x", y_label="y",
+                             bands=bands[:2])
+    assert wide.count('class="band-label"') == 2
