@@ -57,6 +57,7 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
         "charts": {
             "ttft": _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
             "itl": _guard("ITL distribution", lambda: _distribution(a, "itl")),
+            "ttft_by_phase": _guard("TTFT distribution by load level", lambda: _ttft_by_phase(a)),
             "timeline": _guard("Load vs latency vs queue depth over time",
                                lambda: timeline_chart(a.tables, a.phases, manifest)),
         },
@@ -70,7 +71,7 @@ def build_view(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def _guard(title: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
     """A chart built from tables, or ``unavailable`` saying which table was unreadable (never a traceback)."""
     try:
         return build()
@@ -317,6 +318,25 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     if b["log_x"]:
         x_label += ", log scale"
     return {"kind": "histogram", "title": f"{title} (n={b['n']})", "x_label": x_label, "y_label": y_label, **b}
+
+
+def _ttft_by_phase(a: Analysis) -> dict[str, Any] | None:
+    """For sweeps: one TTFT CDF per load level (101 quantiles each), to see the distribution shift with load."""
+    req = a.tables.get("requests")
+    if len(a.phases) < 2 or req is None or req.empty or "phase" not in req.columns or "ttft_ms" not in req.columns:
+        return None
+    series = []
+    for i, ph in enumerate(a.phases):
+        vals = num(_measured(req, ph.get("phase", i))["ttft_ms"])
+        vals = vals[np.isfinite(vals)]
+        if vals.size:
+            q = np.percentile(vals, np.arange(101))
+            series.append({"name": f"{ph.get('name') or f'phase {i}'} (n={vals.size})", "axis": "left", "style": "line",
+                           "points": [[float(f"{x:.5g}"), float(p)] for p, x in enumerate(q)]})
+    if len(series) < 2:
+        return None
+    return {"kind": "line_chart", "title": "TTFT distribution by load level (CDF)", "series": series, "bands": [],
+            "x_label": "time to first token (ms)", "y_label": "requests at or below (%)", "y2_label": ""}
 
 
 # -- environment ----------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_invalid_run_says_so_in_verdict() -> None:
 
 def test_charts_have_titles_and_axis_labels(hostile_html: str) -> None:
     doc = parse(hostile_html)
-    assert len(doc.svgs) == 8  # 2 distributions, timeline, 5 SVG sections (table and text are HTML)
+    assert len(doc.svgs) == 9  # 2 distributions, TTFT CDF by level, timeline, 5 SVG sections (not table/text)
     for svg in doc.svgs:
         assert "".join(svg["title"]).strip(), svg
         assert "chart-title" in svg["classes"]

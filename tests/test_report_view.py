@@ -246,3 +246,13 @@ def test_key_like_text_in_error_details_and_probe_reasons_is_redacted() -> None:
     text = json.dumps(view)
     assert "sk-live" not in text and "abc.def" not in text and "hf_abcdefghijkl" not in text and "tok123" not in text
     assert view["errors"]["rows"][0]["example"].startswith("401: invalid [redacted]")
+
+
+def test_ttft_cdf_per_load_level(demo: Analysis) -> None:
+    cdf = build_view(demo)["charts"]["ttft_by_phase"]
+    assert [s["name"].split(" ")[0] for s in cdf["series"]] == ["c=1", "c=4", "c=16"]
+    medians = [s["points"][50][0] for s in cdf["series"]]
+    assert medians == sorted(medians)  # the distribution moves right as load grows
+    assert all(len(s["points"]) == 101 and s["points"][100][1] == 100 for s in cdf["series"])
+    single = synthetic_analysis(levels=(2,), per_level_s=2.0)
+    assert build_view(single)["charts"]["ttft_by_phase"] is None
