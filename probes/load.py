@@ -222,13 +222,13 @@ class _LoadRun:
     def _num_requests(self, ph: Phase) -> int | None:
         return ph.num_requests if ph.num_requests is not None else self.spec.num_requests
 
-    async def _closed(self, ph: Phase, start: int, deadline: int | None) -> None:
+    async def _closed(self, ph: Phase, deadline: int | None) -> None:
         warm_left = self.spec.warmup_requests
         measured_left = self._num_requests(ph)
 
         async def worker() -> None:
             nonlocal warm_left, measured_left
-            prev = start
+            prev: int | None = None  # a worker's first send follows no completion: no schedule lag for it
             while not self.stopping and (deadline is None or now_ns() < deadline):
                 if warm_left > 0:
                     warm_left -= 1
@@ -296,7 +296,7 @@ class _LoadRun:
         if ph.rate is not None:
             await self._open(ph, start, deadline)
         else:
-            await self._closed(ph, start, deadline)
+            await self._closed(ph, deadline)
 
     async def _run_phase(self, ph: Phase) -> bool:
         """Runs one phase; returns False when the capture was stopped from outside during it."""
