@@ -283,8 +283,8 @@ def write_report(rows: list, out: Path, reps: int) -> None:  # type: ignore[type
         "wall s = elapsed time. Ratios are given for both.", "",
         "| trace | raw MB | json.load CPU s (wall) | diagnose CPU s (wall) | HTA load CPU s (wall) | "
         "diagnose / json.load CPU (wall) | diagnose / HTA CPU (wall) | peak RSS diagnose MB | peak RSS HTA MB | "
-        "RSS ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "RSS ratio | peak RSS json.load MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, _path, size, res in rows:
         j, d, h = (_med(res[k], "seconds") for k in ("json", "diagnose", "hta"))
