@@ -178,10 +178,10 @@ def load_thresholds(files: Iterable[str | Path] = (), overrides: dict[str, float
             if k not in out:
                 raise InputError(f"{f}: unknown threshold {k!r} (see `diagnose rules thresholds`)")
             out[k] = v["value"]
-    for k, v in (overrides or {}).items():
-        if k not in out:
-            raise InputError(f"--threshold {k}: unknown threshold (see `diagnose rules thresholds`)")
-        out[k] = float(v)
+    for name, value in (overrides or {}).items():
+        if name not in out:
+            raise InputError(f"--threshold {name}: unknown threshold (see `diagnose rules thresholds`)")
+        out[name] = float(value)
     return out
 
 
