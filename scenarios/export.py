@@ -73,8 +73,14 @@ The bundle in `bundle/` is trimmed (tools/trim_bundle.py): streams gzipped, arti
 """
 
 
+MARKER = ".scenario-suite"  # marks a sample folder as the suite's own: others are never replaced
+
+
 def export_sample(bundle: Path, dest: Path, scn: Scenario, res: ScenarioResult,
-                  attach_cmd: str = "", engine_cmd: str = "") -> Path:
+                  attach_cmd: str = "", engine_cmd: str = "") -> Path | None:
+    """Write the sample folder; None when ``dest`` exists and was not made by the suite (left alone)."""
+    if dest.exists() and not (dest / MARKER).exists():
+        return None
     trim = _trim_module()
     with tempfile.TemporaryDirectory(prefix="diagnose-sample-") as tmp:
         src = Path(tmp) / "src"
@@ -84,6 +90,7 @@ def export_sample(bundle: Path, dest: Path, scn: Scenario, res: ScenarioResult,
         (out / "expected_findings.json").write_text(json.dumps(expected_findings(scn, res), indent=1) + "\n",
                                                     encoding="utf-8")
         (out / "README.md").write_text(readme(scn, res, attach_cmd, engine_cmd), encoding="utf-8")
+        (out / MARKER).write_text(f"{scn.name}\n", encoding="utf-8")
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -244,7 +244,11 @@ def export_samples(results: list[ScenarioResult], scenarios: list[Scenario], wor
         if r.repeat != last or not r.ok1:
             continue  # a sample must pass its own expectations
         bundle = work / f"{r.name}-r{r.repeat}"
-        out.append(export_sample(bundle, dest / f"{prefix}{r.name}", by_name[r.name], r, r.command, r.engine))
+        made = export_sample(bundle, dest / f"{prefix}{r.name}", by_name[r.name], r, r.command, r.engine)
+        if made is None:
+            log(f"{dest / (prefix + r.name)} exists and is not the suite's: left alone")
+        else:
+            out.append(made)
     return out
 
 

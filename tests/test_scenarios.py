@@ -77,3 +77,42 @@ def test_errors_count_as_wrong_and_show_in_the_table() -> None:
     assert "(error)" in table and "| q | SCH001 |" in table and "**1**" in table
     md = report_markdown(rs, "# t")
     assert "## Run 1: top-1 1/2" in md and "## Run 2: top-1 1/1" in md and "error: attach exited 3" in md
+
+
+def test_export_writes_a_trimmed_sample_and_leaves_foreign_folders_alone(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from diagnose.bundle import BundleWriter, open_bundle
+    from scenarios.export import MARKER, export_sample
+
+    src = tmp_path / "b"
+    w = BundleWriter(src, workload={"input_tokens": 8})
+    w.stream("requests").write({"rid": "r1", "ok": True})
+    w.finish()
+    (src / "findings.json").write_text("{}")
+    scn = next(s for s in load_scenarios() if s.name == "queue_bound")
+    res = ScenarioResult("queue_bound", "SCH001", findings=[_f("SCH001", "error", 2.0)])
+    dest = tmp_path / "samples" / "vllm_cpu_queue_bound_x"
+    assert export_sample(src, dest, scn, res, "diagnose attach --concurrency 16", "vllm --max-num-seqs 2") == dest
+    exp = json.loads((dest / "expected_findings.json").read_text())
+    assert exp["top"] == "SCH001" and "SCH001" in exp["must_include"]
+    assert (dest / MARKER).exists() and not (dest / "bundle" / "findings.json").exists()
+    with gzip.open(dest / "bundle" / "requests.jsonl.gz") as fh:
+        assert json.loads(fh.readline())["rid"] == "r1"
+    assert open_bundle(dest / "bundle").records("requests")[0]["rid"] == "r1"
+    readme = (dest / "README.md").read_text()
+    assert "--max-num-seqs 2" in readme and "--concurrency 16" in readme
+    foreign = tmp_path / "samples" / "lead_sample"
+    foreign.mkdir()
+    (foreign / "expected_findings.json").write_text("{}")
+    assert export_sample(src, foreign, scn, res) is None
+    assert (foreign / "expected_findings.json").read_text() == "{}"
+
+
+def test_healthy_export_forbids_warnings() -> None:
+    from scenarios.export import expected_findings
+
+    scn = next(s for s in load_scenarios() if s.name == "healthy")
+    exp = expected_findings(scn, ScenarioResult("healthy", None))
+    assert exp == {"top": None, "must_not_include_severity_at_least": "warning"}
