@@ -136,7 +136,9 @@ def compare(bundle_dir: Path) -> str:
         lines.append(f"| mean | {client_mean * 1e3:.1f} | {mean[0] * 1e3:.1f} (exact: _sum/_count) | | | "
                      f"client - server {offset * 1e3:+.1f} ms |")
     client_cdf = empirical_cdf_at(client_s, les)
-    lines += ["", "| bucket le ms | server cumulative fraction | client cumulative fraction |", "|---|---|---|"]
+    ks = max(abs(c / cum[-1] - cc) for c, cc in zip(cum, client_cdf, strict=True))
+    lines += ["", f"Largest gap between the two cumulative distributions at a bucket bound: {ks:.3f}.", "",
+              "| bucket le ms | server cumulative fraction | client cumulative fraction |", "|---|---|---|"]
     for le, c, cc in zip(les, cum, client_cdf, strict=True):
         if c > 0 or cc > 0:  # from the first bucket either side reaches to where both are complete
             lines.append(f"| {fmt(le)} | {c / cum[-1]:.3f} | {cc:.3f} |")
