@@ -66,6 +66,8 @@ def crosscheck_section(tables: dict[str, pd.DataFrame]) -> Section | None:
     if req is None or req.empty or "end_s" not in req.columns:
         return None
     measured = req[req["ok"].astype(bool)] if "ok" in req.columns else req
+    if "warmup" in measured.columns:
+        measured = measured[~measured["warmup"].astype(bool)]
     if measured.empty:
         return None
     window = Window(float(measured["sent_s"].min()), float(measured["end_s"].max()), None, "measured")
