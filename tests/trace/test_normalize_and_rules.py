@@ -68,3 +68,19 @@ def test_trace_rules_on_real_traces() -> None:
     assert "TRC004" in _fired(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")
     # vLLM decode with a full HIP graph: no launch-bound finding from the 421 graph kernels
     assert "TRC001" not in _fired(DATA / "mi300x_vllm_decode_fullgraph_execution.json.gz")
+
+
+def test_pipeline_end_to_end_with_a_gpu_trace(tmp_path: Path) -> None:
+    from diagnose.reports.render import render_html
+
+    from diagnose.pipeline import analyze_bundle
+
+    p = _bundle(tmp_path, {"rank0.pt.trace.json.gz": (str(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz"),
+                                                      "worker")})
+    a = analyze_bundle(p)
+    assert a.signals["trace_gpu_busy_ratio"].source == "trace"
+    assert "TRC004" in {f.rule_id for f in a.findings}
+    ids = {s.id for s in a.sections}
+    assert {"trace_overview", "trace_gpu_time", "trace_kernel_classes", "trace_launch"} <= ids
+    html = render_html(a)
+    assert "Kernel classes" in html and "cudaDeviceSynchronize" in html
