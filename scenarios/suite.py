@@ -151,10 +151,11 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
     ccore = other_core(wcore)
     # the load client always runs on a core the engine's model runner is not pinned to, and (unless the
     # scenario starves it on purpose) at real-time round-robin priority so that its timestamps are not
-    # delayed by other tenants of the machine; -R: its children (py-spy) fall back to normal scheduling
+    # delayed by other tenants of the machine. All its threads inherit the policy: a helper thread left at
+    # normal priority could hold the GIL while preempted and stall the event loop (priority inversion).
     attach = attach_command(scn, server, bundle)
     starve_client = scn.hog is not None and scn.hog.target == "client"
-    rt = ["chrt", "-R", "-r", "1"] if client_rt and not starve_client else []
+    rt = ["chrt", "-r", "1"] if client_rt and not starve_client else []
     cmd = ["taskset", "-c", str(ccore), *rt, *attach]
     res.command = " ".join(attach).replace(str(bundle), "BUNDLE")
     res.engine = engine_description(scn)
