@@ -99,9 +99,16 @@ def hogs(core: int, n: int, nice: int = 0) -> Iterator[list[int]]:
              for _ in range(n)]
     for p in procs:  # each hog is its own session, at the priority of the session it competes with
         set_group_priority(p.pid, nice)
+    t0 = time.monotonic()
     try:
         yield [p.pid for p in procs]
     finally:
+        cpu = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(p.pid).cpu_times()
+                cpu += t.user + t.system
+        log(f"busy processes on core {core} used {cpu:.1f} CPU-s in {time.monotonic() - t0:.1f} s")
         for p in procs:
             p.terminate()
         for p in procs:
