@@ -29,7 +29,7 @@ def _post(url: str, body: dict[str, object], timeout: float = 120.0) -> int:
 
 def test_real_vllm_worker_trace(start_vllm: Callable[..., object], tmp_path: Path) -> None:
     prof = tmp_path / "prof"
-    server = start_vllm(profiler_dir=prof, startup_timeout_s=420)  # the shared test machine can be slow
+    server = start_vllm(profiler_dir=prof, startup_timeout_s=560)  # the shared test machine can be slow
     url = server.url  # type: ignore[attr-defined]
     assert _post(f"{url}/start_profile", {"max_iterations": 40}) == 200
 
