@@ -35,9 +35,9 @@ from diagnose.bundle import BundleWriter  # noqa: E402
 from harness.engine import VllmServer  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
-    "default (20 Hz, nonblocking, 10 s windows, /proc 1 s, dump 5 s)": {},
-    "50 Hz nonblocking": {"rate_hz": 50},
-    "20 Hz blocking": {"nonblocking": False},
+    "default (10 Hz, nonblocking, 30 s windows, /proc 1 s, dump 15 s)": {},
+    "20 Hz, 10 s windows, dump 5 s (first default)": {"rate_hz": 20, "window_s": 10, "dump_interval_s": 5},
+    "50 Hz (the attach CLI's --pyspy-rate default)": {"rate_hz": 50},
 }
 
 
@@ -97,7 +97,7 @@ async def segment(url: str, seconds: float, concurrency: int, out_tokens: int, s
 
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": {}, "args": vars(a)}
-    with VllmServer(port=a.port) as server:
+    with VllmServer(port=a.port, startup_timeout_s=900) as server:
         assert server.pid is not None
         await segment(server.url, 5, a.concurrency, a.output_tokens, 999, None, server.pid)  # warm-up
         seed = 0

@@ -54,6 +54,9 @@ from diagnose.probes.host_procs import (
 from diagnose.model import ProbeStatus
 
 NAME = "pyspy"
+# Defaults sized by benchmarks/overhead_host.py: at 20 Hz with 10 s windows py-spy used ~0.065 cores on the
+# three vLLM processes; 10 Hz with 30 s windows (fewer restarts, each re-reading symbols) costs about half.
+DEFAULT_RATE_HZ = 10.0
 PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as the same user as the server "
               "(or root), grant CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE), or set "
               "/proc/sys/kernel/yama/ptrace_scope to 0 (sysctl kernel.yama.ptrace_scope=0)")
@@ -102,9 +105,9 @@ class PySpyProbe:
 
     name = NAME
 
-    def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = 20.0,
-                 nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 5.0,
-                 binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 10.0,
+    def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = DEFAULT_RATE_HZ,
+                 nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 15.0,
+                 binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 30.0,
                  rate: float | None = None) -> None:
         self.pid = pid
         self.port = port

@@ -15,7 +15,7 @@ Tables (t_s = seconds since the clock anchor):
 CPU by category: each thread's CPU seconds (from /proc) are split over categories by the shares of its
 py-spy samples; threads without Python stacks (OpenMP/BLAS pools) count as ``native`` (``model_forward``
 in a ``worker`` process, whose native threads run the model's kernels). py-spy records
-in windows of ``window_s`` (default 10 s): a signal window takes the stack windows that overlap it.
+in windows of ``window_s`` (default 30 s): a signal window takes the stack windows that overlap it.
 """
 
 from __future__ import annotations
