@@ -57,6 +57,7 @@ NAME = "pyspy"
 # Defaults sized by benchmarks/overhead_host.py: at 20 Hz with 10 s windows py-spy used ~0.065 cores on the
 # three vLLM processes; 10 Hz with 30 s windows (fewer restarts, each re-reading symbols) costs about half.
 DEFAULT_RATE_HZ = 10.0
+IDLE_REWRITE_NS = 30_000_000_000
 PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as the same user as the server "
               "(or root), grant CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE), or set "
               "/proc/sys/kernel/yama/ptrace_scope to 0 (sysctl kernel.yama.ptrace_scope=0)")
@@ -124,6 +125,7 @@ class PySpyProbe:
         self._dump_wall_s = 0.0
         self._dumps = 0
         self._gone: set[int] = set()
+        self._last_cpu: dict[tuple[int, int], tuple[int, tuple[float, float, int, int]]] = {}
         self._problems: dict[int, str] = {}
 
     # -- discovery -----------------------------------------------------------------------------
@@ -255,7 +257,15 @@ class PySpyProbe:
                 self._gone.add(p.pid)
                 recs.append({"kind": "exit", "t_ns": t, "pid": p.pid})
                 continue
-            recs.extend({"kind": "thread_cpu", "t_ns": t, "pid": p.pid, **r} for r in rows)
+            for r in rows:
+                # an idle thread's counters do not move: write it again only after IDLE_REWRITE_NS, so a
+                # worker's dozens of idle runtime threads do not fill the stream (deltas stay exact)
+                key = (p.pid, r["tid"])
+                sig = (r["utime_s"], r["stime_s"], r["run_ns"], r["wait_ns"])
+                last = self._last_cpu.get(key)
+                if last is None or last[1] != sig or t - last[0] >= IDLE_REWRITE_NS:
+                    self._last_cpu[key] = (t, sig)
+                    recs.append({"kind": "thread_cpu", "t_ns": t, "pid": p.pid, **r})
         stream.write_many(recs)
 
     def _dump_all(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
