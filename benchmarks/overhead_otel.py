@@ -165,7 +165,7 @@ async def main_async(args: argparse.Namespace) -> str:
     prof = tmp / "prof"
     load0 = os.getloadavg()[0]
     server = VllmServer(port=args.port, otlp_traces_endpoint=f"http://127.0.0.1:{args.grpc_port}",
-                        profiler_dir=prof, log_path=tmp / "server.log")
+                        profiler_dir=prof, log_path=tmp / "server.log", startup_timeout_s=900)
     await asyncio.to_thread(server.start)
     rows: list[dict[str, Any]] = []
     try:
@@ -262,6 +262,7 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()
     micro = {proto: asyncio.run(receiver_cost(args.micro_spans, proto)) for proto in ("grpc", "http")}
+    print(micro_report(micro, args), flush=True)
     ensure_engine()
     text = asyncio.run(main_async(args)) + micro_report(micro, args)
     print(text)
