@@ -172,7 +172,8 @@ def _otlp(tid: str, start_ns: int, queue_s: float) -> dict[str, Any]:
     return {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [{
         "traceId": tid, "spanId": "0123456789abcdef", "name": "llm_request", "kind": 2,
         "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(start_ns + 300 * MS),
-        "attributes": [kv("gen_ai.latency.time_to_first_token", 0.1), kv("gen_ai.latency.time_in_queue", queue_s),
+        "attributes": [kv("gen_ai.latency.time_to_first_token", queue_s + 0.03),
+                       kv("gen_ai.latency.time_in_queue", queue_s),
                        kv("gen_ai.latency.time_in_model_prefill", 0.02), kv("gen_ai.latency.e2e", 0.3),
                        kv("gen_ai.latency.time_in_model_decode", 0.15)]}]}]}]}
 
@@ -199,7 +200,8 @@ def test_span_files_for_post_mortem(tmp_path: Path, layout: str) -> None:
     assert len(t["request_breakdown"]) == 3
     assert t["spans"]["start_s"].min() == 0.0 and t["spans"]["start_s"].max() == pytest.approx(2.0)
     s = _signals(t)
-    assert s["ttft_queue_share_ratio"].value == pytest.approx((0.05 + 0.10 + 0.15) / 0.3)
+    assert s["ttft_queue_share_ratio"].value == pytest.approx((0.05 + 0.10 + 0.15) / (0.3 + 3 * 0.03))
+    assert s["ttft_frontend_share_ratio"].value == pytest.approx(3 * 0.01 / (0.3 + 3 * 0.03))
     assert s["span_queue_time_p99_ms"].value == pytest.approx(149.0, rel=0.01)
 
 
