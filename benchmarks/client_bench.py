@@ -135,6 +135,24 @@ def _pin(core: int) -> list[str]:
     return [*NICE, "taskset", "-c", str(core)]
 
 
+def _server_counters(url: str) -> tuple[float, float, float]:
+    """(process CPU seconds, token chunks sent, wall time) of the truth server, from its /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    vals = {ln.split()[0]: float(ln.split()[-1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+    return vals.get("truth_process_cpu_seconds_total", 0.0), vals.get("truth_tokens_sent_total", 0.0), time.monotonic()
+
+
+def _with_server_cost(url: str, fn: Any, *a: Any) -> dict[str, Any]:
+    """Runs one client; adds the server's CPU per token and its CPU share over the client's whole run."""
+    c0, n0, w0 = _server_counters(url)
+    res: dict[str, Any] = fn(*a)
+    c1, n1, w1 = _server_counters(url)
+    res["server_cpu_us_per_token"] = (c1 - c0) / max(1.0, n1 - n0) * 1e6
+    res["server_cpu_share"] = (c1 - c0) / max(1e-9, w1 - w0)
+    return res
+
+
 def _run_worker(kind: str, url: str, core: int, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
     cmd = [*_pin(core), sys.executable, str(Path(__file__).resolve()), "--worker", kind,
            "--url", url, "--concurrency", str(c), "--seconds", str(seconds), "--output-tokens", str(out_tokens)]
@@ -236,20 +254,22 @@ def main() -> None:
         cap: dict[str, list[dict[str, Any]]] = {"diagnose": [], "vllm bench serve": [], "aiohttp": []}
         for rep in range(0 if args.fidelity_only else args.reps):
             _post(url + "/truth/reset", {})
-            d = _run_worker("diagnose", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+            d = _with_server_cost(url, _run_worker, "diagnose", url, args.client_core, args.concurrency, args.seconds,
+                                  args.output_tokens)
             d.pop("rows", None)
             cap["diagnose"].append(d)
             print(f"rep {rep} diagnose {d['output_tps']:.0f} tok/s (cpu max {d['client_cpu_max_percent']})",
                   file=sys.stderr)
             if not args.skip_vllm:
                 _post(url + "/truth/reset", {})
-                v = _run_vllm(Path(args.engine_venv), args.model_dir, url, args.client_core, args.concurrency,
-                              args.seconds, args.output_tokens, d["output_tps"] or 150_000)
+                v = _with_server_cost(url, _run_vllm, Path(args.engine_venv), args.model_dir, url, args.client_core,
+                                      args.concurrency, args.seconds, args.output_tokens, d["output_tps"] or 150_000)
                 cap["vllm bench serve"].append(v)
                 print(f"rep {rep} vllm {v['output_tps']:.0f} tok/s", file=sys.stderr)
             if not args.skip_aiohttp:
                 _post(url + "/truth/reset", {})
-                a = _run_worker("aiohttp", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+                a = _with_server_cost(url, _run_worker, "aiohttp", url, args.client_core, args.concurrency,
+                                      args.seconds, args.output_tokens)
                 cap["aiohttp"].append(a)
                 print(f"rep {rep} aiohttp {a['output_tps']:.0f} tok/s", file=sys.stderr)
         _post(url + "/truth/reset", {})
@@ -282,14 +302,19 @@ def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[s
                                                                else out) + f" --reps {args.reps}"
         + (f" --nice {args.nice}" if args.nice else "") + "`", "",
         "## Capacity (truth TTFT = ITL = 0): streamed output tokens/s", "",
-        "| client | runs (tok/s) | median | ratio vs vLLM bench serve |", "|---|---|---|---|"]
+        "| client | runs (tok/s) | median | ratio vs vLLM bench serve | server CPU per token (runs) |",
+        "|---|---|---|---|---|"]
     base = med.get("vllm bench serve")
     for k, v in cap.items():
         if not v:
             continue
         ratio = f"{med[k] / base:.2f}x" if base else "n/a"
         runs = ", ".join(f"{x['output_tps']:.0f}" for x in v)
-        lines.append(f"| {k} | {runs} | {med[k]:.0f} | {ratio} |")
+        cost = ", ".join(f"{x.get('server_cpu_us_per_token', float('nan')):.1f} us" for x in v)
+        lines.append(f"| {k} | {runs} | {med[k]:.0f} | {ratio} | {cost} |")
+    lines += ["", "Server CPU per token = the truth server's CPU time / token chunks it sent during that client's run "
+              "(vLLM bench serve's includes its start-up, when the server idles): a client that makes the server "
+              "work harder per token is not a fairer-or-faster client, it is a costlier one."]
     dd = cap.get("diagnose") or []
     if dd:
         lines += ["", "diagnose self-check during capacity runs: " + "; ".join(

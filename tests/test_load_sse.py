@@ -1,0 +1,89 @@
+"""The SSE response parser fed byte by byte, in batches and in odd splits: the same records every way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from diagnose.probes.http_client import HttpClient
+from diagnose.probes.sse import SseConnection, StreamResult
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def event(text: str, cum: int | None, finish: str | None = None, chat: bool = False) -> bytes:
+    choice = ({"index": 0, "delta": {"content": text}, "finish_reason": finish} if chat
+              else {"index": 0, "text": text, "finish_reason": finish})
+    obj: dict[str, object] = {"id": "x", "choices": [choice]}
+    if cum is not None:
+        obj["usage"] = {"prompt_tokens": 3, "completion_tokens": cum, "total_tokens": cum + 3}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def stream(tokens: list[int], cont: bool, chat: bool = False) -> list[bytes]:
+    """One HTTP chunk per event: a role chunk (chat), content chunks carrying ``tokens[i]`` tokens, usage, DONE."""
+    out = []
+    if chat:
+        out.append(chunk(b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'))
+    cum = 0
+    for i, k in enumerate(tokens):
+        cum += k
+        last = i == len(tokens) - 1
+        out.append(chunk(event(" a" * k, cum if cont else None, "length" if last else None, chat)))
+    out.append(chunk(b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n' % cum))
+    out.append(chunk(b"data: [DONE]\n\n"))
+    out.append(b"0\r\n\r\n")
+    return out
+
+
+def feed(pieces: list[bytes], cont: bool, reads: str) -> StreamResult:
+    async def go() -> StreamResult:
+        client = HttpClient("http://127.0.0.1:1")
+        client.continuous_usage = cont
+        conn = SseConnection(client)
+        res = StreamResult()
+        conn.res, conn.fut = res, asyncio.get_running_loop().create_future()
+        body = b"".join(pieces)
+        if reads == "per-chunk":
+            parts = [HEAD, *pieces]
+        elif reads == "batched":
+            parts = [HEAD] + [b"".join(pieces[i:i + 8]) for i in range(0, len(pieces), 8)]
+        elif reads == "bytewise":
+            parts = [HEAD] + [body[i:i + 1] for i in range(len(body))]
+        else:  # odd splits that cut size lines, events and CRLFs
+            raw = HEAD + body
+            parts = [raw[i:i + 37] for i in range(0, len(raw), 37)]
+        for p in parts:
+            conn.data_received(p)
+        assert conn.fut is None  # the response finished
+        return res
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("reads", ["per-chunk", "batched", "bytewise", "odd"])
+@pytest.mark.parametrize("cont", [True, False])
+def test_same_records_however_the_bytes_arrive(reads: str, cont: bool) -> None:
+    tokens = [1] * 20 + [3] + [1] * 10 + [2, 1]
+    res = feed(stream(tokens, cont), cont, reads)
+    assert res.ok and res.done and res.finish_reason == "length" and res.status == 200
+    assert len(res.t_ns) == len(tokens)
+    assert res.tok == (tokens if cont else [1] * len(tokens))  # exact with continuous usage, else 1 per chunk
+    assert res.usage == {"prompt_tokens": 3, "completion_tokens": sum(tokens)}
+
+
+@pytest.mark.parametrize("reads", ["per-chunk", "batched", "odd"])
+def test_chat_role_chunk_is_not_content(reads: str) -> None:
+    res = feed(stream([1] * 30, True, chat=True), True, reads)
+    assert res.ok and len(res.t_ns) == 30 and sum(res.tok) == 30
+
+
+def test_batched_read_shares_its_timestamp_and_keeps_order() -> None:
+    res = feed(stream([1] * 24, True), True, "batched")
+    assert res.t_ns == sorted(res.t_ns)
+    assert len(set(res.t_ns)) <= 5  # 24 content events in 4-5 reads
