@@ -145,9 +145,15 @@ def test_contention_fires_under_run_queue_wait(tmp_path: Path) -> None:
     assert all(v == pytest.approx(0.3) for _, v in s["host_cpu_steal_or_contention_ratio"].series)
 
 
+def test_starved_thread_counts_even_with_little_cpu(tmp_path: Path) -> None:
+    # the worker gets 3% of a core and waits 60% of the time: the victim of contention must be counted
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.03, "wait": 0.6}}, [])
+    assert sigs(b)["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.6 / 0.63)
+
+
 def test_contention_quiet_without_wait(tmp_path: Path) -> None:
-    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.9, "wait": 0.005}, (9, 90): {"cpu": 0.01, "wait": 0.5}}, [])
-    s = sigs(b)  # (9, 90) is idle (< 5% of a core): its wait does not count
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.9, "wait": 0.005}, (9, 90): {"cpu": 0.01, "wait": 0.02}}, [])
+    s = sigs(b)  # (9, 90) is runnable 3% of the time: left out
     assert s["host_cpu_steal_or_contention_ratio"].value < 0.01
 
 

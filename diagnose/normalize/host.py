@@ -31,7 +31,7 @@ from diagnose.model import Signal, Source
 from diagnose.normalize.host_stacks import CATEGORIES, CATEGORY_TEXT, categorize
 
 SOURCE: Source = "host"
-BUSY_THREAD_MIN_RATIO = 0.05  # threads using less than this share of a core are left out of contention
+BUSY_THREAD_MIN_RATIO = 0.05  # threads runnable (running or waiting) less than this are left out of contention
 _COLS = {
     "host_processes": ["pid", "ppid", "role", "name"],
     "host_threads": ["t0_s", "t_s", "pid", "tid", "role", "comm", "cpu_ratio", "run_ratio", "wait_ratio",
@@ -226,15 +226,18 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
     ratio = None
     if not th.empty:
         dur = max(1e-9, th["t_s"].max() - th["t0_s"].min())
-        busy_ids = th.groupby(["pid", "tid"])["cpu_s"].sum() / dur
-        busy = set(busy_ids[busy_ids >= BUSY_THREAD_MIN_RATIO].index)
+        # threads that wanted a CPU (on it or waiting for it) at least 5% of the time: a thread starved by
+        # contention uses little CPU, so selecting by CPU alone would drop exactly the victims
+        g = th.groupby(["pid", "tid"])
+        runnable = (g["run_s"].sum() + g["wait_s"].sum()) / dur
+        busy = set(runnable[runnable >= BUSY_THREAD_MIN_RATIO].index)
         bt = th[[(int(p), int(i)) in busy for p, i in zip(th["pid"], th["tid"], strict=False)]]
         if not bt.empty:
             run, wait = float(bt["run_s"].sum()), float(bt["wait_s"].sum())
             if run + wait > 0:
                 ratio = wait / (run + wait)
                 out.append(Signal("host_run_queue_wait_ratio", ratio, "ratio", SOURCE,
-                                  "run-queue wait / (run + wait) of busy engine threads (schedstat)"))
+                                  "run-queue wait / (run + wait) of runnable engine threads (schedstat)"))
             per_t = bt.groupby("t_s")[["run_s", "wait_s"]].sum()
             tot = per_t["run_s"] + per_t["wait_s"]
             series = [(float(k), float(w / s)) for k, w, s in zip(per_t.index, per_t["wait_s"], tot, strict=False) if s > 0]
