@@ -76,11 +76,13 @@ def test_nanosecond_timestamps_are_converted(tmp_path: Path) -> None:
 def test_negative_missing_and_string_values(tmp_path: Path) -> None:
     evs = [kernel("a", 0, 5, 1), kernel("b", 10, -1, 2), {**kernel("c", 20, 5, 3), "dur": None},
            {**kernel("d", 30, 5, 4), "dur": "oops"}, {**kernel("e", 40, 5, 5), "tid": "stream 7"},
-           {"ph": "X", "cat": "weird_cat", "name": "x", "ts": 1, "dur": 1}]
+           {"ph": "X", "cat": "weird_cat", "name": "x", "ts": 1, "dur": 1},
+           {k: v for k, v in kernel("f", 50, 5, 6).items() if k != "ts"}]
     rt = read_trace(write_trace(tmp_path / "t.json", evs))
     assert sorted(rt.gpu["name"].astype(str)) == ["a", "e"]
     text = " ".join(rt.warnings)
     assert "negative duration" in text and "numeric duration" in text and "weird_cat (1)" in text
+    assert "1 events without a numeric timestamp" in text
 
 
 @pytest.mark.parametrize("content, message", [
