@@ -64,20 +64,23 @@ def _prefetched(gen: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
     q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():  # never block for good: the consumer may have stopped reading
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for blk in gen:
-                while not stop.is_set():
-                    try:
-                        q.put(("data", blk), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(("data", blk)):
                     return
-            q.put(("end", None))
+            put(("end", None))
         except BaseException as e:  # noqa: BLE001 - handed to the consumer and re-raised there
-            q.put(("error", e))
+            put(("error", e))
 
     t = threading.Thread(target=produce, name="trace-inflate", daemon=True)
     t.start()
