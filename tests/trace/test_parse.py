@@ -132,3 +132,13 @@ def test_every_real_trace_parses(name: str) -> None:
     assert rt.events_total > 0
     assert (rt.gpu["dur_us"] >= 0).all() and (rt.cpu_ops["dur_us"] >= 0).all()
     assert rt.gpu.empty or rt.gpu["ts_us"].notna().all()
+
+
+def test_early_error_stops_the_inflate_thread(tmp_path: Path) -> None:
+    import threading
+
+    p = tmp_path / "big.json.gz"
+    p.write_bytes(gzip.compress(b"hello" + b" " * 20_000_000))
+    with pytest.raises(InputError, match="not a trace"):
+        read_trace(p)
+    assert not [t for t in threading.enumerate() if t.name == "trace-inflate"]
