@@ -26,6 +26,7 @@ class ScenarioError(InputError):
 class Hog:
     target: str  # "worker": pinned to the engine worker's core; "client": to the load client's core
     procs: int = 1
+    nice_offset: int = 0  # the hogs' session priority relative to the suite's (negative: stronger)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         procs = h.get("procs", 1)
         if not isinstance(procs, int) or procs < 1:
             raise ScenarioError(f"{where}: hog.procs must be a positive integer")
-        hog = Hog(str(h["target"]), procs)
+        offset = h.get("nice_offset", 0)
+        if not isinstance(offset, int) or not -10 <= offset <= 10:
+            raise ScenarioError(f"{where}: hog.nice_offset must be an integer in -10..10")
+        hog = Hog(str(h["target"]), procs, offset)
     try:
         kv = int(eng.get("kv_cache_space_gib", d_eng.get("kv_cache_space_gib", 2)))
         timeout = float(raw.get("timeout_s", defaults.get("timeout_s", 150)))
