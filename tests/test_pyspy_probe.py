@@ -34,12 +34,19 @@ def target() -> Iterator[tuple[subprocess.Popen[str], int]]:
     p.wait()
 
 
-def capture(tmp_path: Path, probe: PySpyProbe, target: Target, seconds: float) -> tuple[ProbeStatus, Bundle]:
+def capture(tmp_path: Path, probe: PySpyProbe, target: Target, seconds: float,
+            until_exit: subprocess.Popen[str] | None = None) -> tuple[ProbeStatus, Bundle]:
+    """Run the probe for ``seconds`` (or, with ``until_exit``, until that process has exited + ``seconds``)."""
     bw = BundleWriter(tmp_path / "b")
     ctx = CaptureContext(bundle=bw, target=target, stop=asyncio.Event())
 
     async def go() -> ProbeStatus:
         async def stop() -> None:
+            if until_exit is not None:
+                for _ in range(600):  # the machine may be loaded: wait for the exit itself
+                    if until_exit.poll() is not None:
+                        break
+                    await asyncio.sleep(0.1)
             await asyncio.sleep(seconds)
             ctx.stop.set()
         st, _ = await asyncio.gather(probe.run(ctx), stop())
@@ -115,7 +122,7 @@ def test_process_exiting_mid_capture_is_recorded(tmp_path: Path) -> None:
     p.stdout.readline()
     try:
         status, b = capture(tmp_path, PySpyProbe(pid=p.pid, rate_hz=50, cpu_interval_s=0.2, dump_interval_s=0),
-                            Target(url="http://127.0.0.1:9"), 2.5)
+                            Target(url="http://127.0.0.1:9"), 1.0, until_exit=p)
     finally:
         p.kill()
         p.wait()
