@@ -116,7 +116,19 @@ def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAna
 
     Bad input raises :class:`diagnose.errors.InputError` with a one-line message naming the file.
     """
-    return analyze_files(trace_files(path), include_python=include_python)
+    files = trace_files(path)
+    frontend = [f for f in files if "async_llm" in f.name]
+    if frontend and len(frontend) < len(files):  # vLLM's profiler dir: API-server traces next to the workers
+        files = [f for f in files if f not in frontend]
+        a = analyze_files(files, include_python=include_python)
+        msg = ("skipped the API-server trace(s) " + ", ".join(f.name for f in frontend)
+               + " (vLLM frontend: no kernels, no engine steps); analyse one alone by passing its file")
+        a.warnings.append(msg)
+        for sec in a.sections:
+            if sec.id == "trace_overview":
+                sec.payload["text"] += f"\nWarning: {msg}"
+        return a
+    return analyze_files(files, include_python=include_python)
 
 
 def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAnalysis:

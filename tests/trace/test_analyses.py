@@ -198,3 +198,17 @@ def test_sections_are_plain_data() -> None:
     for s in a.sections:
         if s.kind == "table":
             assert all(len(r) == len(s.payload["columns"]) for r in s.payload["rows"])
+
+
+def test_vllm_profiler_dir_skips_the_api_server_trace(tmp_path: Path) -> None:
+    import shutil
+
+    src = DATA / "vllm_cpu_0.32_worker_rank0_c8.pt.trace.json.gz"
+    shutil.copyfile(src, tmp_path / "rank0.1790857026.pt.trace.json.gz")
+    shutil.copyfile(src, tmp_path / "vm_22490.async_llm.1790857026.pt.trace.json.gz")
+    a = analyze_trace(tmp_path)
+    assert a.summary["ranks"] == [0] and len(a.tables["trace_steps"]) == 27
+    assert any("skipped the API-server trace" in w for w in a.warnings)
+    assert "skipped the API-server trace" in a.sections[0].payload["text"]
+    # alone, the frontend file is analysed as asked
+    assert analyze_trace(tmp_path / "vm_22490.async_llm.1790857026.pt.trace.json.gz").summary["ranks"] == [0]
