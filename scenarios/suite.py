@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export-samples", type=Path, default=None,
                     help="write trimmed bundles of the last repeat as sample folders under this directory")
     ap.add_argument("--sample-prefix", default="vllm_cpu_", help="folder-name prefix for --export-samples")
+    ap.add_argument("--export-skip", default="healthy,queue_bound",
+                    help="scenarios not to export (their sample folders are maintained elsewhere)")
     ap.add_argument("--port-base", type=int, default=18600)
     ap.add_argument("--fresh-engine", action="store_true", help="one engine start per scenario (no sharing)")
     ap.add_argument("--restart-per-repeat", action="store_true",
@@ -323,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         print(confusion_markdown(results))
         print(f"\ntop-1 {a1}/{n}, top-3 {a3}/{n}; written to {out.relative_to(ROOT)}")
         if args.export_samples:
-            for p in export_samples(results, scenarios, work, args.export_samples, args.sample_prefix):
+            skip = {n.strip() for n in args.export_skip.split(",") if n.strip()}
+            for p in export_samples([r for r in results if r.name not in skip], scenarios, work,
+                                    args.export_samples, args.sample_prefix):
                 print(f"sample: {p}")
         if args.keep_bundles is None:
             shutil.rmtree(work, ignore_errors=True)
