@@ -135,7 +135,10 @@ def test_target_dies_mid_capture(tmp_path: Path) -> None:
                                  "--baseline", "0", "--no-nvml", "--timeout", "3s", "-o", str(tmp_path / "b")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        time.sleep(2.5)
+        reqs = tmp_path / "b" / "requests.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not reqs.exists() or reqs.read_text().count('"ok":true') < 5):
+            time.sleep(0.1)
         server.kill()
         out, err = proc.communicate(timeout=90)
     assert "Traceback" not in err
