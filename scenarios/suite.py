@@ -50,7 +50,12 @@ class NicedServer(VllmServer):
 
     def command(self) -> list[str]:
         cmd = super().command()
-        return ["nice", "-n", str(self.nice), *cmd] if self.nice else cmd
+        if not self.nice:
+            return cmd
+        # the server is its own session (harness: start_new_session): raise the session's autogroup priority
+        # before exec, so that start-up (torch.compile, minutes on a busy host) runs at it too
+        return ["sh", "-c", f'echo {self.nice} > /proc/self/autogroup 2>/dev/null; exec "$@"', "sh",
+                "nice", "-n", str(self.nice), *cmd]
 
 
 def set_group_priority(pid: int | str, nice: int) -> bool:
