@@ -54,8 +54,8 @@ from diagnose.probes.host_procs import (
 from diagnose.model import ProbeStatus
 
 NAME = "pyspy"
-# Defaults sized by benchmarks/overhead_host.py: at 20 Hz with 10 s windows py-spy used ~0.065 cores on the
-# three vLLM processes; 10 Hz with 30 s windows (fewer restarts, each re-reading symbols) costs about half.
+# Defaults sized by benchmarks/overhead_host.py on the three vLLM processes: py-spy used 0.036 cores at
+# 10 Hz with 30 s windows, 0.076 at 20 Hz with 10 s windows (each restart re-reads symbols), 0.151 at 50 Hz.
 DEFAULT_RATE_HZ = 10.0
 IDLE_REWRITE_NS = 30_000_000_000
 PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as the same user as the server "
