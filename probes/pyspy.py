@@ -4,10 +4,13 @@ Finds the server process (``Target.pid``, or the process listening on the target
 process tree (for vLLM: the API server, ``VLLM::EngineCore``, ``VLLM::Worker``...) and, for the whole
 capture:
 
-* runs one ``py-spy record --format raw --threads`` per Python process (active samples only, so a stack's
-  share of a thread's samples is a share of its on-CPU time), optionally ``--nonblocking``;
+* runs ``py-spy record --format raw --threads --nolineno`` per Python process in consecutive
+  ``window_s`` windows (a dying target or a crashed py-spy loses one window; stacks carry their window),
+  active samples only, so a stack's share of a thread's samples is a share of its on-CPU time;
+  ``--nonblocking`` by default (the target is never paused);
 * reads ``/proc/<pid>/task/<tid>/{stat,schedstat}`` of every thread every ``cpu_interval_s`` (CPU time and
-  run-queue wait, the direct CPU-contention signal) and the system's ``/proc/stat`` (steal);
+  run-queue wait, the direct CPU-contention signal; an idle thread's unchanged counters are rewritten only
+  every 30 s) and the system's ``/proc/stat`` (steal);
 * takes a ``py-spy dump --json`` snapshot of each process every ``dump_interval_s`` (which thread holds the
   GIL, which are active).
 
@@ -15,10 +18,11 @@ Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
   process:    {kind, t_ns, pid, ppid, role, name}           role: api_server | engine_core | worker | other
   thread_cpu: {kind, t_ns, pid, tid, comm, state, utime_s, stime_s, run_ns, wait_ns, slices}  (cumulative)
   system_cpu: {kind, t_ns, ncpu, user, nice, system, idle, iowait, irq, softirq, steal}       (ticks, cumulative)
-  stack:      {kind, pid, tid, thread, frames: ["func (file:line)", ... root first], count, start_ns, end_ns}
+  stack:      {kind, pid, tid, thread, frames: ["func (file)", ... root first], count, start_ns, end_ns}
   dump:       {kind, t_ns, pid, threads: [{tid, name, active, gil, leaf}]}
   exit:       {kind, t_ns, pid}                              a sampled process disappeared
-  pyspy_cost: {kind, pid, mode, cpu_s, wall_s, samples, rate_hz, nonblocking, returncode}
+  pyspy_cost: {kind, pid, mode (record | dump), cpu_s, wall_s, samples, rate_hz, nonblocking, returncode,
+               windows}                                      py-spy's own CPU (os.wait4 rusage)
 The raw py-spy outputs are kept as artifacts ``pyspy_<pid>.txt`` (flamegraph.pl input).
 """
 
