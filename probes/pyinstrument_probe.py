@@ -134,6 +134,7 @@ except ImportError:
 def _stop(signum, frame):
     raise KeyboardInterrupt
 signal.signal(signal.SIGTERM, _stop)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background parent may have left SIGINT ignored
 prof = Profiler(interval=interval, async_mode="disabled")
 prof.start()
 code = 0

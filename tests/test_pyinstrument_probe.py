@@ -26,12 +26,12 @@ def test_client_profile_busy_and_idle(tmp_path: Path) -> None:
     ctx = CaptureContext(bundle=bw, target=Target(url="http://127.0.0.1:9"), stop=asyncio.Event())
 
     def crunch() -> int:
-        return sum(j * j for j in range(60_000))
+        return sum(j * j for j in range(30_000))
 
     async def client() -> None:
         for _ in range(10):
             crunch()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         ctx.stop.set()
 
     async def go() -> object:
@@ -42,7 +42,7 @@ def test_client_profile_busy_and_idle(tmp_path: Path) -> None:
     bw.finish()
     assert status.state == "ok"  # type: ignore[attr-defined]
     s = load_summary(tmp_path / "b")
-    assert s is not None and 0.0 < s["busy_ratio"] < 0.9  # mostly sleeping between bursts
+    assert s is not None and 0.0 < s["busy_ratio"] < 0.95  # mostly sleeping between bursts (loose: shared CPU)
     funcs = [t["function"] for t in s["top"]]
     assert any("crunch" in f or "genexpr" in f for f in funcs)
     assert (tmp_path / "b" / "artifacts" / "pyinstrument_client.html").stat().st_size > 1000
@@ -55,7 +55,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_run_under_profiler_profiles_the_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["fg", "bg"])
+def test_run_under_profiler_profiles_the_server(tmp_path: Path, sigint_ignored: bool) -> None:
+    # bg: started as a background job, whose SIGINT is ignored and inherited so by the server
     port = _free_port()
     out = tmp_path / "prof"
     result: dict[str, int] = {}
@@ -81,9 +83,14 @@ def test_run_under_profiler_profiles_the_server(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGINT)  # forwarded to the server as SIGINT
 
     t = threading.Thread(target=drive)
-    t.start()
-    run()
-    t.join()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        t.start()
+        run()
+        t.join()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     assert result["code"] == 0
     b = open_bundle(out)
     st = {s.name: s for s in b.probe_statuses()}["pyinstrument"]
