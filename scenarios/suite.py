@@ -38,6 +38,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DIAGNOSE = [sys.executable, "-m", "diagnose"]
 HOG_CODE = "while True:\n    pass\n"
 DEFAULT_NICE = -10
+STARVED_CLIENT_OFFSET = 10  # session priority of a client starved on purpose, relative to the suite's
 
 
 class NicedServer(VllmServer):
@@ -125,13 +126,13 @@ def hogs(core: int, n: int, nice: int = 0) -> Iterator[list[int]]:
 
 
 # -- one scenario -------------------------------------------------------------------------------------
-def _run(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, str]:
+def _run(cmd: list[str], log_path: Path, timeout_s: float, new_session: bool = False) -> tuple[int, str]:
     with open(log_path, "ab") as fh:
         fh.write(("$ " + " ".join(cmd) + "\n").encode())
         fh.flush()
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False, cwd=ROOT)
+                                  timeout=timeout_s, check=False, cwd=ROOT, start_new_session=new_session)
         except subprocess.TimeoutExpired:
             return 124, f"timed out after {timeout_s:.0f} s"
     tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
@@ -172,6 +173,12 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
     starve_client = scn.hog is not None and scn.hog.target == "client"
     if client_rt and not starve_client:
         cmd = ["chrt", "-r", "1", *attach]
+    elif starve_client:
+        # a client short of CPU: its own session at a lower priority than the busy processes it shares its
+        # core with (at equal priority the scheduler's wake-up preference kept its loop lag at 8 ms)
+        weak = min(19, nice + STARVED_CLIENT_OFFSET)
+        cmd = ["taskset", "-c", str(ccore), "sh", "-c", f'echo {weak} > /proc/self/autogroup 2>/dev/null; exec "$@"',
+               "sh", *attach]
     else:
         cmd = ["taskset", "-c", str(ccore), *attach]
     res.command = " ".join(attach).replace(str(bundle), "BUNDLE")
@@ -185,7 +192,7 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
                     f"(worker core {wcore}, client core {ccore})")
                 time.sleep(1.0)
             log(f"{scn.name}: attach ({' '.join(scn.attach_args)})")
-            rc, tail = _run(niced(cmd, nice), log_path, scn.timeout_s)
+            rc, tail = _run(niced(cmd, nice), log_path, scn.timeout_s, new_session=starve_client)
         if rc != 0 and not (bundle / "manifest.json").exists():
             res.error = f"attach exited {rc}: {tail}"
             return res
