@@ -257,6 +257,26 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
     return sorted(results, key=lambda r: r.repeat)
 
 
+def rescore(scenarios: list[Scenario], work: Path) -> list[ScenarioResult]:
+    """Analyse kept bundles (WORK/<scenario>-r<N>) again with the current rules: same captures, new verdicts."""
+    results = []
+    by_name = {s.name: s for s in scenarios}
+    for bundle in sorted(work.glob("*-r[0-9]*")):
+        name, _, rep = bundle.name.rpartition("-r")
+        if name not in by_name or not rep.isdigit() or not (bundle / "manifest.json").exists():
+            continue
+        scn = by_name[name]
+        r = ScenarioResult(name, scn.expect_top, scn.expect_top3, repeat=int(rep))
+        rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(bundle / "report.html"),
+                         "--json", str(bundle / "findings.json")], work / f"{bundle.name}.log", 180)
+        if rc != 0 or not (bundle / "findings.json").exists():
+            r.error = f"analyze exited {rc}: {tail}"
+        else:
+            r.findings = findings_from_json(bundle / "findings.json")
+        results.append(r)
+    return sorted(results, key=lambda r: (r.repeat, r.name))
+
+
 def export_samples(results: list[ScenarioResult], scenarios: list[Scenario], work: Path, dest: Path,
                    prefix: str) -> list[Path]:
     """Trimmed copies of the last repeat's bundles under dest/<prefix><scenario>/ (see scenarios/export.py)."""
@@ -297,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds to wait for an engine to become healthy (torch.compile on a busy 2-core host: minutes)")
     ap.add_argument("--no-client-rt", dest="client_rt", action="store_false",
                     help="run the load client at normal priority (default: SCHED_RR via chrt, when permitted)")
+    ap.add_argument("--rescore", type=Path, default=None,
+                    help="analyse the bundles kept in this folder again with the current rules (no engine)")
     ap.add_argument("--scenarios", type=Path, default=None, help="scenario file (default scenarios/scenarios.yaml)")
     args = ap.parse_args(argv)
     try:
@@ -307,24 +329,28 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 raise DiagnoseError(f"--only: unknown scenario(s) {', '.join(unknown)}")
             scenarios = [s for s in scenarios if s.name in want]
-        if not engine_ready():
-            raise DiagnoseError("the vLLM CPU engine is not built: run `bash harness/ensure_engine.sh` first")
         if shutil.which("taskset") is None and any(s.hog for s in scenarios):
             raise DiagnoseError("taskset (util-linux) is needed for the CPU-hog scenarios")
-        work = args.keep_bundles or Path(tempfile.mkdtemp(prefix="diagnose-scenarios-"))
+        work = args.rescore or args.keep_bundles or Path(tempfile.mkdtemp(prefix="diagnose-scenarios-"))
         work.mkdir(parents=True, exist_ok=True)
         started = datetime.now(timezone.utc)
         t0 = time.monotonic()
-        nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
-        set_group_priority("self", nice)
-        client_rt = args.client_rt and shutil.which("chrt") is not None and os.geteuid() == 0
-        results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work, nice,
-                            args.restart_per_repeat, client_rt, args.startup_timeout)
+        if args.rescore:
+            results = rescore(scenarios, work)
+        else:
+            if not engine_ready():
+                raise DiagnoseError("the vLLM CPU engine is not built: run `bash harness/ensure_engine.sh` first")
+            nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
+            set_group_priority("self", nice)
+            client_rt = args.client_rt and shutil.which("chrt") is not None and os.geteuid() == 0
+            results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work,
+                                nice, args.restart_per_repeat, client_rt, args.startup_timeout)
         took = time.monotonic() - t0
         a1, a3, n = accuracy(results)
+        what = (f"re-analysis of the bundles in {work} with the current rules (no new captures)" if args.rescore
+                else f"{len(scenarios)} scenarios x {max(1, args.repeat)} run(s) on the real vLLM CPU engine")
         header = (f"# Scenario suite {started.strftime('%Y-%m-%d %H:%M UTC')}\n\n"
-                  f"{len(scenarios)} scenarios x {max(1, args.repeat)} run(s) on the real vLLM CPU engine, "
-                  f"{took / 60:.1f} min. Top-1 {a1}/{n}, top-3 {a3}/{n}. Host: {os.cpu_count()} CPUs.\n\n"
+                  f"{what}, {took / 60:.1f} min. Top-1 {a1}/{n}, top-3 {a3}/{n}. Host: {os.cpu_count()} CPUs.\n\n"
                   f"Command: `python -m scenarios.suite {' '.join(argv if argv is not None else sys.argv[1:])}`")
         md = report_markdown(results, header)
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -341,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in export_samples([r for r in results if r.name not in skip], scenarios, work,
                                     args.export_samples, args.sample_prefix):
                 print(f"sample: {p}")
-        if args.keep_bundles is None:
+        if args.keep_bundles is None and args.rescore is None:
             shutil.rmtree(work, ignore_errors=True)
         return 0 if a1 == n else 1
     except DiagnoseError as e:
