@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 OUTPUT_TOKENS = 24
 
 
-def attach(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def attach(url: str, out: Path, *args: str, concurrency: int = 4) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -40,7 +40,7 @@ def attach(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
             "--baseline",
             "0",
             "-c",
-            "4",
+            str(concurrency),
             "-d",
             "6s",
             "--output-tokens",
@@ -69,7 +69,7 @@ def check_join(bundle_dir: Path) -> dict[str, float]:
     assert (j["completion_tokens"] == OUTPUT_TOKENS).all()
     # the client sees its first token after the server produced it, and sends before the server's arrival stamp
     assert (j["client_network_ms"] > 0).all(), j["client_network_ms"].min()
-    assert (j["pre_server_ms"] > -1.0).all() and (j["pre_server_ms"] < 200).all()
+    assert (j["pre_server_ms"] > -1.0).all() and (j["pre_server_ms"] < 1000).all()
     assert (j["e2e_client_network_ms"] > 0).all()
     assert (j["queue_ms"] >= 0).all() and (j["prefill_ms"] > 0).all() and (j["decode_ms"] > 0).all()
     assert (j["frontend_ms"] > 0).all()
@@ -96,11 +96,11 @@ def test_grpc_spans_join_every_request(start_vllm: Callable[..., object], tmp_pa
     grpc_port, http_port = free_port(), free_port()
     server = start_vllm(otlp_traces_endpoint=f"http://127.0.0.1:{grpc_port}")
     p = attach(
-        server.url,
+        server.url,  # type: ignore[attr-defined]
         tmp_path / "b",
         "--otlp",
         "--otlp-grpc-port",
-        str(grpc_port),  # type: ignore[attr-defined]
+        str(grpc_port),
         "--otlp-http-port",
         str(http_port),
     )
@@ -110,3 +110,18 @@ def test_grpc_spans_join_every_request(start_vllm: Callable[..., object], tmp_pa
     assert detail["exports"]["grpc"] > 0 and detail["exports"]["http"] == 0
     assert detail["rejected"] == {"grpc": 0, "http": 0}
     assert sig["span_prefill_time_p99_ms"] > 0
+    # 4 in flight, default batch cap: nothing waits in the scheduler's queue (the quiet case)
+    assert sig["ttft_queue_share_ratio"] < 0.2
+
+
+def test_queue_bound_ttft_is_mostly_queue(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    """--max-num-seqs 2 at 16 in flight: the join puts most of each request's TTFT in the queue."""
+    grpc_port, http_port = free_port(), free_port()
+    server = start_vllm(otlp_traces_endpoint=f"http://127.0.0.1:{grpc_port}", extra_args=["--max-num-seqs", "2"])
+    p = attach(server.url, tmp_path / "b", "--otlp", "--otlp-grpc-port", str(grpc_port),  # type: ignore[attr-defined]
+               "--otlp-http-port", str(http_port), concurrency=16)
+    assert p.returncode == 0, p.stderr[-2000:]
+    sig = check_join(tmp_path / "b")
+    assert sig["ttft_queue_share_ratio"] > 0.5, sig
+    assert sig["ttft_queue_share_ratio"] > 3 * sig["ttft_prefill_share_ratio"]
+    assert sig["span_queue_time_p50_ms"] > sig["span_prefill_time_p50_ms"]

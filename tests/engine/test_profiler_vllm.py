@@ -32,11 +32,11 @@ def test_worker_trace_lands_in_the_bundle(start_vllm: Callable[..., object], tmp
         env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"},
     )
     p = attach(
-        server.url,
+        server.url,  # type: ignore[attr-defined]
         tmp_path / "b",
         "--otlp",
         "--otlp-grpc-port",
-        str(grpc_port),  # type: ignore[attr-defined]
+        str(grpc_port),
         "--otlp-http-port",
         str(http_port),
         "--profile-iterations",
