@@ -98,7 +98,7 @@ SIGNALS: dict[str, str] = {
     # host (normalize/host.py)
     "host_thread_saturated_max_ratio": "busiest engine Python thread's on-CPU share of one core",
     "host_spin_wait_share_ratio": "share of engine samples in spin-wait",
-    "host_gil_held_ratio": "share of samples waiting for the GIL",
+    "host_gil_held_ratio": "share of py-spy dump snapshots in which an engine thread held the GIL",
     "host_cpu_steal_or_contention_ratio": "run-queue wait / (run + wait) of engine threads",
     # gpu (normalize/gpu.py)
     "gpu_util_mean_ratio": "NVML utilisation.gpu time fraction, mean",

@@ -99,7 +99,10 @@ def _api_key(api_key_env: str | None) -> str | None:
 @click.option("--otlp-export", metavar="URL", help="Also export one client span per request to this OTLP/HTTP collector.")
 @click.option("--pyspy", is_flag=True, help="Sample host stacks of every engine process with py-spy.")
 @click.option("--pid", type=int, help="Server PID for --pyspy (default: found from the listening port).")
-@click.option("--pyspy-rate", type=int, default=50, show_default=True, help="py-spy samples per second.")
+@click.option("--pyspy-rate", type=int, default=10, show_default=True,
+              help="py-spy samples per second (10 Hz costs about 0.04 of a core; 50 Hz about 4x that).")
+@click.option("--pyspy-blocking", is_flag=True,
+              help="Pause each process while sampling (exact stacks, more cost); default is nonblocking.")
 @click.option("--nvml/--no-nvml", default=True, show_default=True, help="Sample GPU counters (unavailable without a driver).")
 @click.option("--nvml-interval", default="100ms", show_default=True)
 @click.option("--profile-iterations", type=int, help="Trigger the engine's profiler for this many engine steps.")
@@ -197,7 +200,7 @@ def build_probes(workload: WorkloadSpec | None, o: dict[str, Any], bundle: Bundl
     if o["pyspy"]:
         from diagnose.probes.pyspy import PySpyProbe
 
-        probes.append(PySpyProbe(pid=o["pid"], rate=o["pyspy_rate"]))
+        probes.append(PySpyProbe(pid=o["pid"], rate=o["pyspy_rate"], nonblocking=not o["pyspy_blocking"]))
     if o["nvml"]:
         from diagnose.probes.nvml import NvmlProbe
 
