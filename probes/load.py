@@ -19,6 +19,7 @@ import contextlib
 import gc
 import os
 import random
+import secrets
 from collections import Counter
 from typing import Any
 
@@ -132,8 +133,10 @@ class _LoadRun:
         self.seq += 1
         rid = f"{self.token}-{seq}"
         prompt = self.prompts.make(seq)
-        trace_id = f"{self.rng.getrandbits(128):032x}"
-        span_id = f"{self.rng.getrandbits(64):016x}"
+        # ids come from the OS, not the seeded workload RNG: two captures with the same --seed must not
+        # send the same trace ids into a user's collector (--otlp-export)
+        trace_id = secrets.token_hex(16)
+        span_id = secrets.token_hex(8)
         headers = {"x-request-id": rid, "traceparent": f"00-{trace_id}-{span_id}-01"}
         res = StreamResult()
         try:
