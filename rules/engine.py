@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from diagnose.rules.conditions import Evaluator, resolve_threshold
+from diagnose.rules.spec import RuleSpec
+
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
@@ -21,8 +24,6 @@ from diagnose.model import (
     NotEvaluated,
     Signal,
 )
-from diagnose.rules.conditions import Evaluator, resolve_threshold
-from diagnose.rules.spec import RuleSpec
 
 SOURCE_RANK = ("client", "server", "host", "gpu", "trace")
 
@@ -189,7 +190,7 @@ def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], threshold
         else:
             res.quiet.append(spec.id)
     by_id = {s.id: s for s in specs}
-    for rid, f in list(fired.items()):
+    for rid in list(fired):
         for other in by_id[rid].suppressed_by:
             if other in fired:
                 res.suppressed.append((rid, other))
