@@ -60,6 +60,8 @@ def _head(path: Path, n: int = 4096) -> bytes:
 
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
                  overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
+    if path.is_dir() and not (path / "manifest.json").exists() and (path / "bundle" / "manifest.json").exists():
+        path = path / "bundle"  # a sample folder: README, expected findings and the bundle beside them
     kind = detect_input(path)
     if kind == "bundle":
         from diagnose.pipeline import analyze_bundle
