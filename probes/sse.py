@@ -83,6 +83,8 @@ class SseConnection(asyncio.Protocol):
         self.retry = False
         self.expect_sse = True
         self.content_type = ""
+        self._pending: list[tuple[int, bytes]] = []
+        self._drain_scheduled = False
         self._reset_parser()
 
     def _reset_parser(self) -> None:
@@ -100,6 +102,8 @@ class SseConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._pending:
+            self._drain()  # bytes that arrived before the close come first
         self.closed = True
         if self.res is not None and self.fut is not None and not self.fut.done():
             if self.head_done and not self.chunked and self.remaining < 0:
@@ -110,8 +114,24 @@ class SseConnection(asyncio.Protocol):
                 self._fail("reset", f"connection closed mid-response ({exc or 'EOF'})")
 
     def data_received(self, data: bytes) -> None:
+        # Stamp now, parse on the next loop turn. When many sockets become readable in one poll (a closed
+        # loop's synchronized wave: hundreds of first chunks at once) every stamp is then taken before any
+        # parsing, so the last socket's stamp is not late by the parsing of all the others. Pieces of one
+        # connection are parsed in arrival order, each with its own stamp.
         t = now_ns()
         self.last_ns = t
+        self._pending.append((t, data))
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        pending, self._pending = self._pending, []
+        for t, data in pending:
+            self._on_data(data, t)
+
+    def _on_data(self, data: bytes, t: int) -> None:
         if self.res is None:
             return
         self.got_bytes = True

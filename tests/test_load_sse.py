@@ -60,6 +60,7 @@ def feed(pieces: list[bytes], cont: bool, reads: str) -> StreamResult:
             parts = [raw[i:i + 37] for i in range(0, len(raw), 37)]
         for p in parts:
             conn.data_received(p)
+        await asyncio.sleep(0)  # bytes are stamped on arrival and parsed on the next loop turn
         assert conn.fut is None  # the response finished
         return res
 
