@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,8 +19,17 @@ pytestmark = pytest.mark.engine
 DIAG = [sys.executable, "-m", "diagnose"]
 
 
+def _client_prefix() -> list[str]:
+    """On this 2-core test machine the CPU engine saturates both cores and starves the load client (its
+    event-loop lag reaches 20-50 ms, and VAL001 rightly declares the run invalid). As on a real GPU server,
+    where the client does not compete with the engine for the CPU, give the client a real-time priority."""
+    if shutil.which("chrt") and os.geteuid() == 0:
+        return ["chrt", "-r", "1"]
+    return []
+
+
 def _attach(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "-o", str(out), *args],
+    return subprocess.run([*_client_prefix(), *DIAG, "attach", "--url", url, "--no-nvml", "-o", str(out), *args],
                           capture_output=True, text=True, timeout=300)
 
 
