@@ -30,6 +30,8 @@ SIGNALS: dict[str, str] = {
     "goodput_ratio": "share of requests that met every SLO term",
     "requests_measured": "requests in the statistics (warm-up excluded)",
     "requests_total": "all requests sent",
+    "requests_excluded_profiler": "requests overlapping the engine profiler's window, left out of the statistics",
+    "profiler_window_s": "length of the engine profiler's window excluded from the statistics (s)",
     "prompt_tokens_mean": "mean prompt tokens per request",
     "output_tokens_mean": "mean output tokens per request",
     "client_schedule_lag_p99_ms": "client send lateness vs the schedule, P99 (ms)",

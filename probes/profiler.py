@@ -115,7 +115,9 @@ class ProfilerProbe:
             t1 = time.monotonic_ns()
             detail["window_end_ns"] = t1
             code, text, err = await _post(session, ctx.target.url + "/stop_profile", {}, self.stop_timeout_s)
-            detail["stop_ms"] = round((time.monotonic_ns() - t1) / 1e6, 1)
+            t2 = time.monotonic_ns()
+            detail["stop_done_ns"] = t2  # the engine may be slowed until here (the frontend trace is written)
+            detail["stop_ms"] = round((t2 - t1) / 1e6, 1)
             if err is not None:
                 notes.append(f"/stop_profile: {err}")
             elif code is not None and code >= 300:
@@ -176,7 +178,8 @@ class ProfilerProbe:
             ctx.bundle.add_artifact(dest, kind, f"{self._engine(ctx)} profiler output ({role})", role=role,
                                     rank=rank, engine=self._engine(ctx), source_file=name,
                                     window_start_ns=detail.get("window_start_ns"),
-                                    window_end_ns=detail.get("window_end_ns"), iterations=self.iterations)
+                                    window_end_ns=detail.get("window_end_ns"),
+                                    stop_done_ns=detail.get("stop_done_ns"), iterations=self.iterations)
             if kind == "torch_trace":
                 copied.append(dest)
         detail["files"] = copied

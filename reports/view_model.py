@@ -233,18 +233,35 @@ def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
     thr = [{"signal": n, "label": lab, "value": v, "unit": u}
            for n, lab, u in THROUGHPUT if (v := _sig(signals, n)) is not None]
+    excluded = profiler_note(signals)
+    if excluded:
+        note = f"{excluded}; {note}" if note else excluded
     if not any(v is not None for r in rows for v in r["values"].values()):
         return {"rows": rows, "throughput": thr, "note": "not available: no latency signals and no requests table"}
     return {"rows": rows, "throughput": thr, "note": note}
 
 
+def profiler_note(signals: dict[str, Signal]) -> str:
+    """The window's requests left out because they overlapped the engine profiler's window, as a sentence."""
+    n = _sig(signals, "requests_excluded_profiler")
+    if not n:
+        return ""
+    length = _sig(signals, "profiler_window_s")
+    what = f"the profiler window ({length:.1f} s)" if length is not None else "the profiler window"
+    return (f"{int(n)} request{'s' if n != 1 else ''} overlapping {what} excluded from statistics "
+            "(the profiler slows the engine)")
+
+
 def _measured(requests: pd.DataFrame, phase: Any = None, exclude: frozenset[Any] = frozenset()) -> pd.DataFrame:
-    """Requests in the statistics: not warm-up, succeeded, of ``phase`` (or of every phase not excluded)."""
+    """Requests in the statistics: not warm-up, not overlapping the profiler window, succeeded, of ``phase``
+    (or of every phase not excluded)."""
     df = requests
     if phase is None and exclude and "phase" in df.columns:
         df = df[~df["phase"].isin(list(exclude))]
     if "warmup" in df.columns:
         df = df[~df["warmup"].fillna(False).astype(bool)]
+    if "profiled" in df.columns:
+        df = df[~df["profiled"].fillna(False).astype(bool)]
     if "ok" in df.columns:
         df = df[df["ok"].fillna(False).astype(bool)]
     if phase is not None and "phase" in df.columns:

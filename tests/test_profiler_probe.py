@@ -115,6 +115,9 @@ def test_collects_worker_and_frontend_traces_of_this_capture_only(tmp_path: Path
     worker = next(v for v in traces.values() if v["role"] == "worker")
     assert worker["rank"] == 0 and worker["iterations"] == 7
     assert worker["window_end_ns"] > worker["window_start_ns"]
+    # the stop's answer time closes the span the analysis excludes (docs/profiler-capture.md)
+    assert status.detail["stop_done_ns"] >= status.detail["window_end_ns"] == worker["window_end_ns"]
+    assert worker["stop_done_ns"] == status.detail["stop_done_ns"]
     data = gzip.decompress((b.path / worker["file"]).read_bytes())
     assert orjson.loads(data)["traceEvents"][0]["name"] == "aten::mm"
     assert any(v["kind"] == "torch_profiler_table" for v in arts.values())

@@ -10,7 +10,9 @@ Every metric is defined once, here, and in docs/metrics.md (same names):
               span = last end - first send of the window's measured requests
   error rate  failed / (ok + failed) (``incomplete`` = stopped by the capture, in neither)
   goodput     requests meeting every SLO term / span, and / all measured requests (failed ones never meet it)
-Percentiles: numpy linear interpolation (P50/P90/P95/P99), max. Warm-up requests are never in statistics.
+Percentiles: numpy linear interpolation (P50/P90/P95/P99), max. Warm-up requests are never in statistics,
+nor are requests overlapping the engine profiler's window (diagnose/profiler_window.py: the profiler slows
+the engine); with such a window the span is summed over the stretches of kept requests on either side of it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pandas as pd
 from diagnose.analysis import Section, Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal
+from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.signal_catalog import SIGNALS
 
 PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("max", 100))
@@ -37,7 +40,8 @@ REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "htt
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
                    "output_tokens_chunks", "n_chunks", "prompt_tokens", "prompt_tokens_planned",
                    "prompt_tokens_source", "output_tps_req", "schedule_lag_ms", "capped", "cached_tokens",
-                   "finish_reason", "trace_id", "span_id"]
+                   "finish_reason", "trace_id", "span_id", "profiled"]
+EXCLUDED_COLUMNS = ["reason", "start_s", "end_s"]
 
 
 def _f(v: Any) -> float:
@@ -48,6 +52,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     if not bundle.has_stream("requests"):
         return {}
     anchor = bundle.anchor_mono_ns
+    windows = profiler_windows(bundle.manifest)
     chunks = {r["rid"]: r for r in bundle.iter_records("chunks") if "rid" in r and isinstance(r.get("t_ns"), list)}
     rows = []
     gap_rid: list[Any] = []
@@ -93,8 +98,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             "schedule_lag_ms": (sent - intended) / 1e6 if not r.get("capped") else math.nan,
             "capped": bool(r.get("capped", False)), "cached_tokens": _f(r.get("cached_tokens")),
             "finish_reason": r.get("finish_reason"), "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
+            "profiled": overlaps(sent, end, windows),
         })
     out: dict[str, pd.DataFrame] = {"requests": pd.DataFrame(rows, columns=REQUEST_COLUMNS)}
+    out["client_excluded"] = pd.DataFrame([{"reason": "profiler", "start_s": (a - anchor) / 1e9,
+                                            "end_s": (b - anchor) / 1e9} for a, b in windows],
+                                          columns=EXCLUDED_COLUMNS)
     if gap_v:
         out["itl"] = pd.DataFrame({"rid": np.concatenate(gap_rid), "phase": np.concatenate(gap_phase),
                                    "t_s": np.concatenate(gap_t), "itl_ms": np.concatenate(gap_v),
@@ -172,13 +181,38 @@ def _level(p: dict[str, Any]) -> float | None:
     return None
 
 
+def _profiled(df: pd.DataFrame) -> pd.Series:
+    """Per request: overlaps the engine profiler's window (so it is left out of the statistics)."""
+    if "profiled" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["profiled"].fillna(False).astype(bool)
+
+
+def _span(kept: pd.DataFrame, excluded: pd.DataFrame | None) -> float:
+    """Last end - first send of the kept requests; with excluded windows (the profiler's), the sum of that
+    over the stretches of kept requests between them, so the excluded time is not in the denominator."""
+    if kept.empty:
+        return math.nan
+    if excluded is None or excluded.empty:
+        return float(kept["end_s"].max() - kept["sent_s"].min())
+    ends = np.sort(excluded["end_s"].to_numpy(dtype=float))
+    # a kept request overlaps no window: the windows before it are those that ended before its send
+    seg = np.searchsorted(ends, kept["sent_s"].to_numpy(dtype=float), side="left")
+    g = kept.assign(_seg=seg).groupby("_seg")
+    return float((g["end_s"].max() - g["sent_s"].min()).sum())
+
+
 def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
-                 slo: pd.DataFrame | None) -> dict[str, Signal]:
+                 slo: pd.DataFrame | None, excluded: pd.DataFrame | None = None) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
     w = _in_window(req, window)
     w = w[~w["warmup"].astype(bool)]
     if w.empty:
         return out
+    n_total = len(w)
+    prof = _profiled(w)
+    n_profiled = int(prof.sum())
+    w = w[~prof]
     done = w[w["error"].fillna("") != "incomplete"]
     ok = w[w["ok"].astype(bool)]
     rids = set(ok["rid"])
@@ -189,9 +223,16 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     sigs += _pct_signals("tpot", ok["tpot_ms"], PCTS[:4])
     sigs += _pct_signals("e2e", ok["e2e_ms"])
     sigs += _pct_signals("itl_req_mean", ok["itl_mean_ms"], (("p50", 50), ("p99", 99)))
-    span = float(w["end_s"].max() - w["sent_s"].min())
-    sigs.append(_sig("requests_total", len(w), "requests"))
+    span = _span(w, excluded)
+    sigs.append(_sig("requests_total", n_total, "requests"))
     sigs.append(_sig("requests_measured", len(ok), "requests"))
+    if n_profiled:
+        sigs.append(_sig("requests_excluded_profiler", n_profiled, "requests"))
+        if excluded is not None and not excluded.empty:
+            length = (excluded["end_s"] - excluded["start_s"]).to_numpy(dtype=float)
+            length = length[np.isfinite(length)]
+            if length.size:
+                sigs.append(_sig("profiler_window_s", float(length.sum()), "s"))
     if len(done):
         sigs.append(_sig("error_rate_ratio", (~done["ok"].astype(bool)).sum() / len(done), "ratio"))
         sigs.append(_sig("http_429_ratio", (done["error"] == "http_429").sum() / len(done), "ratio"))
@@ -242,20 +283,21 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if req is None or req.empty:
         return []
     itl = tables.get("itl", pd.DataFrame(columns=["rid", "phase", "t_s", "itl_ms", "tok"]))
-    out = _window_core(req, itl, window, tables.get("client_slo"))
+    out = _window_core(req, itl, window, tables.get("client_slo"), tables.get("client_excluded"))
     wl = tables.get("client_workload")
     if wl is not None and out:  # workload facts the rules read (from the manifest's workload spec)
         for name, value in zip(wl["name"], wl["value"], strict=True):
             out[name] = _sig(name, float(value), "requests" if name == "warmup_requests" else "ratio")
     _self_check(tables.get("client_health"), window, out)
     if window.phase is None:
-        _run_only(req, itl, tables.get("client_phases"), window, out)
+        _run_only(req, itl, tables.get("client_phases"), window, out, tables.get("client_excluded"))
     return list(out.values())
 
 
 def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None, window: Window,
-              out: dict[str, Signal]) -> None:
-    ok = req[req["ok"].astype(bool) & np.isfinite(req["ttft_ms"].to_numpy(dtype=float))].sort_values("sent_s")
+              out: dict[str, Signal], excluded: pd.DataFrame | None = None) -> None:
+    ok = req[req["ok"].astype(bool) & np.isfinite(req["ttft_ms"].to_numpy(dtype=float)) & ~_profiled(req)]
+    ok = ok.sort_values("sent_s")
     if len(ok):
         # cold start: the first requests of the capture's first phase (warm-up included) vs the rest of that
         # phase, so load differences between phases do not pass for coldness
@@ -273,8 +315,8 @@ def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None,
         return
     levels.sort(key=lambda p: _level(p) or 0.0)
     lo, hi = levels[0], levels[-1]
-    s_lo = _window_core(req, itl, Window(lo["start_s"], lo["end_s"], int(lo["phase"]), ""), None)
-    s_hi = _window_core(req, itl, Window(hi["start_s"], hi["end_s"], int(hi["phase"]), ""), None)
+    s_lo = _window_core(req, itl, Window(lo["start_s"], lo["end_s"], int(lo["phase"]), ""), None, excluded)
+    s_hi = _window_core(req, itl, Window(hi["start_s"], hi["end_s"], int(hi["phase"]), ""), None, excluded)
     out["sweep_levels"] = _sig("sweep_levels", len(levels), "levels")
     out["sweep_load_growth_ratio"] = _sig("sweep_load_growth_ratio", (_level(hi) or 0) / (_level(lo) or 1), "ratio")
     for key, name in (("ttft_p50_ms", "sweep_ttft_p50_growth_ratio"), ("itl_p50_ms", "sweep_itl_p50_growth_ratio"),
@@ -297,6 +339,9 @@ def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
         ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"), ("client_schedule_lag_p99_ms", "send lag P99", "ms"),
         ("client_cpu_max_percent", "client CPU max", "% of one core"),
         ("client_bound_ratio", "client was the bottleneck (1 = yes)", ""))]
+    if by.get("requests_excluded_profiler"):
+        rows.append(["requests overlapping the profiler window, excluded from statistics",
+                     int(by["requests_excluded_profiler"]), "requests"])
     itl = tables.get("itl")
     if itl is not None and not itl.empty:
         tok = _finite(itl["tok"])

@@ -10,7 +10,8 @@ Per joined request (client TTFT/E2E from the load probe's requests, ms):
   client+network = client TTFT - server TTFT        frontend = server TTFT - queue - prefill
   E2E:  client+network = client E2E - server E2E    frontend = server E2E - queue - prefill - decode
 Shares of TTFT are ratios of sums over the window's joined, successful, non-warm-up requests (so
-they add up to 1). Without client timings (observe mode, a span file) the shares are of server TTFT and
+they add up to 1); requests overlapping the engine profiler's window (column ``profiled``,
+diagnose/profiler_window.py) are left out of the signals and sections, like the client statistics. Without client timings (observe mode, a span file) the shares are of server TTFT and
 there is no client+network share.
 """
 
@@ -31,6 +32,7 @@ from diagnose.bundle import Bundle
 from diagnose.errors import InputError
 from diagnose.model import Signal
 from diagnose.normalize.otel_report import report_sections
+from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.signal_catalog import SIGNALS
 
 LAT = "gen_ai.latency."
@@ -41,7 +43,7 @@ SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "kind", "start_
 BREAKDOWN_COLUMNS = ["rid", "phase", "warmup", "ok", "trace_id", "matched", "t_s", "server_start_s",
                      "client_ttft_ms", "client_e2e_ms", "server_ttft_ms", "server_e2e_ms", "queue_ms", "prefill_ms",
                      "decode_ms", "frontend_ms", "client_network_ms", "e2e_frontend_ms", "e2e_client_network_ms",
-                     "pre_server_ms", "prompt_tokens", "completion_tokens"]
+                     "pre_server_ms", "prompt_tokens", "completion_tokens", "profiled"]
 _LAT_COLS = {"server_ttft_ms": "time_to_first_token", "server_e2e_ms": "e2e", "queue_ms": "time_in_queue",
              "prefill_ms": "time_in_model_prefill", "decode_ms": "time_in_model_decode",
              "inference_ms": "time_in_model_inference"}
@@ -57,7 +59,8 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     if not spans:
         return {}
     requests = list(bundle.iter_records("requests")) if bundle.has_stream("requests") else []
-    return build_tables(spans, requests, anchor_unix_ns=bundle.anchor_unix_ns, anchor_mono_ns=bundle.anchor_mono_ns)
+    return build_tables(spans, requests, anchor_unix_ns=bundle.anchor_unix_ns, anchor_mono_ns=bundle.anchor_mono_ns,
+                        windows=profiler_windows(bundle.manifest))
 
 
 def spans_table(spans: Iterable[dict[str, Any]], anchor_unix_ns: int) -> pd.DataFrame:
@@ -88,7 +91,9 @@ def _request_spans(spans: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_tables(spans: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], *, anchor_unix_ns: int,
-                 anchor_mono_ns: int) -> dict[str, pd.DataFrame]:
+                 anchor_mono_ns: int, windows: Sequence[tuple[float, float]] = ()) -> dict[str, pd.DataFrame]:
+    """``windows``: the profiler's excluded spans in CLOCK_MONOTONIC ns (diagnose/profiler_window.py)."""
+    rel = [((a - anchor_mono_ns) / 1e9, (b - anchor_mono_ns) / 1e9) for a, b in windows]
     st = spans_table(spans, anchor_unix_ns)
     server = _request_spans(st).set_index("trace_id", drop=False)
     rows: list[dict[str, Any]] = []
@@ -100,7 +105,7 @@ def build_tables(spans: Sequence[dict[str, Any]], requests: Sequence[dict[str, A
         row.update({"rid": r.get("rid"), "phase": r.get("phase", 0), "warmup": bool(r.get("warmup")),
                     "ok": bool(r.get("ok")), "trace_id": tid, "matched": False,
                     "t_s": (sent - anchor_mono_ns) / 1e9, "client_ttft_ms": (first - sent) / 1e6,
-                    "client_e2e_ms": (end - sent) / 1e6})
+                    "client_e2e_ms": (end - sent) / 1e6, "profiled": overlaps(sent, end, windows)})
         if isinstance(tid, str) and tid in server.index:
             seen.add(tid)
             _fill_server(row, server.loc[tid])
@@ -115,6 +120,7 @@ def build_tables(spans: Sequence[dict[str, Any]], requests: Sequence[dict[str, A
         row.update({"rid": None, "phase": None, "warmup": False, "ok": True, "trace_id": tid, "matched": False})
         _fill_server(row, sp)
         row["t_s"] = row["server_start_s"]
+        row["profiled"] = overlaps(row["t_s"], row["t_s"] + _num(row["server_e2e_ms"]) / 1e3, rel)
         rows.append(row)
     rb = pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
     rb["frontend_ms"] = rb["server_ttft_ms"] - rb["queue_ms"] - rb["prefill_ms"]
@@ -122,6 +128,7 @@ def build_tables(spans: Sequence[dict[str, Any]], requests: Sequence[dict[str, A
     rb["client_network_ms"] = rb["client_ttft_ms"] - rb["server_ttft_ms"]
     rb["e2e_client_network_ms"] = rb["client_e2e_ms"] - rb["server_e2e_ms"]
     rb["matched"] = rb["matched"].astype(bool)
+    rb["profiled"] = rb["profiled"].fillna(False).astype(bool)
     return {"spans": st, "request_breakdown": rb}
 
 
@@ -190,6 +197,8 @@ def _sig(name: str, value: float, unit: str, description: str = "",
 def in_window(rb: pd.DataFrame, window: Window) -> pd.DataFrame:
     t = rb["t_s"].to_numpy(dtype=float)
     sel = (t >= window.start_s) & (t <= window.end_s) & ~rb["warmup"].astype(bool).to_numpy()
+    if "profiled" in rb.columns:
+        sel &= ~rb["profiled"].astype(bool).to_numpy()
     if window.phase is not None:
         ph = pd.to_numeric(rb["phase"], errors="coerce").to_numpy(dtype=float)
         sel &= (ph == window.phase) | np.isnan(ph)
@@ -268,4 +277,9 @@ def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
     rb = tables.get("request_breakdown")
     if rb is None or rb.empty:
         return []
-    return report_sections(rb[~rb["warmup"].astype(bool)], joined(rb[~rb["warmup"].astype(bool)]))
+    keep = ~rb["warmup"].astype(bool)
+    n_profiled = 0
+    if "profiled" in rb.columns:
+        n_profiled = int((keep & rb["profiled"].astype(bool)).sum())
+        keep &= ~rb["profiled"].astype(bool)
+    return report_sections(rb[keep], joined(rb[keep]), excluded_profiled=n_profiled)

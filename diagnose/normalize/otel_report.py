@@ -38,7 +38,8 @@ def _bars(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...]) 
     return {"categories": cats, "series": series, "unit": "ms", "x_label": "time", "y_label": "request at"}
 
 
-def _share_table(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...], client: bool) -> dict[str, Any]:
+def _share_table(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...], client: bool,
+                 excluded_profiled: int = 0) -> dict[str, Any]:
     total = float(np.nansum(df[total_col].to_numpy(dtype=float)))
     rows: list[list[Any]] = []
     for name, col in parts:
@@ -52,6 +53,9 @@ def _share_table(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str],
     note = (f"{len(df)} requests. Share = sum of the part / sum of {what}. server frontend = server TTFT - queue - "
             "prefill (tokenisation, scheduling hand-off, detokenisation of the first token); client+network = client "
             "TTFT - server TTFT (sending, connection, streaming the first chunk back).")
+    if excluded_profiled:
+        note += (f" {excluded_profiled} request{'s' if excluded_profiled != 1 else ''} overlapping the profiler "
+                 "window excluded (the profiler slows the engine).")
     return {"columns": ["part", "mean ms", "P50 ms", "P99 ms", "share of TTFT"], "rows": rows, "note": note}
 
 
@@ -91,8 +95,9 @@ def _segments(r: pd.Series, client: bool, end: float) -> list[dict[str, Any]]:
     return segs
 
 
-def report_sections(rb: pd.DataFrame, joined: pd.DataFrame) -> list[Section]:
-    """Sections from the non-warm-up breakdown ``rb`` and its client-joined rows ``joined``."""
+def report_sections(rb: pd.DataFrame, joined: pd.DataFrame, excluded_profiled: int = 0) -> list[Section]:
+    """Sections from the non-warm-up breakdown ``rb`` and its client-joined rows ``joined``
+    (``excluded_profiled``: requests left out of both for overlapping the profiler window, for the note)."""
     client = len(joined) > 0
     df = joined if client else rb[np.isfinite(rb["server_ttft_ms"].to_numpy(dtype=float))]
     if df.empty:
@@ -105,7 +110,7 @@ def report_sections(rb: pd.DataFrame, joined: pd.DataFrame) -> list[Section]:
         Section("otel_ttft_decomposition", "TTFT decomposition by percentile (joined server spans)", "stacked_bars",
                 _bars(df, ttft_col, ttft_parts), group="latency", order=40),
         Section("otel_ttft_shares", "Where TTFT goes: queue vs prefill vs frontend", "table",
-                _share_table(df, ttft_col, ttft_parts, client), group="latency", order=41),
+                _share_table(df, ttft_col, ttft_parts, client, excluded_profiled), group="latency", order=41),
     ]
     e2e = df[np.isfinite(df[e2e_col].to_numpy(dtype=float))]
     if len(e2e):
