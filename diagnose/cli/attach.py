@@ -14,6 +14,7 @@ from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import Probe, Target
+from diagnose.realtime import RealtimePriority
 from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration, parse_slo
 
 
@@ -111,6 +112,11 @@ def _api_key(api_key_env: str | None) -> str | None:
 @click.option("--observe", is_flag=True, help="Send no requests: only observe a server carrying real traffic.")
 @click.option("--store-text", is_flag=True, help="Store prompt and output text in the bundle (off by default).")
 @click.option("--progress/--no-progress", default=None, help="Live progress line (default: only on a terminal).")
+@click.option("--realtime", is_flag=True,
+              help="Run the load client's event loop at real-time priority (SCHED_RR 1; needs root or "
+                   "CAP_SYS_NICE), so a CPU-bound engine on the same machine cannot starve it and invalidate the "
+                   "run. Threads and processes the capture starts inherit it (like chrt -r 1). If not permitted, "
+                   "the capture runs at normal priority and the bundle says so.")
 @click.option("--report", type=click.Path(path_type=Path), help="Also analyse the bundle into this HTML report.")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
@@ -134,13 +140,21 @@ def attach(**o: Any) -> None:
             ignore_eos=o["ignore_eos"], api=o["api"], shared_prefix=o["shared_prefix"], seed=o["seed"],
             timeout=o["timeout"], model=o["model"], store_text=o["store_text"])
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
-    code = asyncio.run(_attach(target, workload, out, o, slo))
+    # set on this thread before the loop starts, so every thread and process the capture starts inherits it
+    rt = RealtimePriority() if o["realtime"] else None
+    if rt is not None:
+        rt.apply()
+    try:
+        code = asyncio.run(_attach(target, workload, out, o, slo, rt))
+    finally:
+        if rt is not None:
+            rt.restore()
     if code:
         raise click.exceptions.Exit(code)
 
 
 async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: dict[str, Any],
-                  slo: dict[str, float]) -> int:
+                  slo: dict[str, float], rt: RealtimePriority | None = None) -> int:
     from diagnose.capture import check_target, run_capture
 
     def log(msg: str) -> None:
@@ -154,6 +168,10 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
         raise InputError(f"{target.url}/v1/models lists no model: pass --model")
     options = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"]),
                "metrics_interval_s": parse_duration(o["metrics_interval"]) if not o["no_metrics"] else None}
+    if rt is not None:
+        options["realtime"] = dict(rt.info)
+        if not rt.info["applied"]:
+            log(f"warning: {rt.info['reason']}")
     bundle = BundleWriter(out, overwrite=o["force"], options=options,
                           workload=workload.to_json() if workload else {"mode": "observe"},
                           target={"url": target.url, "engine": info.name, "engine_version": info.version,
@@ -165,6 +183,9 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
         duration = 30.0
     log(f"capturing {info.name} {info.version or ''} at {target.url} (model {target.model}) into {out}")
     result = await run_capture(bundle, target, probes, duration_s=duration, options=options, log=log)
+    if rt is not None:
+        rt.restore()  # the capture is over: the report below runs at normal priority
+        _note_realtime(bundle, result.statuses, rt.info)
     for name, st in sorted(result.statuses.items()):
         detail = f": {st.reason}" if st.reason else ""
         log(f"  {name:12} {st.state}{detail}")
@@ -181,6 +202,17 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
     if result.load_failed:
         return 1
     return 0
+
+
+def _note_realtime(bundle: BundleWriter, statuses: dict[str, ProbeStatus], info: dict[str, Any]) -> None:
+    """The load probe's status says whether its loop ran at real-time priority (and why not)."""
+    st = statuses.get("load")
+    if st is None:
+        return
+    reason = st.reason if info["applied"] else "; ".join(x for x in (st.reason, str(info["reason"])) if x)
+    st = ProbeStatus(st.name, st.state, reason, {**st.detail, "realtime": dict(info)})
+    statuses["load"] = st
+    bundle.set_probe_status(st)
 
 
 def build_probes(workload: WorkloadSpec | None, o: dict[str, Any], bundle: BundleWriter) -> list[Probe]:
@@ -219,5 +251,4 @@ def build_probes(workload: WorkloadSpec | None, o: dict[str, Any], bundle: Bundl
         from diagnose.probes.otel_export import OtlpExportProbe
 
         probes.append(OtlpExportProbe(endpoint=o["otlp_export"]))
-    _ = ProbeStatus  # statuses are recorded by the capture
     return probes

@@ -1,0 +1,69 @@
+"""``attach --realtime``: run the capture's event loop (the load client) at real-time scheduling priority.
+
+On a small machine a CPU-bound engine (vLLM's CPU backend, or anything saturating every core) starves the
+load client: its event loop wakes late, chunks are stamped late, and the client's self-check rightly
+declares the run invalid. SCHED_RR priority 1 puts the client ahead of every normal process while it has
+work, and it needs little CPU (about a tenth of a core), so it takes little from the engine. It is set on the
+calling thread before the capture's event loop starts, so threads and processes the capture starts later
+(executor threads, the metrics parser, py-spy) inherit it, exactly like ``chrt -r 1 diagnose attach``: a
+helper thread left at normal priority could hold the GIL while preempted and stall the loop.
+
+Setting it needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1. When it is not permitted the capture
+goes on at normal priority and the bundle says so (``options.realtime``, and the load probe's status). The
+previous policy is restored when the capture ends.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+POLICY = "SCHED_RR"
+PRIORITY = 1
+NOT_PERMITTED = "realtime requested but not permitted"
+
+
+class RealtimePriority:
+    """Holds the real-time policy on the calling thread between :meth:`apply` and :meth:`restore`.
+
+    ``info`` is what the bundle records: ``{requested, applied, policy, priority, reason}``.
+    """
+
+    def __init__(self, priority: int = PRIORITY) -> None:
+        self.priority = priority
+        self.info: dict[str, Any] = {"requested": True, "applied": False, "policy": POLICY, "priority": priority,
+                                     "reason": ""}
+        self._old: tuple[int, Any] | None = None
+
+    def apply(self) -> dict[str, Any]:
+        try:
+            old = os.sched_getscheduler(0), os.sched_getparam(0)
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(self.priority))
+        except AttributeError:
+            self.info["reason"] = f"{NOT_PERMITTED}: real-time scheduling is not available on this platform"
+        except PermissionError as e:
+            self.info["reason"] = (f"{NOT_PERMITTED}: {e.strerror or e} (needs root, CAP_SYS_NICE or an "
+                                   f"RLIMIT_RTPRIO of at least {self.priority}; running at normal priority)")
+        except OSError as e:
+            self.info["reason"] = f"{NOT_PERMITTED}: {e.strerror or e} (running at normal priority)"
+        else:
+            self._old = old
+            self.info["applied"] = True
+        return self.info
+
+    def restore(self) -> None:
+        """Back to the policy the thread had before :meth:`apply` (idempotent)."""
+        if self._old is None:
+            return
+        old, self._old = self._old, None
+        try:
+            os.sched_setscheduler(0, old[0], old[1])
+        except OSError as e:  # pragma: no cover - lowering one's own priority is always permitted on Linux
+            self.info["restore_error"] = str(e.strerror or e)
+
+    def __enter__(self) -> RealtimePriority:
+        self.apply()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
