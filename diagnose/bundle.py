@@ -52,6 +52,11 @@ def host_info() -> dict[str, Any]:
     return info
 
 
+def serialize_records(records: list[dict[str, Any]]) -> bytes:
+    """JSON lines of ``records``, as a stream file holds them."""
+    return b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
+
+
 class StreamWriter:
     """Appends JSON records to one stream file, one per line, flushed after every write."""
 
@@ -71,15 +76,18 @@ class StreamWriter:
             self.records += 1
 
     def write_many(self, records: list[dict[str, Any]]) -> None:
-        if not records:
-            return
-        data = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
+        if records:
+            self.write_serialized(serialize_records(records), len(records))
+
+    def write_serialized(self, data: bytes, n: int) -> None:
+        """Appends ``n`` records already turned into lines by :func:`serialize_records` (lets a caller
+        serialise on its own thread and leave only the file write to another)."""
         with self._lock:
             if self._fh is None:
                 return
             self._fh.write(data)
             self._fh.flush()
-            self.records += len(records)
+            self.records += n
 
     def close(self) -> None:
         with self._lock:
@@ -105,7 +113,6 @@ class BundleWriter:
         except OSError as e:
             raise BundleError(f"cannot create bundle directory {self.path}: {e.strerror or e}") from e
         self._lock = threading.RLock()
-        self._stream_lock = threading.Lock()
         self._streams: dict[str, StreamWriter] = {}
         unix_ns = time.time_ns()
         mono_ns = time.monotonic_ns()
@@ -173,7 +180,9 @@ class BundleWriter:
         with self._lock:
             sw = self._streams.get(name)
             if sw is None:
-                sw = StreamWriter(self.path / f"{name}.jsonl", self._stream_lock)
+                # a lock per stream: a slow write to one stream (the load probe writes its chunk records
+                # from an I/O thread) never holds up a writer of another
+                sw = StreamWriter(self.path / f"{name}.jsonl", threading.Lock())
                 self._streams[name] = sw
                 self.manifest["streams"][name] = {"file": f"{name}.jsonl", "description": description, "records": 0}
                 self.write_manifest()

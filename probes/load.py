@@ -21,6 +21,7 @@ import os
 import random
 import secrets
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -30,12 +31,14 @@ from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
 
+from diagnose.bundle import StreamWriter, serialize_records
 from diagnose.model import ProbeStatus
 from diagnose.workload import Phase, WorkloadSpec
 
 CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
 STOP_GRACE_S = 5.0  # after an outside stop, in-flight requests get this long before being cancelled
+FLUSH_SLICE = 4  # chunk records serialised per event-loop turn by the periodic flush (~0.1-0.3 ms at 256 tokens)
 
 
 class LoadProbe:
@@ -89,17 +92,50 @@ class _LoadRun:
         self.w_chunks = ctx.bundle.stream("chunks", "content-chunk arrival times and tokens per request")
         self.w_phases = ctx.bundle.stream("phases", "one record per workload phase (sweep level)")
         self.w_health = ctx.bundle.stream("client_health", "load client self-check samples every 0.1 s")
-        self.monitor = Monitor(self.stats, self.client.in_flight, self.w_health.write, self.flush, progress)
+        self.monitor = Monitor(self.stats, self.client.in_flight, self.w_health.write, self.flush_soon, progress)
+        self._flush_scheduled = False
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnose-load-io")
+        self._io_last: Future[None] | None = None
         self.notes: dict[str, Any] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def flush(self) -> None:
-        if self._req_buf:
-            buf, self._req_buf = self._req_buf, []
-            self.w_requests.write_many(buf)
-        if self._chunk_buf:
-            buf, self._chunk_buf = self._chunk_buf, []
-            self.w_chunks.write_many(buf)
+        """Writes every buffered record now and waits until it is on disk (end of a phase or of the run,
+        cancellation)."""
+        for buf, w in ((self._req_buf, self.w_requests), (self._chunk_buf, self.w_chunks)):
+            if buf:
+                self._write(w, buf[:])
+                buf.clear()
+        if self._io_last is not None:
+            self._io_last.result()  # a write error (disk full) surfaces here
+            self._io_last = None
+
+    def flush_soon(self) -> None:
+        """The periodic flush: serialised in slices of ``FLUSH_SLICE`` records per event-loop turn, written
+        by an I/O thread.
+
+        Requests that finish together (a closed-loop wave) leave hundreds of chunk records whose
+        serialisation takes 5-10 ms at concurrency 256; done in one go, that stall delays every chunk
+        arriving meanwhile and was the TTFT error P99 (benchmarks/results/client_bench.md). Between slices
+        the loop polls the sockets, so no stamp waits for more than one slice; the file write itself (which
+        can block for ms when the kernel throttles writers) runs on the I/O thread and releases the GIL."""
+        if not self._flush_scheduled and (self._req_buf or self._chunk_buf):
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_slice)
+
+    def _flush_slice(self) -> None:
+        self._flush_scheduled = False
+        for buf, w, n in ((self._chunk_buf, self.w_chunks, FLUSH_SLICE),
+                          (self._req_buf, self.w_requests, FLUSH_SLICE * 4)):
+            if buf:
+                self._write(w, buf[:n])
+                del buf[:n]
+        self.flush_soon()
+
+    def _write(self, w: StreamWriter, records: list[dict[str, Any]]) -> None:
+        """Serialises here (orjson holds the GIL: on another thread it would stall this loop anyway) and
+        queues the bytes for the single I/O thread, which keeps them in order."""
+        self._io_last = self._io.submit(w.write_serialized, serialize_records(records), len(records))
 
     def _status(self, interrupted: bool) -> ProbeStatus:
         ok, failed = self.counts["ok"], sum(v for k, v in self.counts.items() if k not in ("ok", "incomplete"))
@@ -367,7 +403,10 @@ class _LoadRun:
             return self._status(interrupted)
         finally:
             await self.monitor.stop()
-            self.flush()
+            try:
+                self.flush()
+            finally:
+                self._io.shutdown(wait=True)
             gc.unfreeze()
             if gc_thresholds is not None:
                 gc.set_threshold(*gc_thresholds)
