@@ -11,7 +11,7 @@ to it either way.
 
 Uniqueness: after the shared prefix (``shared_prefix_fraction`` of the words, the same for every request),
 each prompt starts with its request number written in base-K digits using the word list itself, then
-seeded random words. Prefix caching therefore cannot hit beyond the shared prefix.
+seeded random words (a window of one seeded pool). Prefix caching therefore cannot hit beyond the shared prefix.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ _WORDS = (
 )
 CANDIDATES = tuple(_WORDS.split())
 ID_DIGITS = 5  # request numbers up to K**5 are unique (K >= 16: over a million)
+FILL_POOL = 1 << 16  # words in the seeded pool the prompts' random filler is cut from
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,13 @@ class PromptFactory:
         n_shared = min(int(round(self.shared_fraction * n)), n - ID_DIGITS)
         rng = random.Random(f"shared-{self.seed}")
         self._shared = rng.choices(self.words, k=max(0, n_shared))
+        # The random filler comes from one seeded pool, each prompt a window of it: seeding a generator
+        # per prompt cost ~40 us, and a closed loop's wave makes hundreds of prompts in one event-loop
+        # turn (a 10 ms stall at concurrency 256 that delayed every chunk arriving meanwhile).
+        self._n_fill = max(0, n - len(self._shared) - ID_DIGITS)
+        pool_rng = random.Random(f"fill-{self.seed}")
+        self._pool = pool_rng.choices(self.words, k=max(FILL_POOL, 2 * self._n_fill + 1))
+        self._prefix = " " + " ".join(self._shared) + " " if self._shared else " "
 
     def planned_tokens(self) -> int:
         return self.base + round(self._n_words() * self.per_word)
@@ -77,15 +85,14 @@ class PromptFactory:
     def make(self, i: int) -> Prompt:
         words = self.words
         k = len(words)
-        n = self._n_words()
         ident = []
         v = i
         for _ in range(ID_DIGITS):
             ident.append(words[v % k])
             v //= k
-        rng = random.Random(self.seed * 1_000_003 + i)
-        fill = rng.choices(words, k=max(0, n - len(self._shared) - ID_DIGITS))
-        text = " " + " ".join(self._shared + ident + fill)
+        m = self._n_fill
+        start = (i * 2_654_435_761) % (len(self._pool) - m)  # Knuth's multiplicative hash: spread windows
+        text = self._prefix + " ".join(ident + self._pool[start:start + m])
         return Prompt(text=text, tokens=self.planned_tokens(), source=self.source)
 
     # -- calibration against the server ---------------------------------------------------------
