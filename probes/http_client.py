@@ -50,9 +50,27 @@ class HttpClient:
         self.stall_timeout_ns = int((stall_timeout_s or request_timeout_s) * 1e9)
         self.continuous_usage = False
         self.store_text = False
+        # bytes read but not yet parsed, with their arrival stamps (see SseConnection.data_received)
+        self.rx_pending: list[tuple[SseConnection, int, bytes]] = []
+        self.rx_scheduled = False
+        self._call_soon: Callable[..., Any] | None = None
         self._idle: deque[SseConnection] = deque()
         self._busy: set[SseConnection] = set()
         self._watchdog: asyncio.Task[None] | None = None
+
+    # -- reads -------------------------------------------------------------------------------
+    def schedule_rx(self) -> None:
+        if self._call_soon is None:  # looked up once: asyncio.get_running_loop() costs a getpid() per call
+            self._call_soon = asyncio.get_running_loop().call_soon
+        self.rx_scheduled = True
+        self._call_soon(self.drain_rx)
+
+    def drain_rx(self) -> None:
+        """Parses every read stamped since the last turn, in arrival order."""
+        self.rx_scheduled = False
+        pending, self.rx_pending = self.rx_pending, []
+        for conn, t, data in pending:
+            conn._on_data(data, t)
 
     # -- pool --------------------------------------------------------------------------------
     async def _connect(self) -> SseConnection:
@@ -194,5 +212,8 @@ class HttpClient:
                 c.transport.close()
         self._idle.clear()
         self._busy.clear()
+        self.rx_pending.clear()
+        self.rx_scheduled = False
+        self._call_soon = None  # a later run may use another event loop
         if self._watchdog is not None:
             self._watchdog.cancel()

@@ -30,6 +30,8 @@ now_ns = time.monotonic_ns
 
 _TEXT = b'"text":"'
 _CONTENT = b'"content":"'
+_TEXT_EMPTY = _TEXT + b'"'  # an empty content string: not a token
+_CONTENT_EMPTY = _CONTENT + b'"'
 _REASONING = (b'"reasoning_content":"', b'"reasoning":"')
 _FINISH = b'"finish_reason":"'
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -83,8 +85,6 @@ class SseConnection(asyncio.Protocol):
         self.retry = False
         self.expect_sse = True
         self.content_type = ""
-        self._pending: list[tuple[int, bytes]] = []
-        self._drain_scheduled = False
         self._reset_parser()
 
     def _reset_parser(self) -> None:
@@ -102,8 +102,8 @@ class SseConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._pending:
-            self._drain()  # bytes that arrived before the close come first
+        if self.client.rx_pending:
+            self.client.drain_rx()  # bytes that arrived before the close come first
         self.closed = True
         if self.res is not None and self.fut is not None and not self.fut.done():
             if self.head_done and not self.chunked and self.remaining < 0:
@@ -114,22 +114,17 @@ class SseConnection(asyncio.Protocol):
                 self._fail("reset", f"connection closed mid-response ({exc or 'EOF'})")
 
     def data_received(self, data: bytes) -> None:
-        # Stamp now, parse on the next loop turn. When many sockets become readable in one poll (a closed
-        # loop's synchronized wave: hundreds of first chunks at once) every stamp is then taken before any
-        # parsing, so the last socket's stamp is not late by the parsing of all the others. Pieces of one
-        # connection are parsed in arrival order, each with its own stamp.
+        # Stamp now, parse on the next loop turn (HttpClient.drain_rx, one callback per turn for all
+        # connections). When many sockets become readable in one poll (a closed loop's synchronized wave:
+        # hundreds of first chunks at once) every stamp is then taken before any parsing, so the last
+        # socket's stamp is not late by the parsing of all the others. Pieces of one connection are parsed
+        # in arrival order, each with its own stamp.
         t = now_ns()
         self.last_ns = t
-        self._pending.append((t, data))
-        if not self._drain_scheduled:
-            self._drain_scheduled = True
-            asyncio.get_running_loop().call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        pending, self._pending = self._pending, []
-        for t, data in pending:
-            self._on_data(data, t)
+        client = self.client
+        client.rx_pending.append((self, t, data))
+        if not client.rx_scheduled:
+            client.schedule_rx()
 
     def _on_data(self, data: bytes, t: int) -> None:
         if self.res is None:
@@ -252,23 +247,35 @@ class SseConnection(asyncio.Protocol):
         usage chunk, a finish reason, [DONE], an error, an uneven token count) returns False and the read
         takes the event-by-event path."""
         k = data.count(b"data: ")
-        if k == 0 or data.count(b"\n\n\r\n") != k or b"[DONE]" in data or b'"finish_reason":"' in data:
+        if k == 0 or data.count(b"\n\n\r\n") != k or b'"finish_reason":"' in data or b"[DONE]" in data:
             return False
-        key = _TEXT if data.count(_TEXT) == k else _CONTENT if data.count(_CONTENT) == k else None
-        if key is None or key + b'"' in data or b'"error"' in data:
+        n_text = data.count(_TEXT)
+        if n_text == k:
+            empty = _TEXT_EMPTY
+        elif n_text == 0 and data.count(_CONTENT) == k:
+            empty = _CONTENT_EMPTY
+        else:
+            return False
+        if empty in data or b'"error"' in data:
             return False
         res = self.res
         assert res is not None
         if self.client.continuous_usage:
             j = data.rfind(b'"completion_tokens":')
-            if j < 0:
-                return False
-            m = _COMPLETION_TOKENS.match(data, j)
-            if m is None or int(m.group(1)) - res.cum_tokens != k or data.count(b'"completion_tokens":') != k:
-                return False  # some chunk carries several tokens: count them one by one
-            res.cum_tokens += k
-        res.t_ns.extend([t] * k)
-        res.tok.extend([1] * k)
+            # j < 0: the server accepted continuous_usage_stats but sends no usage on content chunks; each
+            # chunk then counts as one token, as in the event-by-event path
+            if j >= 0:
+                m = _COMPLETION_TOKENS.match(data, j)
+                if (m is None or int(m.group(1)) - res.cum_tokens != k
+                        or data.count(b'"completion_tokens":') != k):
+                    return False  # some chunk carries several tokens: count them one by one
+                res.cum_tokens += k
+        if k == 1:  # a read of one chunk: the usual case when tokens come slower than the client reads
+            res.t_ns.append(t)
+            res.tok.append(1)
+        else:
+            res.t_ns.extend([t] * k)
+            res.tok.extend([1] * k)
         return True
 
     def _payload(self, data: bytes, t: int) -> None:

@@ -218,3 +218,38 @@ def test_api_key_text_storage_and_capped_open_loop(tmp_path: Path) -> None:
     assert sum(r["capped"] for r in recs) >= 5  # 500/s asked, 2 in flight allowed: most arrivals wait
     for f in (tmp_path / "b").rglob("*"):  # the key is never written to disk
         assert not f.is_file() or b"sk-test-123" not in f.read_bytes()
+
+
+def test_periodic_flush_is_sliced_and_the_final_flush_keeps_order(tmp_path: Path) -> None:
+    """A wave of finished requests is serialised a few records per event-loop turn (so chunk stamps are
+    never held up by one long write), written in order by the I/O thread, and all on disk after flush()."""
+    from diagnose.probes.load import FLUSH_SLICE, _LoadRun
+
+    async def go() -> list[int]:
+        bw = BundleWriter(tmp_path / "b")
+        ctx = CaptureContext(bundle=bw, target=Target(url="http://127.0.0.1:1"), stop=asyncio.Event())
+        run = _LoadRun(spec_for("1"), ctx, progress=False)
+        n = FLUSH_SLICE * 10 + 3
+        run._chunk_buf.extend({"rid": f"r{i}", "t_ns": list(range(256)), "tok": [1] * 256} for i in range(n))
+        run.flush_soon()
+        await asyncio.sleep(0)  # one slice per loop turn
+        left = [len(run._chunk_buf)]
+        await asyncio.sleep(0)
+        left.append(len(run._chunk_buf))
+        run.flush()
+        run._io.shutdown(wait=True)
+        await run.client.close()
+        bw.finish()
+        return [n, *left]
+
+    n, after1, after2 = asyncio.run(go())
+    assert after1 == n - FLUSH_SLICE and after2 == n - 2 * FLUSH_SLICE
+    rids = [r["rid"] for r in open_bundle(tmp_path / "b").records("chunks")]
+    assert rids == [f"r{i}" for i in range(n)]
+
+
+def test_prompts_are_deterministic_per_seed() -> None:
+    a, b, c = PromptFactory(64, seed=5), PromptFactory(64, seed=5), PromptFactory(64, seed=6)
+    assert [a.make(i).text for i in range(50)] == [b.make(i).text for i in range(50)]
+    assert a.make(7).text != c.make(7).text
+    assert all(len(a.make(i).text.split()) == a.planned_tokens() - a.base for i in range(50))

@@ -88,3 +88,32 @@ def test_batched_read_shares_its_timestamp_and_keeps_order() -> None:
     res = feed(stream([1] * 24, True), True, "batched")
     assert res.t_ns == sorted(res.t_ns)
     assert len(set(res.t_ns)) <= 5  # 24 content events in 4-5 reads
+
+
+def test_continuous_usage_accepted_but_absent_takes_the_fast_path() -> None:
+    """A server that accepts stream_options.continuous_usage_stats but sends no usage on content chunks (the
+    truth server, older engines): each chunk is one token, counted by the whole-read fast path rather than
+    falling through to the event-by-event parser on every read (the cost that made the client lag)."""
+    async def go() -> tuple[StreamResult, int]:
+        client = HttpClient("http://127.0.0.1:1")
+        client.continuous_usage = True
+        conn = SseConnection(client)
+        res = StreamResult()
+        conn.res, conn.fut = res, asyncio.get_running_loop().create_future()
+        slow = 0
+        orig = conn._payload
+
+        def counting(data: bytes, t: int) -> None:
+            nonlocal slow
+            slow += 1
+            orig(data, t)
+
+        conn._payload = counting  # type: ignore[method-assign]
+        for p in [HEAD, *stream([1] * 20, cont=False)]:
+            conn.data_received(p)
+        await asyncio.sleep(0)
+        return res, slow
+
+    res, slow = asyncio.run(go())
+    assert res.ok and res.tok == [1] * 20 and len(res.t_ns) == 20
+    assert slow == 3  # only the finishing chunk, the usage chunk and [DONE]
