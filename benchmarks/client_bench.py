@@ -104,6 +104,53 @@ async def _aiohttp_worker(url: str, c: int, seconds: float, out_tokens: int) -> 
     return {"client": "aiohttp", "output_tps": tokens / span, "requests": len(first_sent)}
 
 
+async def _raw_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
+    """The floor: a minimal raw asyncio.Protocol client (no parsing beyond finding the first event and the
+    end of the body), the kind the truth server's README measured at ~1.4 ms TTFT P99 error. Run in the same
+    conditions as diagnose, it shows how much of diagnose's error is the machine's rather than the client's."""
+    import orjson
+
+    host, port = url.split("//", 1)[1].split(":")
+    loop = asyncio.get_running_loop()
+    rows: list[dict[str, Any]] = []
+    stop = time.monotonic() + seconds
+
+    class Proto(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.fut: asyncio.Future[None] | None = None
+            self.first = 0
+            self.tail = b""
+
+        def data_received(self, data: bytes) -> None:
+            t = time.monotonic_ns()
+            if not self.first and b"data: {" in data:
+                self.first = t
+            self.tail = (self.tail + data)[-7:]
+            if self.tail.endswith(b"\r\n0\r\n\r\n") and self.fut is not None and not self.fut.done():
+                self.fut.set_result(None)
+
+    body_base = {"model": "tiny-llama", "max_tokens": out_tokens, "stream": True, "ignore_eos": True}
+
+    async def worker(i: int) -> None:
+        transport, proto = await loop.create_connection(Proto, host, int(port))
+        k = 0
+        while time.monotonic() < stop:
+            rid = f"raw-{i}-{k}"
+            body = orjson.dumps(dict(body_base, prompt=f"{i} {k} " + "hello " * 120))
+            k += 1
+            req = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nx-request-id: {rid}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+            proto.fut, proto.first, proto.tail = loop.create_future(), 0, b""
+            t0 = time.monotonic_ns()
+            transport.write(req)
+            await proto.fut
+            rows.append({"rid": rid, "sent_ns": t0, "first_ns": proto.first})
+
+    await asyncio.gather(*(worker(i) for i in range(c)))
+    return {"client": "raw", "requests": len(rows), "rows": rows, "client_cpu_max_percent": float("nan"),
+            "client_loop_lag_p99_ms": float("nan"), "client_bound_ratio": float("nan")}
+
+
 def worker_main(args: argparse.Namespace) -> None:
     import uvloop
 
@@ -111,7 +158,7 @@ def worker_main(args: argparse.Namespace) -> None:
         import gc
 
         gc.disable()
-    fn = _diagnose_worker if args.worker == "diagnose" else _aiohttp_worker
+    fn = {"diagnose": _diagnose_worker, "aiohttp": _aiohttp_worker, "raw": _raw_worker}[args.worker]
     res = uvloop.run(fn(args.url, args.concurrency, args.seconds, args.output_tokens))
     print(json.dumps(res))
 
@@ -212,7 +259,7 @@ def fidelity(truth: dict[str, Any], rows: list[dict[str, Any]], first_wave: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", choices=["diagnose", "aiohttp"])
+    ap.add_argument("--worker", choices=["diagnose", "aiohttp", "raw"])
     ap.add_argument("--url", default="")
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -228,7 +275,9 @@ def main() -> None:
                     help="run server and clients at this nice value (e.g. -15 on a machine shared with other work)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-aiohttp", action="store_true")
+    ap.add_argument("--skip-raw", action="store_true", help="no minimal-client (floor) fidelity runs")
     ap.add_argument("--fidelity-only", action="store_true", help="skip the capacity runs")
+    ap.add_argument("--fidelity-reps", type=int, default=3, help="fidelity runs (each a fresh client process)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/client_bench.md"))
     args = ap.parse_args()
     if args.worker:
@@ -272,24 +321,32 @@ def main() -> None:
                                       args.seconds, args.output_tokens)
                 cap["aiohttp"].append(a)
                 print(f"rep {rep} aiohttp {a['output_tps']:.0f} tok/s", file=sys.stderr)
-        _post(url + "/truth/reset", {})
-        _post(url + "/truth/config", {"ttft_ms": 50, "itl_ms": 5})
-        f = _run_worker("diagnose", url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
-        truth = _get(url + "/truth")
-        if os.environ.get("CLIENT_BENCH_DUMP"):  # raw rows + truth for a closer look
-            Path(os.environ["CLIENT_BENCH_DUMP"]).write_text(json.dumps({"rows": f["rows"], "truth": truth}))
-        fid = fidelity(truth, f.pop("rows"), args.concurrency)
-        print(f"fidelity {fid}", file=sys.stderr)
+        fids: list[tuple[dict[str, float], dict[str, Any]]] = []
+        floor: list[dict[str, float]] = []
+        for rep in range(args.fidelity_reps):
+            for kind in ("diagnose", *(() if args.skip_raw else ("raw",))):
+                _post(url + "/truth/reset", {})
+                _post(url + "/truth/config", {"ttft_ms": 50, "itl_ms": 5})
+                f = _run_worker(kind, url, args.client_core, args.concurrency, args.seconds, args.output_tokens)
+                truth = _get(url + "/truth")
+                if os.environ.get("CLIENT_BENCH_DUMP"):  # raw rows + truth for a closer look
+                    Path(f"{os.environ['CLIENT_BENCH_DUMP']}.{kind}.{rep}").write_text(
+                        json.dumps({"rows": f["rows"], "truth": truth}))
+                fid = fidelity(truth, f.pop("rows"), args.concurrency)
+                if kind == "raw":
+                    floor.append(fid)
+                else:
+                    fids.append((fid, f))
+                print(f"fidelity {kind} {fid}", file=sys.stderr)
     finally:
         srv.terminate()
         srv.wait(10)
-    write_report(Path(args.out), args, cap, fid, f)
+    write_report(Path(args.out), args, cap, fids, floor)
 
 
-def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[str, Any]]], fid: dict[str, float],
-                 frun: dict[str, Any]) -> None:
+def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[str, Any]]],
+                 fids: list[tuple[dict[str, float], dict[str, Any]]], floor: list[dict[str, float]]) -> None:
     med = {k: statistics.median([x["output_tps"] for x in v]) for k, v in cap.items() if v}
-    fid = {k: (v if v == v else float("nan")) for k, v in fid.items()}
     lines = [
         "# Load-client benchmark (benchmarks/client_bench.py)", "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; truth server on core "
@@ -300,7 +357,7 @@ def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[s
         f"scheduler autogroup of the run: `{args.autogroup}`.",
         "", "Command: `python benchmarks/client_bench.py --out " + str(out.relative_to(ROOT) if out.is_relative_to(ROOT)
                                                                else out) + f" --reps {args.reps}"
-        + (f" --nice {args.nice}" if args.nice else "") + "`", "",
+        + (f" --nice {args.nice}" if args.nice else "") + f" --fidelity-reps {args.fidelity_reps}`", "",
         "## Capacity (truth TTFT = ITL = 0): streamed output tokens/s", "",
         "| client | runs (tok/s) | median | ratio vs vLLM bench serve | server CPU per token (runs) |",
         "|---|---|---|---|---|"]
@@ -322,20 +379,39 @@ def write_report(out: Path, args: argparse.Namespace, cap: dict[str, list[dict[s
             f"client_bound {x['client_bound_ratio']:.0f}" for x in dd)]
     lines += ["", "## Fidelity (truth TTFT 50 ms / ITL 5 ms, concurrency "
               f"{args.concurrency}): diagnose TTFT minus true TTFT, after the first wave", "",
-              "| matched requests | error P50 | error P99 | error max | client CPU max | loop lag P99 | client_bound |",
-              "|---|---|---|---|---|---|---|",
-              f"| {fid['matched']} | {fid['ttft_err_p50_ms']:.3f} ms | {fid['ttft_err_p99_ms']:.3f} ms | "
-              f"{fid['ttft_err_max_ms']:.3f} ms | {frun['client_cpu_max_percent']:.0f}% | "
-              f"{frun['client_loop_lag_p99_ms']:.2f} ms | {frun['client_bound_ratio']:.0f} |", "",
-              "Where the error arises (both processes stamp CLOCK_MONOTONIC): request path = client send stamp to "
+              f"{len(fids)} runs, each a fresh client process against the same server.", "",
+              "| run | matched requests | error P50 | error P99 | error max | client CPU max | loop lag P99 | "
+              "client_bound |", "|---|---|---|---|---|---|---|---|"]
+    for i, (fid, frun) in enumerate(fids):
+        lines.append(f"| {i + 1} | {fid['matched']} | {fid['ttft_err_p50_ms']:.3f} ms | {fid['ttft_err_p99_ms']:.3f} ms | "
+                     f"{fid['ttft_err_max_ms']:.3f} ms | {frun['client_cpu_max_percent']:.0f}% | "
+                     f"{frun['client_loop_lag_p99_ms']:.2f} ms | {frun['client_bound_ratio']:.0f} |")
+    if fids:
+        lines.append(f"| median | | {statistics.median(f['ttft_err_p50_ms'] for f, _ in fids):.3f} ms | "
+                     f"{statistics.median(f['ttft_err_p99_ms'] for f, _ in fids):.3f} ms | "
+                     f"{statistics.median(f['ttft_err_max_ms'] for f, _ in fids):.3f} ms | | | |")
+    if floor:
+        lines += ["", "The floor: a minimal raw asyncio.Protocol client (`--worker raw`: stamps the first event, "
+                  "finds the end of the body, nothing else), run right after each diagnose run above, same server, "
+                  "same core. What it shows is the machine's own share of the error.", "",
+                  "| run | error P50 | error P99 | error max | diagnose P99 - floor P99 |", "|---|---|---|---|---|"]
+        for i, fl in enumerate(floor):
+            diff = fids[i][0]["ttft_err_p99_ms"] - fl["ttft_err_p99_ms"] if i < len(fids) else float("nan")
+            lines.append(f"| {i + 1} | {fl['ttft_err_p50_ms']:.3f} ms | {fl['ttft_err_p99_ms']:.3f} ms | "
+                         f"{fl['ttft_err_max_ms']:.3f} ms | {diff:+.3f} ms |")
+        lines.append(f"| median | {statistics.median(f['ttft_err_p50_ms'] for f in floor):.3f} ms | "
+                     f"{statistics.median(f['ttft_err_p99_ms'] for f in floor):.3f} ms | "
+                     f"{statistics.median(f['ttft_err_max_ms'] for f in floor):.3f} ms | |")
+    lines += ["", "Where the error arises (both processes stamp CLOCK_MONOTONIC): request path = client send stamp to "
               "the server having the whole request; response path = the server writing the first chunk to the "
               "client stamping it.", "",
-              "| part | P50 | P99 | max |", "|---|---|---|---|",
-              *(f"| {lab} | {fid[k + '_p50_ms']:.3f} ms | {fid[k + '_p99_ms']:.3f} ms | {fid[k + '_max_ms']:.3f} ms |"
-                for k, lab in (("request_path", "request path"), ("response_path", "response path"))), ""]
+              "| run | request path P50 / P99 / max | response path P50 / P99 / max |", "|---|---|---|",
+              *(f"| {i + 1} | " + " | ".join(
+                  " / ".join(f"{fid[k + s]:.3f}" for s in ("_p50_ms", "_p99_ms", "_max_ms")) + " ms"
+                  for k in ("request_path", "response_path")) + " |" for i, (fid, _) in enumerate(fids)), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"capacity": cap, "fidelity": fid}, indent=1) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"capacity": cap, "fidelity": [f for f, _ in fids], "fidelity_floor": floor}, indent=1) + "\n")
     print("\n".join(lines))
 
 
