@@ -389,7 +389,7 @@ class _LoadRun:
             gc.freeze()  # set-up objects never need scanning again: shorter GC pauses while streaming
             # Full (oldest-generation) collections scan every live object and stall the loop for several
             # ms at high concurrency, which shows up as late first-chunk stamps (TTFT error P99 12.5 ms vs
-            # 6 ms with the collector off, benchmarks/results/client_bench_quiet.md). Young generations
+            # 6 ms with the collector off, benchmarks/results/client_bench_summary.md). Young generations
             # still collect short-lived cycles; the old generation is collected when the run ends.
             gc_thresholds = gc.get_threshold()
             gc.set_threshold(gc_thresholds[0], gc_thresholds[1], 1_000_000)
