@@ -343,18 +343,8 @@ class SseConnection(asyncio.Protocol):
                 i += 8
             if i >= 0:
                 if payload[i] != 34:  # non-empty string value: a content chunk
-                    res = self.res
-                    assert res is not None
-                    n = 1
-                    if self.client.continuous_usage:
-                        m = _COMPLETION_TOKENS.search(payload)
-                        if m is not None:
-                            cum = int(m.group(1))
-                            n = cum - res.cum_tokens if cum > res.cum_tokens else 1
-                            res.cum_tokens = cum
-                    res.t_ns.append(t)
-                    res.tok.append(n)
-                if payload.find(_FINISH, i) >= 0:
+                    self._content_chunk(payload, t)  # takes the finish reason too
+                elif payload.find(_FINISH, i) >= 0:
                     self._finish_reason(payload)
                 return
         self._slow_event(payload, t)
