@@ -10,9 +10,10 @@ Per joined request (client TTFT/E2E from the load probe's requests, ms):
   client+network = client TTFT - server TTFT        frontend = server TTFT - queue - prefill
   E2E:  client+network = client E2E - server E2E    frontend = server E2E - queue - prefill - decode
 Shares of TTFT are ratios of sums over the window's joined, successful, non-warm-up requests (so
-they add up to 1); requests overlapping the engine profiler's window (column ``profiled``,
-diagnose/profiler_window.py) are left out of the signals and sections, like the client statistics. Without client timings (observe mode, a span file) the shares are of server TTFT and
-there is no client+network share.
+they add up to 1). Requests overlapping the engine profiler's window (column ``profiled``,
+diagnose/profiler_window.py) are left out of the signals and sections, like the client statistics.
+Without client timings (observe mode, a span file) the shares are of server TTFT and there is no
+client+network share.
 """
 
 from __future__ import annotations
