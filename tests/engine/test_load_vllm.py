@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +14,18 @@ from diagnose.probes.load import LoadProbe
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import client as norm
+from diagnose.realtime import RealtimePriority
 from diagnose.workload import WorkloadSpec, build_phases
 
 pytestmark = pytest.mark.engine
 
 
-@contextlib.contextmanager
-def _realtime() -> Iterator[None]:
+def _realtime() -> RealtimePriority:
     """The CPU engine saturates both cores of the test machine and starves the client's event loop, which
     then reads whole responses at once (every chunk one stamp: TPOT 0). As on a GPU server, where the client
-    does not compete with the engine, run this thread's loop at a real-time priority while it measures."""
-    try:
-        old = os.sched_getscheduler(0), os.sched_getparam(0)
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-    except (AttributeError, OSError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, old[0], old[1])
+    does not compete with the engine, run this thread's loop at a real-time priority while it measures
+    (what attach --realtime does; normal priority where that is not permitted)."""
+    return RealtimePriority()
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])

@@ -35,6 +35,7 @@ def attach(url: str, out: Path, *args: str, concurrency: int = 4) -> subprocess.
             "--url",
             url,
             "--no-nvml",
+            "--realtime",  # the CPU engine on the 2-core test machine would starve the client (see test_attach_vllm)
             "-o",
             str(out),
             "--baseline",
