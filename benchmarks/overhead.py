@@ -1,16 +1,22 @@
-"""What the OTLP receiver and the profiler trigger cost on the real vLLM CPU server.
+"""What each probe costs the real vLLM CPU server: throughput and ITL P99 with and without it, alternating.
 
 One server (tracing on: ``--otlp-traces-endpoint`` at the receiver's port, ``--profiler-config``), then
 blocks of the same closed-loop load (the real load probe, ``run_capture``) alternating without / with the
-probe in ABBA order (off,on / on,off ...), so drift and noisy neighbours hit both arms alike. Each block
-uses a fresh prompt seed (no prefix-cache carry-over). Per block: output tok/s, ITL P99 and TTFT P50 of
-the measured requests, and this process's CPU seconds (the receiver runs in the capture process).
+probe in ABBA order (off,on / on,off ...), so drift hits both arms alike. Each block uses a fresh prompt
+seed (no prefix-cache carry-over). Per block: output tok/s, ITL P99 and TTFT P50 of the measured requests,
+this process's CPU seconds (the receiver and the load client run in it), the engine's CPU per output token,
+and the probe's own CPU where it reports it (py-spy).
 
-The engine exports spans in every block (its exporter just fails to connect when the receiver is off),
-so the difference is what *diagnose's receiver* costs; the engine's own tracing cost is not in it.
+Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise):
+  prometheus  the /metrics scraper (on by default in attach), 1 s interval
+  otel        the OTLP receiver (``--otlp``); the engine exports spans in every block (its exporter just
+              fails to connect when the receiver is off), so the difference is the receiver's cost
+  pyspy       host stacks of every engine process (``--pyspy``), 10 Hz, nonblocking
+  defaults    prometheus + otel + pyspy together
+  profiler    the engine profiler trigger (``--profile-iterations``): deliberately costly for its window
 
-    python benchmarks/overhead_otel.py [--pairs 3] [--block-s 10] [--concurrency 8]
-        [--results benchmarks/results/overhead_otel.md]
+    python benchmarks/overhead.py [--pairs 6] [--block-s 12] [--concurrency 8]
+        [--probes prometheus pyspy otel defaults] [--results benchmarks/results/overhead.md]
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from diagnose.probes.base import CaptureContext, Probe, Target  # noqa: E402
 from diagnose.probes.load import LoadProbe  # noqa: E402
 from diagnose.probes.otel import OtlpReceiverProbe  # noqa: E402
 from diagnose.probes.profiler import ProfilerProbe  # noqa: E402
+from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
+from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
 
 from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.capture import run_capture  # noqa: E402
@@ -92,6 +100,9 @@ async def run_block(server: VllmServer, out: Path, seed: int, args: argparse.Nam
     m["engine_cpu_ms_per_token"] = m["engine_cpu_s"] * 1e3 / max(1, m.get("tokens_all", 0))
     m["wall_s"] = time.monotonic() - t0
     m["statuses"] = {k: (v.state, v.reason[:80]) for k, v in res.statuses.items()}
+    spy = res.statuses.get("pyspy")
+    if spy is not None and spy.detail.get("pyspy_cpu_s") is not None:
+        m["pyspy_cores"] = float(spy.detail["pyspy_cpu_s"]) / max(1e-9, m["wall_s"])
     m["detail"] = {k: v.detail for k, v in res.statuses.items() if k != "load"}
     return m
 
@@ -154,14 +165,21 @@ async def receiver_cost(n: int, proto: str) -> dict[str, float]:
             "bytes_per_span": (tmp / "b" / "spans.jsonl").stat().st_size / max(1, got)}
 
 
-def make_probe(kind: str, args: argparse.Namespace, prof: Path) -> Probe:
+def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmServer) -> list[Probe]:
+    """The probes of one "on" arm, each at its defaults (the receiver on the ports the engine exports to)."""
+    if kind == "defaults":
+        return [p for k in ("prometheus", "otel", "pyspy") for p in make_probes(k, args, prof, server)]
+    if kind == "prometheus":
+        return [PrometheusProbe()]
     if kind == "otel":
-        return OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port)  # defaults otherwise
-    return ProfilerProbe(prof)  # default iterations / timing
+        return [OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port)]
+    if kind == "pyspy":
+        return [PySpyProbe(pid=server.pid)]
+    return [ProfilerProbe(prof)]
 
 
 async def main_async(args: argparse.Namespace) -> str:
-    tmp = Path(tempfile.mkdtemp(prefix="overhead_otel-"))
+    tmp = Path(tempfile.mkdtemp(prefix="overhead-"))
     prof = tmp / "prof"
     load0 = os.getloadavg()[0]
     server = VllmServer(port=args.port, otlp_traces_endpoint=f"http://127.0.0.1:{args.grpc_port}",
@@ -176,7 +194,7 @@ async def main_async(args: argparse.Namespace) -> str:
                 order = (False, True) if pair % 2 == 0 else (True, False)
                 for on in order:
                     seed += 1
-                    extra = [make_probe(kind, args, prof)] if on else []
+                    extra = make_probes(kind, args, prof, server) if on else []
                     m = await run_block(server, tmp / f"{kind}-{seed}", seed, args, extra)
                     m.update(probe=kind, on=on, pair=pair)
                     rows.append(m)
@@ -190,22 +208,24 @@ async def main_async(args: argparse.Namespace) -> str:
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, load1: float) -> str:
     out = [
-        "# Overhead of the OTLP receiver and the profiler trigger (real vLLM CPU 0.32.0, tiny model)", "",
-        f"Command: `python benchmarks/overhead_otel.py --pairs {args.pairs} --block-s {args.block_s:g} "
-        f"--concurrency {args.concurrency}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
+        "# What each probe costs the real vLLM CPU server (vLLM CPU 0.32.0, tiny model)", "",
+        f"Command: `python benchmarks/overhead.py --pairs {args.pairs} --block-s {args.block_s:g} "
+        f"--concurrency {args.concurrency} --probes {' '.join(args.probes)}` "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
         f"Closed loop, {args.input_tokens}-token unique prompts, {args.output_tokens} output tokens, "
         f"{args.block_s:g} s blocks, ABBA alternation on one server. Load average {load0:.1f} at start, "
-        f"{load1:.1f} at the end on {os.cpu_count()} cores (other work shares this machine).", "",
+        f"{load1:.1f} at the end on {os.cpu_count()} cores.", "",
         "| probe | pair | arm | output tok/s | ITL P99 ms | TTFT P50 ms | requests | client CPU s | engine CPU s | "
         "probe status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        st = r["statuses"].get("otel") or r["statuses"].get("profiler") or ("-", "")
+        st = ", ".join(f"{k} {v[0]}" for k, v in r["statuses"].items() if k != "load") or "-"
         out.append(f"| {r['probe']} | {r['pair']} | {'on' if r['on'] else 'off'} | {r['tps']:.0f} | "
                    f"{r['itl_p99_ms']:.1f} | {r['ttft_p50_ms']:.1f} | {r['requests']} | {r['cpu_s']:.2f} | "
                    f"{r['engine_cpu_s']:.1f} | "
-                   f"{st[0]} {_detail(r)} |")
-    out += ["", "| probe | throughput on/off (median of pairs) | ITL P99 on/off | engine CPU per output token on/off "
-            "| client CPU s on - off | pairs |", "|---|---|---|---|---|---|"]
+                   f"{st} {_detail(r)} |")
+    out += ["", "| probe | throughput on/off (median of pairs) | per-pair ratios | ITL P99 on/off | engine CPU per "
+            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | pairs |",
+            "|---|---|---|---|---|---|---|---|"]
     for kind in args.probes:
         pairs = []
         for p in range(args.pairs):
@@ -218,8 +238,11 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         itl = statistics.median(a[True]["itl_p99_ms"] / a[False]["itl_p99_ms"] for a in pairs)
         cpu = statistics.median(a[True]["cpu_s"] - a[False]["cpu_s"] for a in pairs)
         ecpu = statistics.median(a[True]["engine_cpu_ms_per_token"] / a[False]["engine_cpu_ms_per_token"] for a in pairs)
-        out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
-                   f"{len(pairs)} |")
+        ratios = ", ".join(f"{a[True]['tps'] / a[False]['tps']:.3f}" for a in pairs)
+        spy = [a[True]["pyspy_cores"] for a in pairs if "pyspy_cores" in a[True]]
+        spy_txt = f"{statistics.median(spy):.3f}" if spy else "-"
+        out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {ratios} | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
+                   f"{spy_txt} | {len(pairs)} |")
     return "\n".join(out) + "\n"
 
 
@@ -239,25 +262,29 @@ def micro_report(micro: dict[str, dict[str, float]], args: argparse.Namespace) -
 
 
 def _detail(r: dict[str, Any]) -> str:
-    d = r["detail"].get("otel") or r["detail"].get("profiler") or {}
-    if "spans" in d:
-        return f"({d['spans']} spans, {d.get('requests_with_spans')}/{d.get('requests_expected')} joined)"
-    if "files" in d:
-        return f"({len(d['files'])} traces, start {d.get('start_ms')} ms, stop {d.get('stop_ms')} ms)"
-    return ""
+    parts = []
+    for k, d in r["detail"].items():
+        if "spans" in d:
+            parts.append(f"{k}: {d['spans']} spans, {d.get('requests_with_spans')}/{d.get('requests_expected')} joined")
+        elif "files" in d:
+            parts.append(f"{k}: {len(d['files'])} traces, start {d.get('start_ms')} ms, stop {d.get('stop_ms')} ms")
+        elif "samples" in d:
+            parts.append(f"{k}: {d['samples']} samples")
+    return f"({'; '.join(parts)})" if parts else ""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--block-s", type=float, default=10.0)
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--block-s", type=float, default=12.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=18410)
     ap.add_argument("--grpc-port", type=int, default=18460)
     ap.add_argument("--http-port", type=int, default=18461)
-    ap.add_argument("--probes", nargs="+", default=["otel", "profiler"], choices=["otel", "profiler"])
+    ap.add_argument("--probes", nargs="+", default=["prometheus", "pyspy", "otel", "defaults"],
+                    choices=["prometheus", "otel", "pyspy", "defaults", "profiler"])
     ap.add_argument("--micro-spans", type=int, default=20000, help="spans for the receiver CPU measurement")
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()

@@ -144,14 +144,18 @@ def test_no_successful_scrape_after_a_timeout_is_failed(tmp_path: Path) -> None:
 
 def test_api_key_is_sent_but_never_written(tmp_path: Path) -> None:
     seen: list[str] = []
+    encodings: list[str] = []
 
     async def auth(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("Authorization", ""))
+        encodings.append(request.headers.get("Accept-Encoding", ""))
         return web.Response(text=VLLM_SCRAPE, content_type="text/plain")
 
     status, bdir, _ = _run_probe(tmp_path, auth, duration_s=0.1, api_key="sk-secret-123")
     assert status.state == "ok"
     assert seen and all(h == "Bearer sk-secret-123" for h in seen)
+    # no compression asked: the engine would gzip every scrape (level 9) on its own CPU
+    assert encodings and all(e == "identity" for e in encodings)
     for f in bdir.rglob("*"):
         if f.is_file():
             assert b"sk-secret-123" not in f.read_bytes(), f
