@@ -121,7 +121,7 @@ else:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     exp = OTLPSpanExporter(endpoint=endpoint)
 tp = TracerProvider(resource=Resource.create({"service.name": "vllm", "vllm.process_id": "1"}))
-tp.add_span_processor(BatchSpanProcessor(exp, max_queue_size=n + 1, max_export_batch_size=512))
+tp.add_span_processor(BatchSpanProcessor(exp, max_queue_size=max(n + 1, 512), max_export_batch_size=512))
 tr = tp.get_tracer("vllm.tracing.otel")
 attrs = {"gen_ai.latency.time_to_first_token": 0.04, "gen_ai.latency.e2e": 0.3, "gen_ai.latency.time_in_queue": 0.001,
          "gen_ai.latency.time_in_model_prefill": 0.02, "gen_ai.latency.time_in_model_decode": 0.25,
@@ -165,14 +165,17 @@ async def receiver_cost(n: int, proto: str) -> dict[str, float]:
             "bytes_per_span": (tmp / "b" / "spans.jsonl").stat().st_size / max(1, got)}
 
 
-def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmServer) -> list[Probe]:
-    """The probes of one "on" arm, each at its defaults (the receiver on the ports the engine exports to)."""
+def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmServer,
+                toggled: bool = False) -> list[Probe]:
+    """The probes of one "on" arm, each at its defaults (the receiver on the ports the engine exports to;
+    ``toggled``: no drain wait for late spans when the window ends)."""
     if kind == "defaults":
-        return [p for k in ("prometheus", "otel", "pyspy") for p in make_probes(k, args, prof, server)]
+        return [p for k in ("prometheus", "otel", "pyspy") for p in make_probes(k, args, prof, server, toggled)]
     if kind == "prometheus":
         return [PrometheusProbe()]
     if kind == "otel":
-        return [OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port)]
+        return [OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port,
+                                  **({"drain_s": 0.0} if toggled else {}))]
     if kind == "pyspy":
         return [PySpyProbe(pid=server.pid)]
     return [ProfilerProbe(prof)]
@@ -204,6 +207,106 @@ async def main_async(args: argparse.Namespace) -> str:
     finally:
         await asyncio.to_thread(server.stop)
     return report(rows, args, load0, os.getloadavg()[0])
+
+
+# -- toggle mode: one continuous load, the probe switched on and off in windows -----------------------------
+async def toggle_probe(server: VllmServer, kind: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """One long closed-loop load run (the real load probe); the probe runs in windows ``off,on,on,off,...``
+    of ``args.window_s`` (its own capture context, started and stopped each time: the start and stop costs
+    are charged to the "on" windows). Output tokens per window are counted from the chunk stamps, so there
+    is no per-block ramp-up and the two arms are interleaved every few seconds."""
+    n = args.windows
+    total_s = args.warm_s + n * args.window_s + 2.0
+    spec = WorkloadSpec(mode="concurrency", phases=(Phase(0, f"c{args.concurrency}", concurrency=args.concurrency),),
+                        duration_s=total_s, warmup_requests=0, input_tokens=args.input_tokens,
+                        output_tokens=args.output_tokens, seed=hash(kind) % 1000)
+    out = tmp / f"toggle-{kind}"
+    bw = BundleWriter(out, target={"url": server.url}, workload=spec.to_json())
+    target = Target(url=server.url, engine="vllm")
+    load = asyncio.ensure_future(run_capture(bw, target, [LoadProbe(spec, progress=False)]))
+    await asyncio.sleep(args.warm_s)
+    windows: list[tuple[int, int, bool]] = []
+    states: list[str] = []
+    spy_cores: list[float] = []
+    for i in range(n):
+        on = i % 4 in (1, 2)
+        t0 = time.monotonic_ns()
+        if on:
+            pbw = BundleWriter(tmp / f"probe-{kind}-{i}")
+            pctx = CaptureContext(bundle=pbw, target=Target(url=server.url, engine="vllm", pid=server.pid),
+                                  stop=asyncio.Event())
+            probes = make_probes(kind, args, tmp, server, toggled=True)
+            tasks = [asyncio.ensure_future(p.run(pctx)) for p in probes]
+            await asyncio.sleep(args.window_s)
+            pctx.stop.set()
+            sts = await asyncio.gather(*tasks)
+            pbw.finish()
+            states += [f"{st.name} {st.state}" for st in sts]
+            for st in sts:
+                if st.detail.get("pyspy_cpu_s") is not None:
+                    spy_cores.append(float(st.detail["pyspy_cpu_s"]) / args.window_s)
+        else:
+            await asyncio.sleep(args.window_s)
+        windows.append((t0, time.monotonic_ns(), on))
+    await load
+    stamps = np.sort(np.concatenate([np.asarray(c["t_ns"], dtype=np.int64)
+                                     for c in open_bundle(out).records("chunks")] or [np.zeros(0, np.int64)]))
+    gaps_by: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    for c in open_bundle(out).records("chunks"):
+        t = np.asarray(c["t_ns"], dtype=np.int64)
+        for a, b, on in windows:
+            sel = t[(t >= a) & (t < b)]
+            if len(sel) > 1:
+                gaps_by[on].append(np.diff(sel) / 1e6)
+    tps = [((np.searchsorted(stamps, b) - np.searchsorted(stamps, a)) / ((b - a) / 1e9), on) for a, b, on in windows]
+    # pair each "on" window with its neighbouring "off" windows (off,on,on,off: both ons against both offs)
+    ratios = []
+    for q in range(0, n - 3, 4):
+        off = (tps[q][0] + tps[q + 3][0]) / 2
+        ratios.append(((tps[q + 1][0] + tps[q + 2][0]) / 2) / off)
+    itl = {on: float(np.percentile(np.concatenate(g), 99)) if g else float("nan") for on, g in gaps_by.items()}
+    return {"kind": kind, "window_tps": tps, "ratios": ratios, "ratio_median": statistics.median(ratios),
+            "ratio_mean": statistics.fmean(ratios), "itl_p99_on": itl[True], "itl_p99_off": itl[False],
+            "tps_on": statistics.fmean(x for x, on in tps if on), "tps_off": statistics.fmean(x for x, on in tps if not on),
+            "states": sorted(set(states)), "pyspy_cores": statistics.median(spy_cores) if spy_cores else None}
+
+
+async def toggle_main(args: argparse.Namespace) -> str:
+    tmp = Path(tempfile.mkdtemp(prefix="overhead-toggle-"))
+    load0 = os.getloadavg()[0]
+    server = VllmServer(port=args.port, otlp_traces_endpoint=f"http://127.0.0.1:{args.grpc_port}",
+                        log_path=tmp / "server.log", startup_timeout_s=900)
+    await asyncio.to_thread(server.start)
+    res = []
+    try:
+        await run_block(server, tmp / "warmup", 999, args, [])
+        for kind in args.probes:
+            r = await toggle_probe(server, kind, args, tmp)
+            res.append(r)
+            print(f"{kind}: on/off {r['ratio_median']:.3f} (mean {r['ratio_mean']:.3f}; "
+                  f"{', '.join(f'{x:.3f}' for x in r['ratios'])}); {r['states']}; windows "
+                  + " ".join(f"{x:.0f}{'*' if on else ''}" for x, on in r["window_tps"]), flush=True)
+    finally:
+        await asyncio.to_thread(server.stop)
+    out = ["# What each probe costs the real vLLM CPU server: toggled within one run", "",
+           f"Command: `python benchmarks/overhead.py --mode toggle --windows {args.windows} --window-s {args.window_s:g} "
+           f"--concurrency {args.concurrency} --probes {' '.join(args.probes)}` "
+           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}); load average {load0:.1f} at start, "
+           f"{os.getloadavg()[0]:.1f} at the end on {os.cpu_count()} cores.", "",
+           f"One closed-loop load (concurrency {args.concurrency}, {args.input_tokens}-token unique prompts, "
+           f"{args.output_tokens} output tokens) per probe, {args.warm_s:g} s warm-up, then {args.windows} windows of "
+           f"{args.window_s:g} s in the order off,on,on,off,...; the probe is started and stopped in each \"on\" "
+           "window (its start and stop are charged to it). Output tokens per window from the chunk stamps. Ratio "
+           "per quad = mean of its two on windows / mean of its two off windows.", "",
+           "| probe | throughput on/off: median of quads | mean | per-quad ratios | tok/s on / off (means) | "
+           "ITL P99 on / off ms | py-spy's own CPU (cores) | statuses |", "|---|---|---|---|---|---|---|---|"]
+    for r in res:
+        spy = f"{r['pyspy_cores']:.3f}" if r["pyspy_cores"] is not None else "-"
+        out.append(f"| {r['kind']} | {r['ratio_median']:.3f} ({(r['ratio_median'] - 1) * 100:+.1f}%) | "
+                   f"{r['ratio_mean']:.3f} | {', '.join(f'{x:.3f}' for x in r['ratios'])} | "
+                   f"{r['tps_on']:.0f} / {r['tps_off']:.0f} | {r['itl_p99_on']:.1f} / {r['itl_p99_off']:.1f} | {spy} | "
+                   f"{', '.join(r['states'])} |")
+    return "\n".join(out) + "\n"
 
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, load1: float) -> str:
@@ -287,7 +390,21 @@ def main() -> None:
                     choices=["prometheus", "otel", "pyspy", "defaults", "profiler"])
     ap.add_argument("--micro-spans", type=int, default=20000, help="spans for the receiver CPU measurement")
     ap.add_argument("--results", type=Path, default=None)
+    ap.add_argument("--mode", choices=["blocks", "toggle"], default="blocks",
+                    help="blocks: separate load runs per arm (ABBA); toggle: one load run per probe, the probe "
+                         "switched on and off in windows")
+    ap.add_argument("--windows", type=int, default=16, help="toggle mode: windows per probe (a multiple of 4)")
+    ap.add_argument("--window-s", type=float, default=8.0, help="toggle mode: seconds per window")
+    ap.add_argument("--warm-s", type=float, default=6.0, help="toggle mode: load before the first window")
     args = ap.parse_args()
+    if args.mode == "toggle":
+        ensure_engine()
+        text = asyncio.run(toggle_main(args))
+        print(text)
+        if args.results:
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(text)
+        return
     micro = {proto: asyncio.run(receiver_cost(args.micro_spans, proto)) for proto in ("grpc", "http")}
     print(micro_report(micro, args), flush=True)
     ensure_engine()
