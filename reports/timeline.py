@@ -63,7 +63,10 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
     else:
         notes.append("server queue depth not available: no queue_depth samples in the metrics table "
                      "(Prometheus probe absent, failed, or engine without that metric)")
-    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": _bands(phases, req, manifest),
+    bands = _bands(phases, req, manifest) + _excluded_bands(tables.get("client_excluded"))
+    if any(b["label"].startswith("profiler") for b in bands):
+        notes.append("shaded 'profiler on': requests overlapping it are left out of the statistics")
+    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": bands,
             "x_label": "time since capture start (s)", "y_label": "TTFT (ms)",
             "y2_label": "requests (in flight / queued)", "note": "; ".join(notes)}
 
@@ -111,3 +114,15 @@ def _bands(phases: list[dict[str, Any]], req: pd.DataFrame, manifest: dict[str, 
         if start is not None and end is not None:
             bands.append({"start": start, "end": end, "label": str(ph.get("name") or f"phase {i}")})
     return bands if len(bands) > 1 else []
+
+
+def _excluded_bands(excluded: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Stretches left out of the statistics (the engine profiler's window) as shaded x ranges."""
+    if excluded is None or excluded.empty or not {"start_s", "end_s"} <= set(excluded.columns):
+        return []
+    out = []
+    for row in excluded.itertuples(index=False):
+        start, end = finite(getattr(row, "start_s", None)), finite(getattr(row, "end_s", None))
+        if start is not None and end is not None and end >= start:
+            out.append({"start": start, "end": end, "label": f"{getattr(row, 'reason', 'excluded')} on (excluded)"})
+    return out

@@ -114,6 +114,10 @@ def test_the_report_says_how_many_requests_were_excluded(tmp_path: Path) -> None
     checks = {row[0]: row[1] for s in a.sections if s.id == "client_self_check" for row in s.payload["rows"]}
     assert checks["requests overlapping the profiler window, excluded from statistics"] == 3
     assert note in html.unescape(render_html(a))
+    timeline = view["charts"]["timeline"]  # the window is shaded on the timeline, with its label
+    band = [b for b in timeline["bands"] if b["label"] == "profiler on (excluded)"]
+    assert len(band) == 1 and band[0]["end"] - band[0]["start"] == pytest.approx(0.5)
+    assert "profiler on (excluded)" in render_html(a)
 
 
 def test_a_bundle_without_profiler_window_is_unchanged(tmp_path: Path) -> None:
@@ -128,6 +132,7 @@ def test_a_bundle_without_profiler_window_is_unchanged(tmp_path: Path) -> None:
     assert "profiler" not in view["percentiles"]["windows"][0]["note"]
     assert view["charts"]["ttft"]["n"] == 7
     assert "profiler window" not in render_html(a)
+    assert not [b for b in view["charts"]["timeline"]["bands"] if "profiler" in b["label"]]
 
 
 def test_otel_decomposition_leaves_out_the_profiled_requests(tmp_path: Path) -> None:
