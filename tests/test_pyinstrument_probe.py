@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import sys
@@ -80,8 +79,12 @@ def test_run_under_profiler_profiles_the_server(tmp_path: Path, sigint_ignored: 
             with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
                 c.sendall(b"GET / HTTP/1.0\r\n\r\n")
                 c.recv(100)
-        os.kill(os.getpid(), signal.SIGINT)  # forwarded to the server as SIGINT
+        # forwarded to the server as SIGINT. Sent to the main thread: os.kill(getpid) may be taken by this
+        # thread, and then the main thread, blocked in the child's pipe read, never runs the handler (a hang)
+        signal.pthread_kill(main_ident, signal.SIGINT)
 
+    main_ident = threading.main_thread().ident
+    assert main_ident is not None
     t = threading.Thread(target=drive)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
     try:
