@@ -54,3 +54,10 @@ def overlaps(sent: float, end: float, windows: Sequence[tuple[float, float]]) ->
         return False
     stop = end if math.isfinite(end) else sent
     return any(sent <= w_end and stop >= w_start for w_start, w_end in windows)
+
+
+def excluded_note(n: int, length_s: float | None = None) -> str:
+    """The sentence every report table uses for the ``n`` requests left out for overlapping the window."""
+    what = f"the profiler window ({length_s:.1f} s)" if length_s is not None else "the profiler window"
+    return (f"{n} request{'s' if n != 1 else ''} overlapping {what} excluded from statistics "
+            "(the profiler slows the engine)")

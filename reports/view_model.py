@@ -16,6 +16,7 @@ import pandas as pd
 
 from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
+from diagnose.profiler_window import excluded_note
 
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
@@ -246,10 +247,7 @@ def profiler_note(signals: dict[str, Signal]) -> str:
     n = _sig(signals, "requests_excluded_profiler")
     if not n:
         return ""
-    length = _sig(signals, "profiler_window_s")
-    what = f"the profiler window ({length:.1f} s)" if length is not None else "the profiler window"
-    return (f"{int(n)} request{'s' if n != 1 else ''} overlapping {what} excluded from statistics "
-            "(the profiler slows the engine)")
+    return excluded_note(int(n), _sig(signals, "profiler_window_s"))
 
 
 def _measured(requests: pd.DataFrame, phase: Any = None, exclude: frozenset[Any] = frozenset()) -> pd.DataFrame:

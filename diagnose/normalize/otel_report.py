@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Section
+from diagnose.profiler_window import excluded_note
 
 PERCENTILES = (("P50", 50.0), ("P90", 90.0), ("P99", 99.0))
 TTFT_PARTS = (("client+network", "client_network_ms"), ("server frontend", "frontend_ms"),
@@ -54,8 +55,7 @@ def _share_table(df: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str],
             "prefill (tokenisation, scheduling hand-off, detokenisation of the first token); client+network = client "
             "TTFT - server TTFT (sending, connection, streaming the first chunk back).")
     if excluded_profiled:
-        note += (f" {excluded_profiled} request{'s' if excluded_profiled != 1 else ''} overlapping the profiler "
-                 "window excluded (the profiler slows the engine).")
+        note += f" {excluded_note(excluded_profiled)}."
     return {"columns": ["part", "mean ms", "P50 ms", "P99 ms", "share of TTFT"], "rows": rows, "note": note}
 
 
