@@ -76,7 +76,6 @@ class _LoadRun:
         self.path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         self.prompts = PromptFactory(spec.input_tokens, shared_prefix_fraction=spec.shared_prefix_fraction,
                                      seed=spec.seed, api=spec.api)
-        self.rng = random.Random(spec.seed)
         self.token = os.urandom(4).hex()
         self.seq = 0
         self.stats = RunningStats()

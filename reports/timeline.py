@@ -63,10 +63,10 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
     else:
         notes.append("server queue depth not available: no queue_depth samples in the metrics table "
                      "(Prometheus probe absent, failed, or engine without that metric)")
-    bands = _bands(phases, req, manifest) + _excluded_bands(tables.get("client_excluded"))
-    if any(b["label"].startswith("profiler") for b in bands):
+    excluded = _excluded_bands(tables.get("client_excluded"))
+    if excluded:
         notes.append("shaded 'profiler on': requests overlapping it are left out of the statistics")
-    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": bands,
+    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": _bands(phases, req, manifest) + excluded,
             "x_label": "time since capture start (s)", "y_label": "TTFT (ms)",
             "y2_label": "requests (in flight / queued)", "note": "; ".join(notes)}
 
