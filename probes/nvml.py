@@ -7,13 +7,20 @@ Records (times CLOCK_MONOTONIC ns):
   device:  {kind, gpu, name, uuid, mem_total_bytes, power_limit_w, sm_clock_max_mhz, mem_clock_max_mhz,
             gpm_supported, util_samples}                                        once per GPU
   sample:  {kind, t_ns, gpu, util_gpu_ratio, util_mem_ratio, mem_used_bytes, mem_total_bytes, sm_clock_mhz,
-            mem_clock_mhz, throttle_reasons, power_w, power_limit_w, temp_c, pcie_tx_bytes_s,
-            pcie_rx_bytes_s, nvlink_tx_bytes, nvlink_rx_bytes, [dram_bw_util_ratio, sm_util_ratio,
-            sm_occupancy_ratio, tensor_util_ratio] (GPM)}                      every 1/rate_hz; keys a GPU
-            does not support are left out (missing, never zero)
+            mem_clock_mhz, throttle_reasons, power_w, power_limit_w, temp_c, [pcie_tx_bytes_s,
+            pcie_rx_bytes_s] (every ``pcie_interval_s``), nvlink_tx_bytes, nvlink_rx_bytes, [dram_bw_util_ratio,
+            sm_util_ratio, sm_occupancy_ratio, tensor_util_ratio] (GPM)}       every 1/rate_hz; keys a GPU
+            does not support, and values NVML returns as NaN, are left out (missing, never zero)
   util:    {kind, gpu, t_ns: [...], util_gpu_ratio: [...]}   driver-buffered utilisation samples
-            (nvmlDeviceGetSamples, fetched once per second instead of polling utilisation at rate_hz)
+            (nvmlDeviceGetSamples once per second), only with ``util_samples=True``
   procs:   {kind, t_ns, gpu, procs: [{pid, used_bytes}]}     every ``procs_interval_s``
+
+Costs measured on an H200 (driver 580, benchmarks/results/nvml_cost.md) set two choices:
+- nvmlDeviceGetPcieThroughput blocks about 21 ms per call (NVML measures over a 20 ms window), so PCIe is
+  read once per second, not every tick: two calls per tick capped the probe at about 23 Hz.
+- nvmlDeviceGetSamples took 2.7 ms per call for the same 200 ms-resolution utilisation that 10 polls of
+  nvmlDeviceGetUtilizationRates read in 0.04 ms, so polling is the default and the buffered samples are
+  off unless asked for.
 
 ``util_gpu_ratio`` and ``util_mem_ratio`` are NVML's utilization.gpu / utilization.memory: the fraction of
 the last sample period in which at least one kernel ran / device memory was read or written. They are time
@@ -23,6 +30,7 @@ fractions, not how full the SMs or the memory bus were; GPM's sm_util / dram_bw_
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import Any
@@ -50,13 +58,16 @@ def import_nvml() -> Any:
 class NvmlProbe:
     name = NAME
 
-    def __init__(self, *, rate_hz: float = 10.0, procs_interval_s: float = 1.0, gpm: bool = True,
-                 nvml: Any = None, interval_s: float | None = None) -> None:
+    def __init__(self, *, rate_hz: float = 10.0, procs_interval_s: float = 1.0, pcie_interval_s: float = 1.0,
+                 gpm: bool = True, util_samples: bool = False, nvml: Any = None,
+                 interval_s: float | None = None) -> None:
         if interval_s is not None and interval_s > 0:  # the CLI's --nvml-interval
             rate_hz = 1.0 / interval_s
         self.rate_hz = max(0.1, float(rate_hz))
         self.procs_interval_s = procs_interval_s
+        self.pcie_interval_s = pcie_interval_s
         self.gpm = gpm
+        self.util_samples = util_samples
         self._nvml = nvml  # tests pass tests/fakes/fake_nvml.FakeNvml; None imports pynvml
         self._unsupported: set[tuple[int, str]] = set()
         self.calls = 0
@@ -123,16 +134,20 @@ class NvmlProbe:
             devices = [self._device(nv, i, h) for i, h in enumerate(handles)]
             stream.write_many(devices)
             gpm_prev: dict[int, Any] = {}
-            last_util_ts = dict.fromkeys(range(len(handles)), 0)
-            next_procs = next_util = 0.0
+            # buffered utilisation: only samples taken after the capture started (the driver keeps ~15 s)
+            last_util_ts = dict.fromkeys(range(len(handles)), time.time_ns() // 1000)
+            next_procs = next_util = next_pcie = 0.0
             period = 1.0 / self.rate_hz
             ticks = 0
             t_start = time.monotonic()
             while not halt.is_set():
                 t0 = time.monotonic()
-                recs: list[dict[str, Any] | None] = [self._sample(ctx, nv, i, h, devices[i], gpm_prev)
+                pcie = t0 >= next_pcie
+                if pcie:
+                    next_pcie = t0 + self.pcie_interval_s
+                recs: list[dict[str, Any] | None] = [self._sample(ctx, nv, i, h, devices[i], gpm_prev, pcie)
                                                      for i, h in enumerate(handles)]
-                if t0 >= next_util:
+                if self.util_samples and t0 >= next_util:
                     next_util = t0 + 1.0
                     recs += self._util_samples(ctx, nv, handles, devices, last_util_ts)
                 if t0 >= next_procs:
@@ -168,10 +183,10 @@ class NvmlProbe:
                 "mem_clock_max_mhz": self._call(i, "mem_clock_max", nv.nvmlDeviceGetMaxClockInfo, h,
                                                 nv.NVML_CLOCK_MEM),
                 "gpm_supported": gpm_ok,
-                "util_samples": hasattr(nv, "nvmlDeviceGetSamples")}
+                "util_samples": self.util_samples and hasattr(nv, "nvmlDeviceGetSamples")}
 
     def _sample(self, ctx: CaptureContext, nv: Any, i: int, h: Any, dev: dict[str, Any],
-                gpm_prev: dict[int, Any]) -> dict[str, Any]:
+                gpm_prev: dict[int, Any], pcie: bool = True) -> dict[str, Any]:
         r: dict[str, Any] = {"kind": "sample", "t_ns": ctx.now_ns(), "gpu": i}
         util = self._call(i, "util", nv.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
@@ -196,7 +211,7 @@ class NvmlProbe:
             r["temp_c"] = v
         for key, counter in (("pcie_tx_bytes_s", nv.NVML_PCIE_UTIL_TX_BYTES),
                              ("pcie_rx_bytes_s", nv.NVML_PCIE_UTIL_RX_BYTES)):
-            if (v := self._call(i, key, nv.nvmlDeviceGetPcieThroughput, h, counter)) is not None:
+            if pcie and (v := self._call(i, key, nv.nvmlDeviceGetPcieThroughput, h, counter)) is not None:
                 r[key] = v * 1024  # NVML reports KB/s
         r.update(self._nvlink(nv, i, h))
         if dev.get("gpm_supported"):
@@ -238,7 +253,8 @@ class NvmlProbe:
         self._call(i, "gpm_free", nv.nvmlGpmSampleFree, old)
         if got is None:
             return {}
-        return {key: float(got.metrics[k].value) / 100.0 for k, key in enumerate(GPM_METRICS)}
+        vals = {key: float(got.metrics[k].value) / 100.0 for k, key in enumerate(GPM_METRICS)}
+        return {k: v for k, v in vals.items() if math.isfinite(v)}  # NaN: no reading (left out, not zero)
 
     def _util_samples(self, ctx: CaptureContext, nv: Any, handles: list[Any], devices: list[dict[str, Any]],
                       last: dict[int, int]) -> list[dict[str, Any] | None]:

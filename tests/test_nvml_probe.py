@@ -10,7 +10,7 @@ from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.nvml import NvmlProbe, throttle_names
 
 from diagnose.bundle import BundleWriter, open_bundle
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, frame, scenario
+from tests.fakes.fake_nvml import FakeGpu, FakeNvml, frame, recorded, scenario
 
 
 def capture(tmp_path: Path, nvml: FakeNvml | None, seconds: float = 0.6, **kw: object) -> tuple:
@@ -65,14 +65,42 @@ def test_samples_all_counters(tmp_path: Path) -> None:
     s = samples[-1]
     assert s["util_gpu_ratio"] == pytest.approx(0.97)
     assert s["power_w"] == pytest.approx(550.0) and s["temp_c"] == 65
-    assert s["pcie_rx_bytes_s"] == 8000 * 1024
+    # PCIe throughput blocks ~21 ms per call on a real GPU: read on the first tick, then once per second
+    pcie = [r for r in samples if "pcie_rx_bytes_s" in r]
+    assert pcie[0] is samples[0] and pcie[0]["pcie_rx_bytes_s"] == 8000 * 1024
+    assert len(pcie) == 1  # 0.6 s capture
     assert s["dram_bw_util_ratio"] == pytest.approx(0.45) and s["tensor_util_ratio"] == pytest.approx(0.60)
     assert "dram_bw_util_ratio" not in samples[0]  # GPM needs two samples
     procs = [r for r in recs if r["kind"] == "procs"]
     assert procs and procs[0]["procs"] == [{"pid": 4242, "used_bytes": 60 * 2**30}]
-    util = [r for r in recs if r["kind"] == "util"]
-    assert util and all(0 <= v <= 1 for v in util[0]["util_gpu_ratio"])
+    assert not [r for r in recs if r["kind"] == "util"]  # buffered samples are off by default (slower)
+    assert dev[0]["util_samples"] is False
     assert fake.shutdowns == fake.inits  # every nvmlInit is paired with nvmlShutdown
+
+
+def test_pcie_read_once_per_interval(tmp_path: Path) -> None:
+    status, b = capture(tmp_path, scenario("busy"), seconds=0.6, pcie_interval_s=0.2)
+    samples = [r for r in b.records("gpu_samples") if r["kind"] == "sample"]
+    with_pcie = [r for r in samples if "pcie_tx_bytes_s" in r]
+    assert 2 <= len(with_pcie) <= 4 < len(samples)
+
+
+def test_util_samples_on_request_start_at_the_capture(tmp_path: Path) -> None:
+    import time
+
+    fake = scenario("busy")
+    fake.gpus[0].util_history.append((time.time_ns() // 1000 - 10_000_000, 3))  # in the driver's buffer from before
+    status, b = capture(tmp_path, fake, util_samples=True)
+    util = [r for r in b.records("gpu_samples") if r["kind"] == "util"]
+    assert util and all(0 <= v <= 1 for r in util for v in r["util_gpu_ratio"])
+    assert 0.03 not in [v for r in util for v in r["util_gpu_ratio"]]  # the sample from before the start is left out
+
+
+def test_gpm_nan_is_left_out(tmp_path: Path) -> None:
+    gpu = FakeGpu([frame(gpm={10: float("nan"), 2: 80.0, 3: 40.0, 5: 60.0})])
+    status, b = capture(tmp_path, FakeNvml([gpu]))
+    s = [r for r in b.records("gpu_samples") if r["kind"] == "sample"][-1]
+    assert "dram_bw_util_ratio" not in s and s["sm_util_ratio"] == pytest.approx(0.8)
 
 
 def test_unsupported_metrics_are_missing_not_zero(tmp_path: Path) -> None:
@@ -86,3 +114,20 @@ def test_unsupported_metrics_are_missing_not_zero(tmp_path: Path) -> None:
 
 def test_throttle_names() -> None:
     assert throttle_names(0x40 | 0x1) == ["gpu_idle", "hw_thermal"]
+
+
+H200 = Path(__file__).resolve().parent.parent / "sample_traces" / "h200_toy_idle_between_steps" / "bundle"
+
+
+def test_replay_of_real_h200_samples(tmp_path: Path) -> None:
+    """The probe over NVML values recorded on a real H200 (sample_traces/h200_*): every value comes back."""
+    real = [r for r in open_bundle(H200).records("gpu_samples") if r["kind"] == "sample"]
+    status, b = capture(tmp_path, recorded(H200), seconds=0.8)
+    assert status.state == "ok" and status.detail["names"] == ["NVIDIA H200"]
+    got = [r for r in b.records("gpu_samples") if r["kind"] == "sample"]
+    assert 10 <= len(got) <= len(real)
+    for r, g in zip(real, got, strict=False):  # the fake moves one recorded frame per sample
+        for key in ("util_gpu_ratio", "sm_clock_mhz", "throttle_reasons", "power_w", "temp_c", "mem_used_bytes"):
+            assert g[key] == pytest.approx(r[key], rel=1e-6, abs=2**30 / 2**20), key
+    gpm = [(r, g) for r, g in zip(real[1:], got[1:], strict=False) if "sm_util_ratio" in r]
+    assert gpm and all(g["sm_util_ratio"] == pytest.approx(r["sm_util_ratio"]) for r, g in gpm)

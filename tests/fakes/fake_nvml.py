@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -186,13 +187,38 @@ class FakeNvml:
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
         vals = mg.sample2.get("gpm") or {}
         for k in range(mg.numMetrics):
-            mg.metrics[k].value = float(vals.get(mg.metrics[k].metricId, 0.0))
+            mg.metrics[k].value = float(vals.get(mg.metrics[k].metricId, float("nan")))  # no reading: NaN
         return mg
 
 
 def gpm(dram: float, sm: float, occ: float, tensor: float) -> dict[int, float]:
     """GPM metric values in percent, keyed by NVML metric id (10 DRAM BW, 2 SM util, 3 occupancy, 5 tensor)."""
     return {10: dram, 2: sm, 3: occ, 5: tensor}
+
+
+def recorded(bundle_dir: str | Path) -> FakeNvml:
+    """Replay a REAL recording: the NVML samples a capture bundle holds (``gpu_samples``, e.g. the H200
+    captures in sample_traces/h200_*), turned back into NVML's own units, one frame per recorded sample."""
+    from diagnose.bundle import open_bundle
+
+    recs = open_bundle(Path(bundle_dir)).records("gpu_samples")
+    gpus = []
+    for dev in [r for r in recs if r["kind"] == "device"]:
+        i = dev["gpu"]
+        frames = []
+        for r in [r for r in recs if r["kind"] == "sample" and r["gpu"] == i]:
+            g = {mid: r[key] * 100.0 for key, mid in (("dram_bw_util_ratio", 10), ("sm_util_ratio", 2),
+                                                       ("sm_occupancy_ratio", 3), ("tensor_util_ratio", 5))
+                 if key in r} if dev.get("gpm_supported") else None  # {} -> NaN readings, as NVML gives
+            frames.append(frame(util=round(r["util_gpu_ratio"] * 100), mem_util=round(r["util_mem_ratio"] * 100),
+                                mem_used_gib=r["mem_used_bytes"] / 2**30, sm_clock=r["sm_clock_mhz"],
+                                mem_clock=r["mem_clock_mhz"], throttle=r["throttle_reasons"], power_w=r["power_w"],
+                                temp=r["temp_c"], pcie_tx_kb=int(r.get("pcie_tx_bytes_s", 0) // 1024),
+                                pcie_rx_kb=int(r.get("pcie_rx_bytes_s", 0) // 1024), gpm=g))
+        gpus.append(FakeGpu(frames, name=dev["name"], mem_total=dev["mem_total_bytes"],
+                            power_limit_mw=int(dev["power_limit_w"] * 1000), sm_clock_max=dev["sm_clock_max_mhz"],
+                            mem_clock_max=dev["mem_clock_max_mhz"], nvlink=False))
+    return FakeNvml(gpus)
 
 
 def scenario(name: str, n: int = 40) -> FakeNvml:
