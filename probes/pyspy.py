@@ -56,6 +56,7 @@ from diagnose.probes.host_procs import (
 )
 
 from diagnose.model import ProbeStatus
+from diagnose.realtime import normal_priority_in_child
 
 NAME = "pyspy"
 # Defaults sized by benchmarks/overhead_host.py on the three vLLM processes: py-spy used 0.036 cores at
@@ -206,7 +207,7 @@ class PySpyProbe:
             start_ns = ctx.now_ns()
             try:
                 r.popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                           start_new_session=True)
+                                           start_new_session=True, preexec_fn=normal_priority_in_child)
             except OSError as e:
                 self._problems[r.proc.pid] = f"cannot start py-spy: {e}"
                 return
@@ -282,7 +283,8 @@ class PySpyProbe:
             cmd = [binary, "dump", "--pid", str(p.pid), "--json"] + (["--nonblocking"] if self.nonblocking
                                                                       else [])
             try:
-                popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         preexec_fn=normal_priority_in_child)
             except OSError:
                 continue
             t_ns = ctx.now_ns()

@@ -118,3 +118,34 @@ def test_help_documents_realtime() -> None:
     assert res.exit_code == 0
     text = " ".join(res.output.split())
     assert "--realtime" in text and "SCHED_RR" in text and "normal priority" in text
+
+
+def test_probe_children_go_back_to_normal_priority() -> None:
+    """Threads inherit the real-time policy; probe child processes (parse worker, py-spy) must not: their CPU
+    would be taken straight from the engine."""
+    import subprocess
+    import sys
+
+    from diagnose.probes.prometheus_worker import ParseWorker
+
+    from diagnose.realtime import normal_priority_in_child
+
+    show = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
+    permitted = _rt_permitted()
+    with RealtimePriority():
+        plain = int(subprocess.run(show, capture_output=True, text=True, check=True).stdout)
+        reset = int(subprocess.run(show, capture_output=True, text=True, check=True,
+                                   preexec_fn=normal_priority_in_child).stdout)
+
+        async def worker_policy() -> int:
+            w = ParseWorker()
+            await w.start()
+            try:
+                assert w._proc is not None
+                return os.sched_getscheduler(w._proc.pid)
+            finally:
+                await w.close()
+
+        parser = asyncio.run(worker_policy())
+    assert plain == (os.SCHED_RR if permitted else os.SCHED_OTHER)
+    assert reset == os.SCHED_OTHER and parser == os.SCHED_OTHER
