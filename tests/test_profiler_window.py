@@ -167,3 +167,32 @@ def test_window_sources_and_overlap_rule() -> None:
     assert overlaps(50, 100, w) and overlaps(200, 250, w) and overlaps(120, 130, w) and overlaps(50, 250, w)
     assert not overlaps(50, 99, w) and not overlaps(201, 300, w)
     assert not overlaps(math.nan, 150, w)
+
+
+def test_prometheus_signals_leave_out_scrapes_in_the_profiler_window() -> None:
+    import pandas as pd
+
+    from diagnose.analysis import Window
+    from diagnose.normalize import prometheus as prom
+
+    rows = []
+    for t in range(1, 11):  # a scrape a second; the profiler ran over [4.5, 6.5]: queue piled up, preemptions
+        inside = 4.5 <= t <= 7
+        base = {"t_s": float(t), "t0_s": float(t - 1) if t > 1 else float("nan"), "engine": "vllm", "dp": "",
+                "unit": "", "agg": "sum", "metric": "m"}
+        rows.append({**base, "signal": "queue_depth", "kind": "gauge", "value": 40.0 if inside else 1.0,
+                     "delta": float("nan")})
+        rows.append({**base, "signal": "preemptions", "kind": "counter", "value": float(t),
+                     "delta": (5.0 if inside else 0.0) if t > 1 else float("nan")})
+    tables = {"metrics": pd.DataFrame(rows)}
+    w = Window(0.0, 11.0)
+
+    def sig(t: dict) -> dict[str, float]:
+        return {s.name: s.value for s in prom.signals(t, w)}
+
+    before = sig(tables)
+    assert before["queue_depth_max"] == 40.0 and before["preemptions_total"] == 15.0
+    tables["client_excluded"] = pd.DataFrame([{"reason": "profiler", "start_s": 4.5, "end_s": 6.5}])
+    after = sig(tables)
+    assert after["queue_depth_max"] == 1.0 and after["preemptions_total"] == 0.0
+    assert len(prom.without_excluded(tables)["metrics"]) == 2 * 7  # scrapes 5, 6 and 7 (interval 6-7) left out

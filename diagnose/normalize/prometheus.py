@@ -25,6 +25,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Section, Window
@@ -270,9 +271,34 @@ def _fmt_bound(x: float) -> str:
     return "+Inf" if math.isinf(x) else f"{x * 1e3:g} ms"
 
 
+def without_excluded(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The metric tables without the scrapes that overlap a stretch left out of the statistics (the engine
+    profiler's window, table ``client_excluded``): gauges sampled inside it, and counter / histogram increases
+    over scrape intervals (t0_s, t_s] that touch it. The profiler slows the engine, so its queue, latency
+    histograms and throughput there describe the profiler, not the server."""
+    ex = tables.get("client_excluded")
+    if ex is None or ex.empty:
+        return tables
+    bands = [(float(a), float(b)) for a, b in zip(ex["start_s"], ex["end_s"], strict=False)]
+    out = dict(tables)
+    for name in ("metrics", "metrics_hist", "metrics_hist_sum"):
+        df = out.get(name)
+        if df is None or df.empty:
+            continue
+        t = df["t_s"].to_numpy(float)
+        t0 = df["t0_s"].to_numpy(float)
+        t0 = np.where(np.isfinite(t0), t0, t)  # the first scrape has no interval: its own time
+        keep = np.ones(len(df), dtype=bool)
+        for a, b in bands:
+            keep &= ~((t >= a) & (t0 <= b))
+        out[name] = df[keep]
+    return out
+
+
 def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if "metrics" not in tables:
         return []
+    tables = without_excluded(tables)
     out: list[Signal] = []
     engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
     for sig, name, unit in (("queue_depth", "queue_depth", ""), ("running_requests", "running_requests", ""),
