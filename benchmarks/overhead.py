@@ -5,7 +5,10 @@ blocks of the same closed-loop load (the real load probe, ``run_capture``) alter
 probe in ABBA order (off,on / on,off ...), so drift hits both arms alike. Each block uses a fresh prompt
 seed (no prefix-cache carry-over). Per block: output tok/s, ITL P99 and TTFT P50 of the measured requests,
 this process's CPU seconds (the receiver and the load client run in it), the engine's CPU per output token,
-and the probe's own CPU where it reports it (py-spy).
+the probe's own CPU where it reports it (py-spy), and the client's loop lag P99. The client runs at SCHED_RR 1
+(``--realtime``, the default; like ``attach --realtime``): at normal priority the CPU engine starved it on the
+2-core test machine (loop lag P99 0.4-1.6 s), and every extra thing in this process then slowed the closed
+loop, so the blocks measured the client rather than the server. Pairs with a starved block are left out.
 
 Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise):
   prometheus  the /metrics scraper (on by default in attach), 1 s interval
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import resource
 import statistics
@@ -45,8 +49,11 @@ from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
 
 from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.capture import run_capture  # noqa: E402
+from diagnose.realtime import RealtimePriority  # noqa: E402
 from diagnose.workload import Phase, WorkloadSpec  # noqa: E402
 from harness.engine import VllmServer, ensure_engine  # noqa: E402
+
+LAG_VALID_MS = 50.0  # client loop lag P99 above this: the block measured a starved client
 
 
 def cpu_s() -> float:
@@ -67,9 +74,11 @@ def block_metrics(path: Path) -> dict[str, float]:
     span_s = (max(r["end_ns"] for r in reqs) - min(r["sent_ns"] for r in reqs)) / 1e9
     ttft = [(r["first_token_ns"] - r["sent_ns"]) / 1e6 for r in reqs if r.get("first_token_ns")]
     pooled = np.concatenate(gaps) if gaps else np.array([np.nan])
+    lags = [r["loop_lag_ms"] for r in b.records("client_health") if r.get("loop_lag_ms") is not None]
     return {"tps": tokens / span_s, "itl_p99_ms": float(np.percentile(pooled, 99)),
             "ttft_p50_ms": float(np.median(ttft)), "requests": len(reqs), "tokens_all": tokens_all,
-            "requests_all": len(every)}
+            "requests_all": len(every),
+            "loop_lag_p99_ms": float(np.percentile(lags, 99)) if lags else float("nan")}
 
 
 def engine_cpu_s(server: VllmServer) -> float:
@@ -318,22 +327,26 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         f"Closed loop, {args.input_tokens}-token unique prompts, {args.output_tokens} output tokens, "
         f"{args.block_s:g} s blocks, ABBA alternation on one server. Load average {load0:.1f} at start, "
         f"{load1:.1f} at the end on {os.cpu_count()} cores.", "",
-        "| probe | pair | arm | output tok/s | ITL P99 ms | TTFT P50 ms | requests | client CPU s | engine CPU s | "
-        "probe status |", "|---|---|---|---|---|---|---|---|---|---|"]
+        f"The load client runs at {'SCHED_RR 1 (like attach --realtime)' if args.realtime else 'normal priority'}; "
+        f"a block whose client loop lag P99 exceeds {LAG_VALID_MS:g} ms measured a starved client, not the "
+        "server, and its pair is left out of the summary.", "",
+        "| probe | pair | arm | output tok/s | ITL P99 ms | TTFT P50 ms | requests | client loop lag P99 ms | "
+        "client CPU s | engine CPU s | probe status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         st = ", ".join(f"{k} {v[0]}" for k, v in r["statuses"].items() if k != "load") or "-"
         out.append(f"| {r['probe']} | {r['pair']} | {'on' if r['on'] else 'off'} | {r['tps']:.0f} | "
-                   f"{r['itl_p99_ms']:.1f} | {r['ttft_p50_ms']:.1f} | {r['requests']} | {r['cpu_s']:.2f} | "
+                   f"{r['itl_p99_ms']:.1f} | {r['ttft_p50_ms']:.1f} | {r['requests']} | "
+                   f"{r.get('loop_lag_p99_ms', float('nan')):.1f} | {r['cpu_s']:.2f} | "
                    f"{r['engine_cpu_s']:.1f} | "
                    f"{st} {_detail(r)} |")
     out += ["", "| probe | throughput on/off (median of pairs) | per-pair ratios | ITL P99 on/off | engine CPU per "
-            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | pairs |",
+            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | valid pairs |",
             "|---|---|---|---|---|---|---|---|"]
     for kind in args.probes:
         pairs = []
         for p in range(args.pairs):
             arm = {r["on"]: r for r in rows if r["probe"] == kind and r["pair"] == p}
-            if len(arm) == 2:
+            if len(arm) == 2 and all(_valid(a) for a in arm.values()):
                 pairs.append(arm)
         if not pairs:
             continue
@@ -345,8 +358,13 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         spy = [a[True]["pyspy_cores"] for a in pairs if "pyspy_cores" in a[True]]
         spy_txt = f"{statistics.median(spy):.3f}" if spy else "-"
         out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {ratios} | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
-                   f"{spy_txt} | {len(pairs)} |")
+                   f"{spy_txt} | {len(pairs)} of {args.pairs} |")
     return "\n".join(out) + "\n"
+
+
+def _valid(r: dict[str, Any]) -> bool:
+    lag = r.get("loop_lag_p99_ms", float("nan"))
+    return math.isnan(lag) or lag <= LAG_VALID_MS  # no health ticks recorded: cannot tell, kept
 
 
 def micro_report(micro: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
@@ -396,7 +414,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=16, help="toggle mode: windows per probe (a multiple of 4)")
     ap.add_argument("--window-s", type=float, default=8.0, help="toggle mode: seconds per window")
     ap.add_argument("--warm-s", type=float, default=6.0, help="toggle mode: load before the first window")
+    ap.add_argument("--realtime", action=argparse.BooleanOptionalAction, default=True,
+                    help="run this process (the load client) at SCHED_RR 1, like attach --realtime (default on: "
+                         "on a 2-core machine the CPU engine starves a normal-priority client, loop lag P99 "
+                         "0.4-1.6 s, and the blocks then measure the client, not the probe)")
     args = ap.parse_args()
+    rt = RealtimePriority() if args.realtime else None
+    if rt is not None:
+        info = rt.apply()
+        if not info["applied"]:
+            print(f"warning: {info['reason']}", file=sys.stderr)
     if args.mode == "toggle":
         ensure_engine()
         text = asyncio.run(toggle_main(args))
