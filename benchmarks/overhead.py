@@ -15,6 +15,8 @@ Probes, each at its default settings (what ``diagnose attach`` uses unless told 
   otel        the OTLP receiver (``--otlp``); the engine exports spans in every block (its exporter just
               fails to connect when the receiver is off), so the difference is the receiver's cost
   pyspy       host stacks of every engine process (``--pyspy``), 10 Hz, nonblocking
+  otel_sink   the OTLP receiver against a null sink on the same port (drops the exports undecoded): the
+              engine's export succeeds in both arms, so this is the receiver's own cost
   defaults    prometheus + otel + pyspy together
   profiler    the engine profiler trigger (``--profile-iterations``): deliberately costly for its window
 
@@ -49,6 +51,7 @@ from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
 
 from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.capture import run_capture  # noqa: E402
+from diagnose.model import ProbeStatus  # noqa: E402
 from diagnose.realtime import RealtimePriority  # noqa: E402
 from diagnose.workload import Phase, WorkloadSpec  # noqa: E402
 from harness.engine import VllmServer, ensure_engine  # noqa: E402
@@ -174,6 +177,44 @@ async def receiver_cost(n: int, proto: str) -> dict[str, float]:
             "bytes_per_span": (tmp / "b" / "spans.jsonl").stat().st_size / max(1, got)}
 
 
+class NullOtlpSink:
+    """The "off" arm of kind ``otel_sink``: a gRPC server on the receiver's port that accepts the engine's OTLP
+    trace exports and drops them undecoded. The engine's exporter then succeeds in both arms, so the
+    difference is diagnose's receiver alone (decode, join fields, write), not the engine's own export work."""
+
+    name = "otel_sink"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.exports = 0
+
+    def available(self, ctx: CaptureContext) -> tuple[bool, str]:
+        return True, ""
+
+    async def run(self, ctx: CaptureContext) -> ProbeStatus:
+        import grpc
+
+        async def export(request: bytes, context: object) -> bytes:
+            self.exports += 1
+            return b""  # an empty ExportTraceServiceResponse
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "opentelemetry.proto.collector.trace.v1.TraceService",
+            {"Export": grpc.unary_unary_rpc_method_handler(export)}),))  # no deserializer: raw bytes
+        server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await server.start()
+        try:
+            await ctx.stop.wait()
+        finally:
+            await server.stop(0)
+        return ProbeStatus(self.name, "ok", f"{self.exports} exports dropped", {"exports": self.exports})
+
+
+def off_arm(kind: str, args: argparse.Namespace) -> list[Probe]:
+    return [NullOtlpSink(args.grpc_port)] if kind == "otel_sink" else []  # type: ignore[list-item]
+
+
 def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmServer,
                 toggled: bool = False) -> list[Probe]:
     """The probes of one "on" arm, each at its defaults (the receiver on the ports the engine exports to;
@@ -182,7 +223,7 @@ def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmSer
         return [p for k in ("prometheus", "otel", "pyspy") for p in make_probes(k, args, prof, server, toggled)]
     if kind == "prometheus":
         return [PrometheusProbe()]
-    if kind == "otel":
+    if kind in ("otel", "otel_sink"):
         return [OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port,
                                   **({"drain_s": 0.0} if toggled else {}))]
     if kind == "pyspy":
@@ -206,7 +247,7 @@ async def main_async(args: argparse.Namespace) -> str:
                 order = (False, True) if pair % 2 == 0 else (True, False)
                 for on in order:
                     seed += 1
-                    extra = make_probes(kind, args, prof, server) if on else []
+                    extra = make_probes(kind, args, prof, server) if on else off_arm(kind, args)
                     m = await run_block(server, tmp / f"{kind}-{seed}", seed, args, extra)
                     m.update(probe=kind, on=on, pair=pair)
                     rows.append(m)
@@ -405,7 +446,7 @@ def main() -> None:
     ap.add_argument("--grpc-port", type=int, default=18460)
     ap.add_argument("--http-port", type=int, default=18461)
     ap.add_argument("--probes", nargs="+", default=["prometheus", "pyspy", "otel", "defaults"],
-                    choices=["prometheus", "otel", "pyspy", "defaults", "profiler"])
+                    choices=["prometheus", "otel", "otel_sink", "pyspy", "defaults", "profiler"])
     ap.add_argument("--micro-spans", type=int, default=20000, help="spans for the receiver CPU measurement")
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--mode", choices=["blocks", "toggle"], default="blocks",
