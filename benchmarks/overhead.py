@@ -12,8 +12,9 @@ loop, so the blocks measured the client rather than the server. Pairs with a sta
 
 Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise):
   prometheus  the /metrics scraper (on by default in attach), 1 s interval
-  otel        the OTLP receiver (``--otlp``); the engine exports spans in every block (its exporter just
-              fails to connect when the receiver is off), so the difference is the receiver's cost
+  otel        the OTLP receiver (``--otlp``) against nothing listening: the engine's exporter is refused
+              and drops its spans in the off arm, so the difference is the receiver plus the engine's own
+              export work (which ``otel_sink`` separates)
   pyspy       host stacks of every engine process (``--pyspy``), 10 Hz, nonblocking
   otel_sink   the OTLP receiver against a null sink on the same port (drops the exports undecoded): the
               engine's export succeeds in both arms, so this is the receiver's own cost
@@ -299,11 +300,10 @@ async def toggle_probe(server: VllmServer, kind: str, args: argparse.Namespace, 
             await asyncio.sleep(args.window_s)
         windows.append((t0, time.monotonic_ns(), on))
     await load
-    stamps = np.sort(np.concatenate([np.asarray(c["t_ns"], dtype=np.int64)
-                                     for c in open_bundle(out).records("chunks")] or [np.zeros(0, np.int64)]))
+    per_request = [np.asarray(c["t_ns"], dtype=np.int64) for c in open_bundle(out).records("chunks")]
+    stamps = np.sort(np.concatenate(per_request or [np.zeros(0, np.int64)]))
     gaps_by: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    for c in open_bundle(out).records("chunks"):
-        t = np.asarray(c["t_ns"], dtype=np.int64)
+    for t in per_request:
         for a, b, on in windows:
             sel = t[(t >= a) & (t < b)]
             if len(sel) > 1:

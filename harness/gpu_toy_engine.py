@@ -23,7 +23,8 @@ next N steps, written to ``--profiler-dir`` as P-rank0.pt.trace.json.gz, like vL
 
 Usage: gpu_toy_engine.py [--port 8000] [--weights-gb 8] [--hidden 8192] [--max-batch 64] [--host-ms 0]
                          [--device cuda] [--profiler-dir DIR]
-Runs on CPU too (``--device cpu`` with small weights), which is how its own test checks the API.
+Runs on CPU too (``--device cpu`` with small weights), which is how benchmarks/gpu_device_check.sh is
+checked without a GPU.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,6 @@ class Req:
     loop: asyncio.AbstractEventLoop
     done: int = 0
     prefilled: bool = False
-    t_arrival: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -108,11 +108,10 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                block = not self.running and not self.waiting
-                self.waiting.append(self.incoming.get(timeout=0.05) if block else self.incoming.get_nowait())
-            except queue.Empty:
-                if not self.running and not self.waiting:
+            if not self.running and not self.waiting:  # idle: wait for a request
+                try:
+                    self.waiting.append(self.incoming.get(timeout=0.05))
+                except queue.Empty:
                     continue
             while True:  # everything else that has arrived
                 try:

@@ -199,6 +199,8 @@ def gpm(dram: float, sm: float, occ: float, tensor: float) -> dict[int, float]:
 def recorded(bundle_dir: str | Path) -> FakeNvml:
     """Replay a REAL recording: the NVML samples a capture bundle holds (``gpu_samples``, e.g. the H200
     captures in sample_traces/h200_*), turned back into NVML's own units, one frame per recorded sample."""
+    from diagnose.probes.nvml import GPM_METRICS
+
     from diagnose.bundle import open_bundle
 
     recs = open_bundle(Path(bundle_dir)).records("gpu_samples")
@@ -207,8 +209,7 @@ def recorded(bundle_dir: str | Path) -> FakeNvml:
         i = dev["gpu"]
         frames = []
         for r in [r for r in recs if r["kind"] == "sample" and r["gpu"] == i]:
-            g = {mid: r[key] * 100.0 for key, mid in (("dram_bw_util_ratio", 10), ("sm_util_ratio", 2),
-                                                       ("sm_occupancy_ratio", 3), ("tensor_util_ratio", 5))
+            g = {mid: r[key] * 100.0 for key, mid in GPM_METRICS.items()
                  if key in r} if dev.get("gpm_supported") else None  # {} -> NaN readings, as NVML gives
             frames.append(frame(util=round(r["util_gpu_ratio"] * 100), mem_util=round(r["util_mem_ratio"] * 100),
                                 mem_used_gib=r["mem_used_bytes"] / 2**30, sm_clock=r["sm_clock_mhz"],
