@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +26,7 @@ import orjson
 
 from diagnose import __version__
 from diagnose.errors import BundleError
+from diagnose.manifest import Manifest, read_manifest
 from diagnose.model import Phase, ProbeStatus
 
 SCHEMA_VERSION = 1
@@ -228,14 +230,18 @@ class Bundle:
         """What the user gave: the bundle directory, or the trace / span file it was adapted from."""
         return self.path
 
+    @cached_property
+    def meta(self) -> Manifest:
+        """The manifest, typed and schema-checked (a wrong-typed field: BundleError naming the file and field)."""
+        return read_manifest(self.manifest, str(self.path / MANIFEST))
+
     @property
     def partial(self) -> bool:
-        return not bool(self.manifest.get("capture", {}).get("complete", False))
+        return not self.meta.capture.complete
 
     @property
     def capture_end_unix_ns(self) -> int | None:
-        end = (self.manifest.get("capture") or {}).get("ended_unix_ns")
-        return end if isinstance(end, int) and not isinstance(end, bool) else None
+        return self.meta.capture.ended_unix_ns
 
     def phases(self) -> list[Phase]:
         """The load phases (``phases`` stream), in order; a record without an integer start is skipped."""
@@ -244,14 +250,14 @@ class Bundle:
 
     @property
     def anchor_unix_ns(self) -> int:
-        return int(self.manifest.get("capture", {}).get("clock_anchor", {}).get("unix_ns", 0))
+        return self.meta.capture.anchor.unix_ns
 
     @property
     def anchor_mono_ns(self) -> int:
-        return int(self.manifest.get("capture", {}).get("clock_anchor", {}).get("monotonic_ns", 0))
+        return self.meta.capture.anchor.monotonic_ns
 
     def probe_statuses(self) -> list[ProbeStatus]:
-        return [ProbeStatus.from_json(v) for v in (self.manifest.get("probes") or {}).values()]
+        return list(self.meta.probes)
 
     def stream_file(self, name: str) -> Path | None:
         for cand in (f"{name}.jsonl", f"{name}.jsonl.gz"):
@@ -347,7 +353,8 @@ def open_bundle(path: str | Path) -> Bundle:
             f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}"
         )
     b = Bundle(path=p, manifest=manifest)
+    b.meta  # noqa: B018 - the schema check, here: a bad manifest is one line before any analysis starts
     if b.partial:
-        why = manifest.get("capture", {}).get("interrupted") or "capture did not finish (no end recorded)"
+        why = b.meta.capture.interrupted or "capture did not finish (no end recorded)"
         b.warnings.append(f"partial capture: {why}")
     return b

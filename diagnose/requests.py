@@ -26,7 +26,7 @@ PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("
 def _flag(df: pd.DataFrame, col: str) -> np.ndarray:
     if col not in df.columns:
         return np.zeros(len(df), dtype=bool)
-    return df[col].fillna(False).astype(bool).to_numpy()
+    return np.asarray(df[col].fillna(False).astype(bool).to_numpy(), dtype=bool)
 
 
 def window_mask(df: pd.DataFrame, window: Window, time_col: str = "sent_s",
@@ -34,20 +34,27 @@ def window_mask(df: pd.DataFrame, window: Window, time_col: str = "sent_s",
     """Rows of ``df`` (any per-request table with ``phase``/``warmup``/``profiled`` columns where it has them)
     that are in ``window``'s statistics. ``keep_unphased``: rows without a phase (server spans that no client
     request matched) are kept by time in a phase window."""
-    keep = ~_flag(df, "warmup") & ~_flag(df, "profiled")
-    t = pd.to_numeric(df[time_col], errors="coerce").to_numpy(dtype=float) if time_col in df.columns else None
-    in_time = (t >= window.start_s) & (t <= window.end_s) if t is not None else np.ones(len(df), dtype=bool)
+    keep: np.ndarray = ~_flag(df, "warmup") & ~_flag(df, "profiled")
+    in_time: np.ndarray = np.ones(len(df), dtype=bool)
+    if time_col in df.columns:
+        t = np.asarray(pd.to_numeric(df[time_col], errors="coerce"), dtype=float)
+        in_time = (t >= window.start_s) & (t <= window.end_s)
     if "phase" not in df.columns:
-        return keep & in_time
-    ph = pd.to_numeric(df["phase"], errors="coerce").to_numpy(dtype=float)
+        return _and(keep, in_time)
+    ph = np.asarray(pd.to_numeric(df["phase"], errors="coerce"), dtype=float)
     if window.phase is not None:
-        of_phase = ph == window.phase
+        of_phase: np.ndarray = ph == window.phase
         if keep_unphased:
             of_phase |= np.isnan(ph) & in_time
-        return keep & of_phase
+        return _and(keep, of_phase)
     if window.exclude_phases:
         keep &= ~np.isin(ph, np.asarray(window.exclude_phases, dtype=float))
-    return keep & in_time
+    return _and(keep, in_time)
+
+
+def _and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out: np.ndarray = a & b
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,8 @@ def select(requests: pd.DataFrame, window: Window) -> Selection:
 
 def finite(values: object) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
-    return arr[np.isfinite(arr)]
+    out: np.ndarray = arr[np.isfinite(arr)]
+    return out
 
 
 def percentiles(values: object, pcts: Sequence[tuple[str, float]] = PCTS) -> dict[str, float]:

@@ -109,3 +109,30 @@ def test_manifest_never_holds_api_key_field(tmp_path: Path) -> None:
     w.finish()
     text = (tmp_path / "b" / "manifest.json").read_text().lower()
     assert "api_key" not in text and "authorization" not in text
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("capture", "oops", "field capture: expected an object"),
+    ("clock_anchor", None, None),
+    ("clock_anchor", {"unix_ns": "1", "monotonic_ns": 0}, "field capture.clock_anchor.unix_ns"),
+    ("probes", ["load"], "field probes: expected an object"),
+    ("options", {"slo": "ttft_p99=1s"}, "field options.slo: expected an object"),
+    ("target", {"engine": 7}, "field target.engine: expected a string"),
+])
+def test_wrong_typed_manifest_field_is_one_line_naming_file_and_field(tmp_path: Path, field: str, value: object,
+                                                                       named: str | None) -> None:
+    w = BundleWriter(tmp_path / "b")
+    w.finish()
+    mf = tmp_path / "b" / "manifest.json"
+    m = json.loads(mf.read_text())
+    if field == "clock_anchor":
+        m["capture"]["clock_anchor"] = value
+    else:
+        m[field] = value
+    mf.write_text(json.dumps(m))
+    if named is None:  # a null anchor reads as "no anchor", not as a crash
+        assert open_bundle(tmp_path / "b").anchor_mono_ns == 0
+        return
+    with pytest.raises(BundleError) as e:
+        open_bundle(tmp_path / "b")
+    assert named in str(e.value) and str(mf) in str(e.value) and "\n" not in str(e.value)
