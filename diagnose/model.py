@@ -112,6 +112,7 @@ class Finding:
     causes: tuple[Cause, ...] = ()
     sources: tuple[str, ...] = ()
     runbook: str = ""
+    kind: str = "cause"  # "cause" | "symptom" (restates what is out of line; ranked after every cause)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

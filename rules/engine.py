@@ -91,6 +91,11 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
+def rank_key(f: Finding) -> tuple[bool, float, str]:
+    """Findings most important first: causes before symptoms, then by score."""
+    return (f.kind == "symptom", -f.score, f.rule_id)
+
+
 def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
                   thresholds: Mapping[str, float]) -> tuple[CauseStatus, str]:
     """("ruled out" | "supported" | "open", the evidence that decided it) from the cause's conditions."""
@@ -171,6 +176,7 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
         causes=_causes(spec, signals, thresholds),
         sources=sources,
         runbook=spec.runbook,
+        kind=spec.kind,
     )
 
 
@@ -220,7 +226,7 @@ def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], threshold
                 res.suppressed.append((rid, other))
                 del fired[rid]
                 break
-    res.findings = sorted(fired.values(), key=lambda f: (-f.score, f.rule_id))
+    res.findings = sorted(fired.values(), key=rank_key)
     return res
 
 

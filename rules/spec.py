@@ -18,6 +18,9 @@ CATALOG_DIR = Path(__file__).parent / "catalog"
 THRESHOLDS_FILE = Path(__file__).parent / "thresholds.yaml"
 FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace")
 SCOPES = ("run", "phase")
+# symptom: restates what is out of line (high TTFT, latency grows with load); cause: names why. The verdict and
+# the ranking put causes first: a symptom never outranks a cause that fired beside it.
+KINDS = ("cause", "symptom")
 DIRECTIONS = ("up", "down", "flat")
 ID_RE = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
 # a cause's machine-readable evidence: met in the bundle -> "supported" / "ruled out" (same syntax as `when`)
@@ -25,7 +28,7 @@ CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
-    "suppressed_by", "tags",
+    "suppressed_by", "tags", "kind",
 }
 
 
@@ -47,6 +50,7 @@ class RuleSpec:
     runbook: str = ""
     description: str = ""
     suppressed_by: tuple[str, ...] = ()
+    kind: str = "cause"
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -105,6 +109,8 @@ def spec_problems(raw: Any, path: str) -> list[str]:
             for sig, d in (exp.get("expect") or {}).items():
                 if d not in DIRECTIONS:
                     probs.append(f"{path}: expected direction {d!r} for {sig} not one of up/down/flat")
+    if raw.get("kind", "cause") not in KINDS:
+        probs.append(f"{path}: kind must be one of {', '.join(KINDS)}")
     conf = raw.get("confidence", 0.6)
     if not isinstance(conf, (int, float)) or not 0 < conf <= 1:
         probs.append(f"{path}: confidence must be in (0, 1]")
@@ -128,6 +134,7 @@ def parse_spec(raw: dict[str, Any], path: str) -> RuleSpec:
         confidence=float(raw.get("confidence", 0.6)),
         runbook=str(raw.get("runbook", "")),
         description=str(raw.get("description", "")),
+        kind=str(raw.get("kind", "cause")),
         suppressed_by=tuple(raw.get("suppressed_by") or ()),
         path=path,
         raw=raw,

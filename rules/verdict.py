@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from diagnose.rules.engine import rank_key
+
 from diagnose.model import Finding, Signal, Verdict, VerdictLevel
 
 ALARM = ("warning", "error", "critical")
 
 
 def ranked(findings: Sequence[Finding]) -> list[Finding]:
-    """Findings most important first: the order the verdict, the report and --json use."""
-    return sorted(findings, key=lambda f: (-f.score, f.rule_id))
+    """Findings most important first (causes before symptoms, then score): the order the verdict, the report
+    and --json use."""
+    return sorted(findings, key=rank_key)
 
 
 def invalidating(findings: Sequence[Finding]) -> list[Finding]:
@@ -58,6 +61,10 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
         f = top[0]
         more = len(top) - 1
         level: VerdictLevel = f.severity
+        if f.kind == "symptom":  # only symptoms fired: say what is out of line, and that no cause was found
+            return Verdict(level, f"{prefix}Symptom without an identified cause: {f.title}",
+                           f.hypothesis + " No cause rule fired: its candidate causes are listed below.",
+                           partial=partial, top_rule=f.rule_id)
         return Verdict(level, f"{prefix}Most likely: {f.title}",
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"
                                        if more else ""), partial=partial, top_rule=f.rule_id)

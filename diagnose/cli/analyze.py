@@ -40,7 +40,8 @@ def verdict_line(a: Analysis) -> str:
 
     if a.verdict is None:
         return ""
-    nums = key_numbers(a.signals) if a.verdict.judged else ""
+    pooled = sum(1 for p in a.phases if not p.is_baseline) > 1
+    nums = key_numbers(a.signals, "all levels pooled: " if pooled else "") if a.verdict.judged else ""
     return a.verdict.headline + (f" ({nums})" if nums else "")
 
 

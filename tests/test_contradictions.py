@@ -1,0 +1,57 @@
+"""Regression tests for the contradictions the pipeline issue quoted from real reports: findings never contradict
+the evidence beside them, and nothing judged on an invalid run is presented as a result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diagnose.reports.render import render_html
+from diagnose.reports.view_model import build_view
+
+from diagnose.pipeline import analyze
+
+SAMPLES = Path(__file__).parent.parent / "sample_traces"
+
+
+def test_the_engines_cap_is_read_from_the_bundle_and_the_kv_cause_is_ruled_out() -> None:
+    a = analyze(SAMPLES / "vllm_cpu_queue_bound")
+    assert a.signals["max_num_seqs"].value == 2  # from the engine's command line, recorded at capture
+    top = a.findings[0]
+    assert top.rule_id == "SCH001"
+    assert {e.signal: e.value for e in top.evidence}["max_num_seqs"] == 2
+    kv = next(c for c in top.causes if c.cause.startswith("KV-cache capacity"))
+    assert kv.status == "ruled out" and "kv_usage_max_ratio" in kv.status_evidence
+    assert top.causes[-1] is kv  # ruled-out causes come last, never first as a suggestion
+    html = render_html(a)
+    assert "cap n/a" not in html and "cap unknown" not in html
+    assert "Ruled out:</b> KV-cache capacity limits admission" in html
+    assert " 0% full" not in html
+
+
+def test_a_missing_setting_says_unknown_not_na() -> None:
+    from diagnose.rules.engine import evaluate
+    from diagnose.rules.spec import load_rules, load_thresholds
+
+    from diagnose.model import Signal
+
+    spec = [s for s in load_rules() if s.id == "SCH003"]
+    sig = {n: Signal(n, v, "", "server") for n, v in {"queue_depth_mean": 12.0, "running_requests_mean": 2.0,
+                                                        "running_requests_max": 2.0, "kv_usage_max_ratio": 0.0005}.items()}
+    f = evaluate(spec, sig, load_thresholds()).findings[0]
+    assert "(cap unknown)" in f.title and "n/a" not in f.title
+    assert "0.05% full" in f.hypothesis
+
+
+def test_nothing_judged_on_an_invalid_run_is_shown_as_a_result() -> None:
+    a = analyze(SAMPLES / "vllm_cpu_client_bound")
+    assert not a.run_valid and a.verdict is not None and a.verdict.level == "invalid"
+    view = build_view(a)
+    assert view["verdict"]["headline"].startswith("Run invalid: the load client was the bottleneck")
+    assert [f["rule_id"] for f in view["findings"]] == ["VAL001"]
+    assert "HST005" in {f["rule_id"] for f in view["not_judged"]}  # shown, but as not judged
+    tiles = view["verdict"]["key_numbers"] + [k for lv in view["verdict"]["by_level"] for k in lv["key_numbers"]]
+    assert all(k["signal"] not in ("goodput_ratio", "goodput_rps") for k in tiles)
+    html = render_html(a)
+    verdict = html[html.index('id="verdict"'): html.index('id="findings"')]
+    assert "within SLO" not in verdict
+    assert "not judged: run invalid" in html
