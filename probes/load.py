@@ -442,6 +442,13 @@ def workload_from_options(o: Options) -> WorkloadSpec:
     )
 
 
+def _enabled(o: Options) -> bool:
+    """Load is sent unless ``--observe``, which refuses a load level given with it."""
+    if o["observe"] and (o["concurrency"] or o["rate"]):
+        raise InputError("--observe sends no requests: drop --concurrency/--rate")
+    return not o["observe"]
+
+
 def _build(o: Options, setup: ProbeSetup) -> LoadProbe:
     return LoadProbe(setup.workload if setup.workload is not None else workload_from_options(o),
                      progress=o["progress"])
@@ -449,7 +456,7 @@ def _build(o: Options, setup: ProbeSetup) -> LoadProbe:
 
 SPEC = ProbeSpec(
     name="load", title="Load (the requests sent; none with --observe)",
-    enabled=lambda o: not o["observe"], build=_build,
+    enabled=_enabled, build=_build,
     options=(
         ProbeOption("--api", choices=("completions", "chat"), default="completions", show_default=True),
         ProbeOption("--concurrency", short="-c",
