@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,17 @@ def test_every_builtin_probe_declares_a_spec() -> None:
     assert [s.name for s in specs[:len(PROBE_MODULES)]] == ["load", "prometheus", "otel", "pyspy", "nvml", "profiler",
                                                             "pyinstrument", "otel_export"]
     assert all(s.title and s.options for s in specs)
+
+
+def test_help_and_version_load_no_probe_module() -> None:
+    """The probes' options are assembled when attach needs them: `diagnose --help` imports no probe module."""
+    code = ("import sys; from click.testing import CliRunner; from diagnose.cli.main import cli; "
+            "r = [CliRunner().invoke(cli, a) for a in (['--help'], ['--version'])]; "
+            "assert all(x.exit_code == 0 for x in r); "
+            "print(sorted(m for m in sys.modules if m.startswith('diagnose.probes.')))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["['diagnose.probes.base']"]
 
 
 def _built(*args: str) -> list[Any]:

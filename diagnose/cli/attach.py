@@ -4,8 +4,8 @@ The options are the capture's own (declared below: target, output, duration, SLO
 each probe module declares its options, when it runs and how it is built in its ``SPEC``
 (``diagnose.probes.PROBE_MODULES`` lists them). ``AttachCommand`` adds the probes' options when click first
 asks for the command's parameters, not at import, so ``diagnose --help`` loads no probe; ``attach --help``
-shows them in one section per probe. Nothing here names a probe except the load probe's workload, which
-the manifest records and the model check needs.
+shows them in one section per probe. The one probe named here is the load probe: attach builds its workload
+first (the manifest records it, and the target must then have a model) and notes --realtime in its status.
 """
 
 from __future__ import annotations
@@ -149,13 +149,12 @@ def attach(**o: Any) -> None:
         raise InputError(f"--url {o['url']!r}: expected http://HOST:PORT")
     target = Target(url=url, api_key=_api_key(o["api_key_env"]))
     slo = parse_slo(o["slo"])
-    specs = [spec for spec in probe_specs() if spec.enabled(o)]  # may refuse options that contradict
     workload: WorkloadSpec | None = None
     if not o["observe"]:
         from diagnose.probes.load import workload_from_options
 
         workload = workload_from_options(o)
-    probes = build_probes(o, ProbeSetup(target=target, workload=workload), specs)
+    probes = build_probes(o, ProbeSetup(target=target, workload=workload))  # bad values fail here, unconnected
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
     # set on this thread before the loop starts, so every thread and process the capture starts inherits it
     rt = RealtimePriority() if o["realtime"] else None
@@ -233,7 +232,6 @@ def _note_realtime(bundle: BundleWriter, statuses: dict[str, ProbeStatus], info:
     bundle.set_probe_status(st)
 
 
-def build_probes(o: Options, setup: ProbeSetup, specs: list[ProbeSpec] | None = None) -> list[Probe]:
-    """The probes this run enables (``specs``: the registered ones), built from the options in registry order."""
-    chosen = specs if specs is not None else [spec for spec in probe_specs() if spec.enabled(o)]
-    return [spec.build(o, setup) for spec in chosen]
+def build_probes(o: Options, setup: ProbeSetup) -> list[Probe]:
+    """Every registered probe these options enable, built from them, in registry order (the start order)."""
+    return [spec.build(o, setup) for spec in probe_specs() if spec.enabled(o)]
