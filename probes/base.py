@@ -83,8 +83,8 @@ class ProbeOption:
     """One command-line option a probe declares; ``attach`` turns it into a click option.
 
     ``flag`` is an on/off switch: ``--pyspy`` (off unless given) or a ``--nvml/--no-nvml`` pair with its
-    ``default``. Otherwise the option takes a value of ``type`` (str, int, float or Path), one of ``choices``
-    when given. ``short`` is a one-letter alias such as ``-c``.
+    ``default`` (None for a pair: neither given). Otherwise the option takes a value of ``type`` (str, int,
+    float or Path), one of ``choices`` when given. ``short`` is a one-letter alias such as ``-c``.
     """
 
     name: str

@@ -31,7 +31,7 @@ HELP_COL_MAX = 30  # click's default: the option column of every help section is
 
 def click_option(opt: ProbeOption) -> click.Option:
     """The click option for one probe option (help text, default and type as declared)."""
-    decls = [opt.name, *([opt.short] if opt.short else [])]
+    decls = [opt.key, opt.name, *([opt.short] if opt.short else [])]
     kw: dict[str, Any] = {"help": opt.help, "metavar": opt.metavar}
     if opt.show_default:
         kw["show_default"] = True
