@@ -37,6 +37,15 @@ EXPECTED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def loop_policy() -> Iterator[None]:
+    """attach installs uvloop's policy for the process (even when it then refuses an option): put the previous
+    one back, or later tests run their loops under uvloop."""
+    old = asyncio.get_event_loop_policy()
+    yield
+    asyncio.set_event_loop_policy(old)
+
+
 def _names(cmd: click.Command) -> set[str]:
     ctx = click.Context(cmd, info_name="attach", help_option_names=["-h", "--help"])
     return {n for p in cmd.get_params(ctx) for n in (*p.opts, *p.secondary_opts)}
@@ -177,11 +186,9 @@ NOTE = ProbeSpec(
 
 @pytest.fixture
 def note_probe() -> Iterator[None]:
-    old = asyncio.get_event_loop_policy()  # attach installs uvloop's policy: put the previous one back
     register(NOTE)
     yield
     unregister("note")
-    asyncio.set_event_loop_policy(old)
 
 
 def test_a_registered_probe_joins_attach(tmp_path: Path, note_probe: None) -> None:
