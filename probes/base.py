@@ -1,14 +1,19 @@
-"""The small protocol every probe implements, and the context a capture hands to it."""
+"""The small protocol every probe implements, the context a capture hands to it, and the spec by which a probe
+brings its own options to ``diagnose attach``."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from diagnose.bundle import BundleWriter
 from diagnose.model import ProbeStatus
+
+if TYPE_CHECKING:
+    from diagnose.workload import WorkloadSpec
 
 
 @dataclass
@@ -66,3 +71,60 @@ class Probe(Protocol):
     def available(self, ctx: CaptureContext) -> tuple[bool, str]: ...
 
     async def run(self, ctx: CaptureContext) -> ProbeStatus: ...
+
+
+# -- how a probe joins `diagnose attach` ------------------------------------------------------------------
+Options = Mapping[str, Any]
+"""Every option of one ``diagnose attach`` run, by parameter name (``--pyspy-rate`` is ``pyspy_rate``)."""
+
+
+@dataclass(frozen=True)
+class ProbeOption:
+    """One command-line option a probe declares; ``attach`` turns it into a click option.
+
+    ``flag`` is an on/off switch: ``--pyspy`` (off unless given) or a ``--nvml/--no-nvml`` pair with its
+    ``default`` (None for a pair: neither given). Otherwise the option takes a value of ``type`` (str, int,
+    float or Path), one of ``choices`` when given. ``short`` is a one-letter alias such as ``-c``.
+    """
+
+    name: str
+    help: str | None = None
+    type: type[Any] = str
+    default: Any = None
+    flag: bool = False
+    choices: tuple[str, ...] = ()
+    short: str | None = None
+    metavar: str | None = None
+    show_default: bool = False
+
+    @property
+    def key(self) -> str:
+        """The name its value has in :data:`Options`."""
+        return self.name.split("/")[0].lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ProbeSetup:
+    """What ``attach`` knows when it builds the probes, before it connects: the target as given and the
+    workload (None with ``--observe``: no load is sent)."""
+
+    target: Target
+    workload: WorkloadSpec | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSpec:
+    """A probe's entry in ``diagnose attach``: its options, when it runs, and how it is made from them.
+
+    ``enabled(opts)`` says whether this run wants the probe; ``build(opts, setup)`` makes it, raising
+    ``InputError`` (one line naming the option) for a value it cannot use. ``record(opts)`` adds entries
+    to the manifest's ``options`` (every run, enabled or not). ``title`` heads the probe's options in
+    ``attach --help``. Register it in ``diagnose.probes.PROBE_MODULES`` (or ``register`` it).
+    """
+
+    name: str
+    title: str
+    options: tuple[ProbeOption, ...] = ()
+    enabled: Callable[[Options], bool]
+    build: Callable[[Options, ProbeSetup], Probe]
+    record: Callable[[Options], dict[str, Any]] | None = None

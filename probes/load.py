@@ -25,15 +25,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
 
 from diagnose.bundle import StreamWriter, serialize_records
+from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
-from diagnose.workload import Phase, WorkloadSpec
+from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration
 
 CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
@@ -411,3 +412,73 @@ class _LoadRun:
                 gc.set_threshold(*gc_thresholds)
             await self.client.close()
             self.ctx.stop.set()
+
+
+# -- attach options: the workload ------------------------------------------------------------------------
+def workload_from_options(o: Options) -> WorkloadSpec:
+    """The workload these options ask for (``--duration``, ``--model``, ``--store-text`` are attach's own)."""
+    mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
+    num_requests, baseline = o["num_requests"], o["baseline"]
+    if num_requests is not None and num_requests <= 0:
+        raise InputError("--num-requests must be positive")
+    if not 0.0 <= o["shared_prefix"] < 1.0:
+        raise InputError("--shared-prefix must be a fraction in [0, 1)")
+    if o["input_tokens"] <= 0 or o["output_tokens"] <= 0:
+        raise InputError("--input-tokens and --output-tokens must be positive")
+    if o["burstiness"] <= 0:
+        raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
+    dur = parse_duration(o["duration"]) if o["duration"] else (None if num_requests else 30.0)
+    if baseline > 0:
+        base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
+        phases = (base, *(Phase(index=p.index + 1, name=p.name, concurrency=p.concurrency, rate=p.rate,
+                                max_concurrency=p.max_concurrency, num_requests=p.num_requests,
+                                duration_s=p.duration_s, role=p.role) for p in phases))
+    return WorkloadSpec(
+        mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=o["warmup"],
+        arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=o["input_tokens"],
+        output_tokens=o["output_tokens"], ignore_eos=o["ignore_eos"], api=o["api"],
+        shared_prefix_fraction=o["shared_prefix"], seed=o["seed"], request_timeout_s=parse_duration(o["timeout"]),
+        model=o["model"], store_text=o["store_text"],
+    )
+
+
+def _enabled(o: Options) -> bool:
+    """Load is sent unless ``--observe``, which refuses a load level given with it."""
+    if o["observe"] and (o["concurrency"] or o["rate"]):
+        raise InputError("--observe sends no requests: drop --concurrency/--rate")
+    return not o["observe"]
+
+
+def _build(o: Options, setup: ProbeSetup) -> LoadProbe:
+    return LoadProbe(setup.workload if setup.workload is not None else workload_from_options(o),
+                     progress=o["progress"])
+
+
+SPEC = ProbeSpec(
+    name="load", title="Load (the requests sent; none with --observe)",
+    enabled=_enabled, build=_build,
+    options=(
+        ProbeOption("--api", choices=("completions", "chat"), default="completions", show_default=True),
+        ProbeOption("--concurrency", short="-c",
+                    help="Closed loop: requests kept in flight; a list or ladder sweeps (1,4,16 or 1:64:x2)."),
+        ProbeOption("--rate", short="-r", help="Open loop: requests per second; a list or ladder sweeps (2,4,8)."),
+        ProbeOption("--arrival", choices=("poisson", "gamma", "constant"), default="poisson", show_default=True),
+        ProbeOption("--burstiness", type=float, default=1.0, show_default=True,
+                    help="Gamma shape (1 = Poisson, <1 burstier)."),
+        ProbeOption("--max-concurrency", type=int, help="Open loop: cap on requests in flight."),
+        ProbeOption("--num-requests", short="-n", type=int, help="Per load level, instead of a duration."),
+        ProbeOption("--warmup", type=int, default=2, show_default=True,
+                    help="Warm-up requests per level, excluded from statistics."),
+        ProbeOption("--baseline", type=int, default=8, show_default=True,
+                    help="Sequential requests at concurrency 1 first, as the run's own reference (0: none)."),
+        ProbeOption("--input-tokens", type=int, default=128, show_default=True),
+        ProbeOption("--output-tokens", type=int, default=64, show_default=True),
+        ProbeOption("--ignore-eos/--no-ignore-eos", flag=True, default=True, show_default=True,
+                    help="Ask the engine to generate exactly --output-tokens (where it supports it)."),
+        ProbeOption("--shared-prefix", type=float, default=0.0, show_default=True,
+                    help="Fraction of each prompt shared by all requests (prompts are otherwise unique)."),
+        ProbeOption("--seed", type=int, default=0, show_default=True),
+        ProbeOption("--timeout", default="60s", show_default=True, help="Per-request timeout."),
+        ProbeOption("--progress/--no-progress", flag=True, help="Live progress line (default: only on a terminal)."),
+    ),
+)

@@ -35,9 +35,10 @@ import threading
 import time
 from typing import Any
 
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.model import ProbeStatus
+from diagnose.workload import parse_duration
 
 NAME = "nvml"
 # clock-event (throttle) reasons that mean "slowed down" rather than idle or set by the user
@@ -298,3 +299,19 @@ def _shutdown(nv: Any) -> None:
 
 def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _build(o: Options, setup: ProbeSetup) -> NvmlProbe:
+    return NvmlProbe(interval_s=parse_duration(o["nvml_interval"]))
+
+
+SPEC = ProbeSpec(
+    name=NAME, title="GPU counters (NVML)",
+    enabled=lambda o: bool(o["nvml"]), build=_build,
+    options=(
+        ProbeOption("--nvml/--no-nvml", flag=True, default=True, show_default=True,
+                    help="Sample GPU counters (unavailable without a driver)."),
+        ProbeOption("--nvml-interval", default="100ms", show_default=True),
+    ),
+)

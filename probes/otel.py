@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.model import ProbeStatus
 from diagnose.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
@@ -290,3 +290,20 @@ def expected_trace_ids(bundle_path: Path) -> set[str]:
     except OSError:
         pass
     return out
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _build(o: Options, setup: ProbeSetup) -> OtlpReceiverProbe:
+    return OtlpReceiverProbe(grpc_port=o["otlp_grpc_port"], http_port=o["otlp_http_port"])
+
+
+SPEC = ProbeSpec(
+    name="otel", title="Engine spans (OTLP receiver)",
+    enabled=lambda o: bool(o["otlp"]), build=_build,
+    options=(
+        ProbeOption("--otlp", flag=True,
+                    help="Run an OTLP receiver (start the engine with --otlp-traces-endpoint pointing at it)."),
+        ProbeOption("--otlp-grpc-port", type=int, default=DEFAULT_GRPC_PORT, show_default=True),
+        ProbeOption("--otlp-http-port", type=int, default=DEFAULT_HTTP_PORT, show_default=True),
+    ),
+)

@@ -18,9 +18,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose import __version__
+from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
 
 SPAN_NAME = {"chat": "POST /v1/chat/completions", "completions": "POST /v1/completions"}
@@ -189,3 +190,21 @@ class OtlpExportProbe:
         if records:
             await asyncio.to_thread(self._export, exporter, records, ctx, resource, scope)
         return len(records)
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _build(o: Options, setup: ProbeSetup) -> OtlpExportProbe:
+    try:
+        return OtlpExportProbe(endpoint=o["otlp_export"])
+    except ValueError as e:  # not a URL
+        raise InputError(str(e)) from None
+
+
+SPEC = ProbeSpec(
+    name="otel_export", title="Client spans (OTLP export)",
+    enabled=lambda o: bool(o["otlp_export"]), build=_build,
+    options=(
+        ProbeOption("--otlp-export", metavar="URL",
+                    help="Also export one client span per request to this OTLP/HTTP collector."),
+    ),
+)

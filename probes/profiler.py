@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
+from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".trace.json", ".trace.json.gz")
@@ -221,3 +222,23 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], 
         return None, "", f"cannot connect to {url} ({e.os_error or e}); did the engine exit?"
     except aiohttp.ClientError as e:
         return None, "", f"{type(e).__name__}: {e}"
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _build(o: Options, setup: ProbeSetup) -> ProfilerProbe:
+    if o["profile_iterations"] < 1:
+        raise InputError(f"--profile-iterations {o['profile_iterations']}: must be at least 1")
+    if not o["profiler_dir"]:
+        raise InputError("--profile-iterations needs --profiler-dir (the engine's torch_profiler_dir)")
+    return ProfilerProbe(iterations=o["profile_iterations"], profiler_dir=o["profiler_dir"])
+
+
+SPEC = ProbeSpec(
+    name="profiler", title="Engine profiler (torch.profiler traces)",
+    enabled=lambda o: bool(o["profile_iterations"]), build=_build,
+    options=(
+        ProbeOption("--profile-iterations", type=int,
+                    help="Trigger the engine's profiler for this many engine steps."),
+        ProbeOption("--profiler-dir", type=Path, help="The engine's profiler output directory."),
+    ),
+)

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 
 from diagnose.model import ProbeStatus
+from diagnose.workload import parse_duration
 
 __all__ = ["PrometheusProbe", "ScrapeError", "parse_scrape", "prefilter"]
 
@@ -220,3 +221,23 @@ class PrometheusProbe:
             return ProbeStatus(self.name, "failed", f"no scrape of {url} succeeded: {stats.last_error}", detail=detail)
         reason = f"{stats.ok} scrapes" + (f", {stats.failed} failed ({stats.last_error})" if stats.failed else "")
         return ProbeStatus(self.name, "ok", reason, detail=detail)
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _interval_s(o: Options) -> float | None:
+    return None if o["no_metrics"] else parse_duration(o["metrics_interval"])
+
+
+def _build(o: Options, setup: ProbeSetup) -> PrometheusProbe:
+    return PrometheusProbe(interval_s=parse_duration(o["metrics_interval"]))
+
+
+SPEC = ProbeSpec(
+    name="prometheus", title="Server metrics (Prometheus /metrics)",
+    enabled=lambda o: not o["no_metrics"], build=_build,
+    record=lambda o: {"metrics_interval_s": _interval_s(o)},
+    options=(
+        ProbeOption("--metrics-interval", default="1s", show_default=True, help="Prometheus scrape interval."),
+        ProbeOption("--no-metrics", flag=True, help="Do not scrape /metrics."),
+    ),
+)

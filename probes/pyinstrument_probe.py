@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from diagnose.probes.base import CaptureContext
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
@@ -271,3 +271,15 @@ def load_summary(bundle_dir: Path) -> dict[str, Any] | None:
             rec = orjson.loads(line)
             return rec if isinstance(rec, dict) else None
     return None
+
+
+# -- attach options -------------------------------------------------------------------------------------
+def _build(o: Options, setup: ProbeSetup) -> ClientProfilerProbe:
+    return ClientProfilerProbe()
+
+
+SPEC = ProbeSpec(
+    name=NAME, title="Client profile (pyinstrument)",
+    enabled=lambda o: bool(o["profile_client"]), build=_build,
+    options=(ProbeOption("--profile-client", flag=True, help="Profile the load client itself with pyinstrument."),),
+)

@@ -1,4 +1,12 @@
-"""`diagnose attach`: capture evidence from a live OpenAI-compatible server into a bundle."""
+"""`diagnose attach`: capture evidence from a live OpenAI-compatible server into a bundle.
+
+The options are the capture's own (declared below: target, output, duration, SLO, ...) plus every probe's:
+each probe module declares its options, when it runs and how it is built in its ``SPEC``
+(``diagnose.probes.PROBE_MODULES`` lists them). ``AttachCommand`` adds the probes' options when click first
+asks for the command's parameters, not at import, so ``diagnose --help`` loads no probe; ``attach --help``
+shows them in one section per probe. The one probe named here is the load probe: attach builds its workload
+first (the manifest records it, and the target must then have a model) and notes --realtime in its status.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +21,87 @@ import click
 from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
-from diagnose.probes.base import Probe, Target
+from diagnose.probes import probe_specs
+from diagnose.probes.base import Options, Probe, ProbeOption, ProbeSetup, ProbeSpec, Target
 from diagnose.realtime import RealtimePriority
-from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration, parse_slo
+from diagnose.workload import WorkloadSpec, parse_duration, parse_slo
+
+HELP_COL_MAX = 30  # click's default: the option column of every help section is this wide
+
+
+def click_option(opt: ProbeOption) -> click.Option:
+    """The click option for one probe option (help text, default and type as declared)."""
+    decls = [opt.key, opt.name, *([opt.short] if opt.short else [])]
+    kw: dict[str, Any] = {"help": opt.help, "metavar": opt.metavar}
+    if opt.show_default:
+        kw["show_default"] = True
+    if opt.flag:
+        kw["is_flag"] = True
+        if "/" in opt.name or opt.default is not None:  # an on/off pair may default to None: "not given"
+            kw["default"] = opt.default
+    else:
+        kw["default"] = opt.default
+        if opt.choices:
+            kw["type"] = click.Choice(list(opt.choices))
+        elif opt.type is Path:
+            kw["type"] = click.Path(path_type=Path)
+        elif opt.type is not str:
+            kw["type"] = opt.type
+    return click.Option(decls, **kw)
+
+
+class AttachCommand(click.Command):
+    """A command whose parameters are its own plus those of every registered probe (in registry order).
+
+    They are assembled on first use and again whenever the registry changes; ``--help`` lists the
+    command's own options first, then one section per probe headed by its ``title``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._own: list[click.Parameter] = []
+        self._assembled: list[click.Parameter] = []
+        self._sections: list[tuple[str, list[click.Parameter]]] = []
+        self._for: tuple[int, ...] | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        specs = probe_specs()
+        if self._for != tuple(map(id, specs)):
+            self._assemble(specs)
+        return self._assembled
+
+    @params.setter
+    def params(self, value: list[click.Parameter]) -> None:
+        self._own = list(value)
+        self._for = None
+
+    def _assemble(self, specs: tuple[ProbeSpec, ...]) -> None:
+        owner = {name: "attach" for p in self._own for name in (*p.opts, *p.secondary_opts, p.name or "")}
+        sections: list[tuple[str, list[click.Parameter]]] = []
+        for spec in specs:
+            params: list[click.Parameter] = [click_option(opt) for opt in spec.options]
+            for p in params:
+                for name in (*p.opts, *p.secondary_opts, p.name or ""):
+                    if name in owner:
+                        raise ValueError(f"probe {spec.name!r}: option {name} is already {owner[name]}'s")
+                    owner[name] = f"probe {spec.name!r}"
+            sections.append((spec.title, params))
+        self._sections = sections
+        self._assembled = [*self._own, *(p for _, ps in sections for p in ps)]
+        self._for = tuple(map(id, specs))
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        params = self.get_params(ctx)  # assembles; its last one is --help
+        probe_params = {id(p) for _, ps in self._sections for p in ps}
+        groups = [("Options", [p for p in params if id(p) not in probe_params]), *self._sections]
+        rows = [(title, [rv for p in ps if (rv := p.get_help_record(ctx)) is not None]) for title, ps in groups]
+        # pad the option column to one width so that every section lines up with the others
+        width = min(HELP_COL_MAX, max((len(r[0]) for _, rs in rows for r in rs), default=0))
+        for title, rs in rows:
+            if rs:
+                with formatter.section(title):
+                    formatter.write_dl([(name.ljust(width), text) for name, text in rs], col_max=HELP_COL_MAX)
 
 
 def _event_loop_policy() -> None:
@@ -27,35 +113,6 @@ def _event_loop_policy() -> None:
         pass
 
 
-def build_workload(*, concurrency: str | None, rate: str | None, max_concurrency: int | None, duration: str | None,
-                   num_requests: int | None, warmup: int, baseline: int, arrival: str, burstiness: float,
-                   input_tokens: int, output_tokens: int, ignore_eos: bool, api: str, shared_prefix: float,
-                   seed: int, timeout: str, model: str | None, store_text: bool) -> WorkloadSpec:
-    mode, phases = build_phases(concurrency, rate, max_concurrency)
-    if num_requests is not None and num_requests <= 0:
-        raise InputError("--num-requests must be positive")
-    if not 0.0 <= shared_prefix < 1.0:
-        raise InputError("--shared-prefix must be a fraction in [0, 1)")
-    if input_tokens <= 0 or output_tokens <= 0:
-        raise InputError("--input-tokens and --output-tokens must be positive")
-    if burstiness <= 0:
-        raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
-    dur = parse_duration(duration) if duration else (None if num_requests else 30.0)
-    if baseline > 0:
-        base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
-        phases = (base, *(Phase(index=p.index + 1, name=p.name, concurrency=p.concurrency, rate=p.rate,
-                                max_concurrency=p.max_concurrency, num_requests=p.num_requests,
-                                duration_s=p.duration_s, role=p.role) for p in phases))
-    return WorkloadSpec(
-        mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=warmup,
-        arrival=arrival,  # type: ignore[arg-type]
-        burstiness=burstiness, input_tokens=input_tokens, output_tokens=output_tokens, ignore_eos=ignore_eos,
-        api=api,  # type: ignore[arg-type]
-        shared_prefix_fraction=shared_prefix, seed=seed, request_timeout_s=parse_duration(timeout), model=model,
-        store_text=store_text,
-    )
-
-
 def _api_key(api_key_env: str | None) -> str | None:
     if api_key_env:
         key = os.environ.get(api_key_env)
@@ -65,53 +122,17 @@ def _api_key(api_key_env: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
-@click.command()
+@click.command(cls=AttachCommand)
 @click.option("--url", required=True, help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Bundle directory (default: ./diagnose-<time>).")
 @click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from this environment variable "
               "(default: OPENAI_API_KEY when set). The key is never written to disk.")
 @click.option("--model", help="Model name (default: the first model of /v1/models).")
-@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
-@click.option("--concurrency", "-c", help="Closed loop: requests kept in flight; a list or ladder sweeps (1,4,16 or 1:64:x2).")
-@click.option("--rate", "-r", help="Open loop: requests per second; a list or ladder sweeps (2,4,8).")
-@click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), default="poisson", show_default=True)
-@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape (1 = Poisson, <1 burstier).")
-@click.option("--max-concurrency", type=int, help="Open loop: cap on requests in flight.")
 @click.option("--duration", "-d", help="Per load level (e.g. 30s, 2m). Default 30s unless --num-requests.")
-@click.option("--num-requests", "-n", type=int, help="Per load level, instead of a duration.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Warm-up requests per level, excluded from statistics.")
-@click.option("--baseline", type=int, default=8, show_default=True,
-              help="Sequential requests at concurrency 1 first, as the run's own reference (0: none).")
-@click.option("--input-tokens", type=int, default=128, show_default=True)
-@click.option("--output-tokens", type=int, default=64, show_default=True)
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Ask the engine to generate exactly --output-tokens (where it supports it).")
-@click.option("--shared-prefix", type=float, default=0.0, show_default=True,
-              help="Fraction of each prompt shared by all requests (prompts are otherwise unique).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--timeout", default="60s", show_default=True, help="Per-request timeout.")
 @click.option("--slo", help="Service-level objective, e.g. ttft_p99=500ms,itl_p99=50ms (goodput and judgements use it).")
-@click.option("--metrics-interval", default="1s", show_default=True, help="Prometheus scrape interval.")
-@click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
-@click.option("--otlp", is_flag=True, help="Run an OTLP receiver (start the engine with --otlp-traces-endpoint pointing at it).")
-@click.option("--otlp-grpc-port", type=int, default=4317, show_default=True)
-@click.option("--otlp-http-port", type=int, default=4318, show_default=True)
-@click.option("--otlp-export", metavar="URL", help="Also export one client span per request to this OTLP/HTTP collector.")
-@click.option("--pyspy", is_flag=True, help="Sample host stacks of every engine process with py-spy.")
-@click.option("--pid", type=int, help="Server PID for --pyspy (default: found from the listening port).")
-@click.option("--pyspy-rate", type=int, default=10, show_default=True,
-              help="py-spy samples per second (10 Hz costs about 0.04 of a core; 50 Hz about 4x that).")
-@click.option("--pyspy-blocking", is_flag=True,
-              help="Pause each process while sampling (exact stacks, more cost); default is nonblocking.")
-@click.option("--nvml/--no-nvml", default=True, show_default=True, help="Sample GPU counters (unavailable without a driver).")
-@click.option("--nvml-interval", default="100ms", show_default=True)
-@click.option("--profile-iterations", type=int, help="Trigger the engine's profiler for this many engine steps.")
-@click.option("--profiler-dir", type=click.Path(path_type=Path), help="The engine's profiler output directory.")
-@click.option("--profile-client", is_flag=True, help="Profile the load client itself with pyinstrument.")
 @click.option("--observe", is_flag=True, help="Send no requests: only observe a server carrying real traffic.")
 @click.option("--store-text", is_flag=True, help="Store prompt and output text in the bundle (off by default).")
-@click.option("--progress/--no-progress", default=None, help="Live progress line (default: only on a terminal).")
 @click.option("--realtime", is_flag=True,
               help="Run the load client's event loop at real-time priority (SCHED_RR 1; needs root or "
                    "CAP_SYS_NICE), so a CPU-bound engine on the same machine cannot starve it and invalidate the "
@@ -126,26 +147,21 @@ def attach(**o: Any) -> None:
         url = url[:-3]
     if not url.startswith(("http://", "https://")):
         raise InputError(f"--url {o['url']!r}: expected http://HOST:PORT")
-    target = Target(url=url, api_key=_api_key(o["api_key_env"]), pid=o["pid"])
+    target = Target(url=url, api_key=_api_key(o["api_key_env"]))
     slo = parse_slo(o["slo"])
     workload: WorkloadSpec | None = None
-    if o["observe"]:
-        if o["concurrency"] or o["rate"]:
-            raise InputError("--observe sends no requests: drop --concurrency/--rate")
-    else:
-        workload = build_workload(
-            concurrency=o["concurrency"], rate=o["rate"], max_concurrency=o["max_concurrency"], duration=o["duration"],
-            num_requests=o["num_requests"], warmup=o["warmup"], baseline=o["baseline"], arrival=o["arrival"],
-            burstiness=o["burstiness"], input_tokens=o["input_tokens"], output_tokens=o["output_tokens"],
-            ignore_eos=o["ignore_eos"], api=o["api"], shared_prefix=o["shared_prefix"], seed=o["seed"],
-            timeout=o["timeout"], model=o["model"], store_text=o["store_text"])
+    if not o["observe"]:
+        from diagnose.probes.load import workload_from_options
+
+        workload = workload_from_options(o)
+    probes = build_probes(o, ProbeSetup(target=target, workload=workload))  # bad values fail here, unconnected
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
     # set on this thread before the loop starts, so every thread and process the capture starts inherits it
     rt = RealtimePriority() if o["realtime"] else None
     if rt is not None:
         rt.apply()
     try:
-        code = asyncio.run(_attach(target, workload, out, o, slo, rt))
+        code = asyncio.run(_attach(target, workload, probes, out, o, slo, rt))
     finally:
         if rt is not None:
             rt.restore()
@@ -153,7 +169,7 @@ def attach(**o: Any) -> None:
         raise click.exceptions.Exit(code)
 
 
-async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: dict[str, Any],
+async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Probe], out: Path, o: Options,
                   slo: dict[str, float], rt: RealtimePriority | None = None) -> int:
     from diagnose.capture import check_target, run_capture
 
@@ -166,8 +182,10 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
     target.model = (workload.model if workload else None) or (info.models[0] if info.models else None)
     if workload is not None and target.model is None:
         raise InputError(f"{target.url}/v1/models lists no model: pass --model")
-    options = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"]),
-               "metrics_interval_s": parse_duration(o["metrics_interval"]) if not o["no_metrics"] else None}
+    options: dict[str, Any] = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"])}
+    for spec in probe_specs():
+        if spec.record is not None:
+            options.update(spec.record(o))
     if rt is not None:
         options["realtime"] = dict(rt.info)
         if not rt.info["applied"]:
@@ -177,7 +195,6 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
                           target={"url": target.url, "engine": info.name, "engine_version": info.version,
                                   "model": target.model, "models": list(info.models),
                                   "engine_evidence": list(info.evidence), "engine_config": info.config})
-    probes = build_probes(workload, o, bundle)
     duration = parse_duration(o["duration"]) if (o["observe"] and o["duration"]) else None
     if o["observe"] and duration is None:
         duration = 30.0
@@ -215,40 +232,6 @@ def _note_realtime(bundle: BundleWriter, statuses: dict[str, ProbeStatus], info:
     bundle.set_probe_status(st)
 
 
-def build_probes(workload: WorkloadSpec | None, o: dict[str, Any], bundle: BundleWriter) -> list[Probe]:
-    probes: list[Probe] = []
-    if workload is not None:
-        from diagnose.probes.load import LoadProbe
-
-        probes.append(LoadProbe(workload, progress=o["progress"]))
-    if not o["no_metrics"]:
-        from diagnose.probes.prometheus import PrometheusProbe
-
-        probes.append(PrometheusProbe(interval_s=parse_duration(o["metrics_interval"])))
-    if o["otlp"]:
-        from diagnose.probes.otel import OtlpReceiverProbe
-
-        probes.append(OtlpReceiverProbe(grpc_port=o["otlp_grpc_port"], http_port=o["otlp_http_port"]))
-    if o["pyspy"]:
-        from diagnose.probes.pyspy import PySpyProbe
-
-        probes.append(PySpyProbe(pid=o["pid"], rate=o["pyspy_rate"], nonblocking=not o["pyspy_blocking"]))
-    if o["nvml"]:
-        from diagnose.probes.nvml import NvmlProbe
-
-        probes.append(NvmlProbe(interval_s=parse_duration(o["nvml_interval"])))
-    if o["profile_iterations"]:
-        if not o["profiler_dir"]:
-            raise InputError("--profile-iterations needs --profiler-dir (the engine's torch_profiler_dir)")
-        from diagnose.probes.profiler import ProfilerProbe
-
-        probes.append(ProfilerProbe(iterations=o["profile_iterations"], profiler_dir=o["profiler_dir"]))
-    if o["profile_client"]:
-        from diagnose.probes.pyinstrument_probe import ClientProfilerProbe
-
-        probes.append(ClientProfilerProbe())
-    if o["otlp_export"]:
-        from diagnose.probes.otel_export import OtlpExportProbe
-
-        probes.append(OtlpExportProbe(endpoint=o["otlp_export"]))
-    return probes
+def build_probes(o: Options, setup: ProbeSetup) -> list[Probe]:
+    """Every registered probe these options enable, built from them, in registry order (the start order)."""
+    return [spec.build(o, setup) for spec in probe_specs() if spec.enabled(o)]
