@@ -41,12 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # -- workers (run pinned, in a child process) -----------------------------------------------------------
 async def _diagnose_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
-    from diagnose.probes.base import CaptureContext, Target
-    from diagnose.probes.load import LoadProbe
-
     from diagnose.analysis import Window
     from diagnose.bundle import BundleWriter, open_bundle
     from diagnose.normalize import client as norm
+    from diagnose.probes.base import CaptureContext, Target
+    from diagnose.probes.load import LoadProbe
     from diagnose.workload import WorkloadSpec, build_phases
 
     mode, phases = build_phases(str(c), None)

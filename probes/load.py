@@ -25,14 +25,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
+
+from diagnose.bundle import StreamWriter, serialize_records
+from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext
 from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
-
-from diagnose.bundle import StreamWriter, serialize_records
-from diagnose.model import ProbeStatus
 from diagnose.workload import Phase, WorkloadSpec
 
 CONNECT_ERRORS = ("refused", "connect")

@@ -35,9 +35,8 @@ import threading
 import time
 from typing import Any
 
-from diagnose.probes.base import CaptureContext
-
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext
 
 NAME = "nvml"
 # clock-event (throttle) reasons that mean "slowed down" rather than idle or set by the user

@@ -18,10 +18,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
-from diagnose.probes.base import CaptureContext
 
 from diagnose import __version__
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext
 
 SPAN_NAME = {"chat": "POST /v1/chat/completions", "completions": "POST /v1/completions"}
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from diagnose.probes.base import CaptureContext
 
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".trace.json", ".trace.json.gz")
 TABLE_SUFFIX = ".profiler_out.txt"

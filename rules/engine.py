@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from diagnose.rules.conditions import Evaluator, resolve_threshold
-from diagnose.rules.spec import RuleSpec
-
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
@@ -24,6 +21,8 @@ from diagnose.model import (
     NotEvaluated,
     Signal,
 )
+from diagnose.rules.conditions import Evaluator, resolve_threshold
+from diagnose.rules.spec import RuleSpec
 
 SOURCE_RANK = ("client", "server", "host", "gpu", "trace")
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from diagnose.rules.cases import case_file_for, load_cases
 from diagnose.rules.conditions import ConditionError, Evaluator, referenced_thresholds
 from diagnose.rules.spec import CATALOG_DIR, load_raw, load_thresholds, parse_spec, rule_files, spec_problems
-
 from diagnose.signal_catalog import is_known
 
 
