@@ -45,7 +45,7 @@ class _SafeFormatter(string.Formatter):
 
     def format_field(self, value: Any, format_spec: str) -> str:
         try:
-            return super().format_field(value, format_spec)
+            return str(super().format_field(value, format_spec))
         except (ValueError, TypeError):
             return str(value)
 
