@@ -52,6 +52,24 @@ SERVER_HISTOGRAMS: tuple[tuple[str, tuple[int, ...], bool, str], ...] = (
     ("itl", (50, 99), False, "server inter-token latency"),
     ("e2e", (50, 99), False, "server end-to-end latency"),
 )
+# the engine settings that become signals (from the server's info or command line): the keys and units of
+# diagnose/normalize/prometheus.py ENGINE_SETTINGS, as (name, unit, what)
+ENGINE_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("max_num_seqs", "requests", "the batch-size cap (running requests)"),
+    ("max_num_batched_tokens", "tokens", "tokens per engine step, cap"),
+    ("kv_capacity_tokens", "tokens", "KV-cache capacity in tokens"),
+    ("kv_block_size_tokens", "tokens", "KV-cache block size in tokens"),
+    ("kv_blocks", "blocks", "KV-cache blocks"),
+    ("prefix_caching", "flag", "prefix caching on (1) or off (0)"),
+    ("chunked_prefill", "flag", "chunked prefill on (1) or off (0)"),
+    ("cuda_graphs", "flag", "CUDA graphs on (1) or off (0, eager)"),
+    ("tensor_parallel_size", "ranks", "tensor-parallel size"),
+    ("max_model_len", "tokens", "maximum model length"),
+    ("context_size", "tokens", "context size (llama.cpp)"),
+    ("max_concurrent_requests", "requests", "maximum concurrent requests (TGI)"),
+    ("max_batch_total_tokens", "tokens", "maximum tokens in a batch (TGI)"),
+    ("threads", "threads", "engine threads (llama.cpp)"),
+)
 # span_<stem>_p50_ms / _p99_ms from the engine's request spans (diagnose/normalize/otel.py)
 SPAN_STEMS: tuple[tuple[str, str], ...] = (
     ("queue_time", "queue time"), ("prefill_time", "prefill time"), ("decode_time", "decode time"),
@@ -148,8 +166,7 @@ _PROMETHEUS: list[_Entry] = [
     ("server_ttft_client_gap_mean_ms", "ms",
      "client mean TTFT - server mean TTFT: time outside the engine's TTFT interval (ms)"),
     ("batch_tokens_per_step_mean", "tokens", "tokens per engine step, mean"),
-    ("max_num_seqs", "requests", "the engine's batch-size cap (from its config info)"),
-    ("kv_capacity_tokens", "tokens", "KV-cache capacity in tokens (server configuration)"),
+    *[(name, unit, f"engine setting: {what}") for name, unit, what in ENGINE_SETTINGS],
 ]
 
 _OTEL: list[_Entry] = [

@@ -2,7 +2,7 @@
 
 Inputs: every sample bundle in sample_traces/, every trace in tests/data/traces (the lone-trace path), and a
 few small synthetic inputs for the paths no shipped sample takes (a sweep with every SLO term, a bundle with
-OTLP spans joined to requests, the engine's max_num_seqs in the manifest, a trace with mixed steps, an NVML
+OTLP spans joined to requests, every engine setting in the manifest, a trace with mixed steps, an NVML
 capture with NVLink counters from the fake NVML library). Used by tests/test_signal_catalog.py.
 """
 
@@ -15,12 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnose.analysis import Window
-from diagnose.bundle import open_bundle
-from diagnose.model import Signal
+from diagnose.bundle import Bundle
+from diagnose.model import Signal, Window
 from diagnose.normalize import derived, load_normalizers
-from diagnose.pipeline import phase_window, phases_of, run_window
-from diagnose.trace import analyze_trace
+from diagnose.pipeline import open_input, run_window
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
@@ -52,35 +50,39 @@ def _emit(sigs: list[Signal], producer: str, where: str) -> Iterator[Emitted]:
 
 
 def from_bundle(path: Path) -> list[Emitted]:
+    return from_input(open_input(path), str(path))
+
+
+def from_trace(path: Path) -> list[Emitted]:
+    """A lone trace goes through the same stages, adapted into an in-memory bundle (pipeline.open_input)."""
+    return from_input(open_input(path), str(path))
+
+
+def from_input(b: Bundle, where: str) -> list[Emitted]:
     """Every normaliser over the run window, each phase window and all time (a synthetic bundle's manifest
     window need not cover its records), then the derived signals of the run window."""
-    b = open_bundle(path)
     mods = load_normalizers()
     tables = {}
     for m in mods:
         tables.update(m.tables(b))
-    phases = phases_of(b)
+    phases = b.phases()
     out: list[Emitted] = []
     run: dict[str, Signal] = {}
     per_phase: dict[int, dict[str, Signal]] = {}
-    windows = [run_window(b, phases), *(phase_window(p) for p in phases), Window(-math.inf, math.inf)]
+    windows = [run_window(b, phases), *(p.window() for p in phases), Window(-math.inf, math.inf)]
     for i, w in enumerate(windows):
         got: dict[str, Signal] = {}
         for m in mods:
             sigs = [s for s in m.signals(tables, w) if s.is_finite()]
-            out.extend(_emit(sigs, m.__name__, str(path)))
+            out.extend(_emit(sigs, m.__name__, where))
             got.update({s.name: s for s in sigs})
         if i == 0:
             run = got
         elif i <= len(phases):
-            per_phase[int(phases[i - 1].get("phase", 0))] = got
+            per_phase[phases[i - 1].phase] = got
     d = derived.signals(run, phases, per_phase, b.manifest)
-    out.extend(_emit(list(d.values()), derived.__name__, str(path)))
+    out.extend(_emit(list(d.values()), derived.__name__, where))
     return out
-
-
-def from_trace(path: Path) -> list[Emitted]:
-    return list(_emit(analyze_trace(path).signals, "diagnose.trace.report", str(path)))
 
 
 # -- synthetic inputs for the paths no shipped sample takes ---------------------------------------------------
@@ -111,11 +113,13 @@ def synthetic_otel_join(tmp: Path) -> Path:
 
 
 def sample_with_engine_config(tmp: Path) -> Path:
-    """A shipped sample whose manifest states the engine's max_num_seqs (as a server info endpoint would)."""
+    """A shipped sample whose manifest states every engine setting (as a server info endpoint would)."""
+    from diagnose.normalize.prometheus import ENGINE_SETTINGS
+
     dst = tmp / "bundle"
     shutil.copytree(SAMPLES / "vllm_cpu_queue_bound" / "bundle", dst)
     m = json.loads((dst / "manifest.json").read_text())
-    m["target"]["engine_config"] = {"max_num_seqs": 2}
+    m["target"]["engine_config"] = {key: 2 for key in ENGINE_SETTINGS}
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst
 

@@ -20,6 +20,7 @@ from diagnose.normalize import derived, host_stacks, prometheus
 from diagnose.rules.lint import lint
 from diagnose.signal_catalog import (
     CATALOG,
+    ENGINE_SETTINGS,
     HOST_CATEGORIES,
     PCTS,
     SERVER_HISTOGRAMS,
@@ -80,6 +81,7 @@ def test_families_follow_the_code_that_emits_them() -> None:
             prometheus._HISTOGRAM_SIGNALS]
     assert hist == [(stem, pcts, mean) for stem, pcts, mean, _what in SERVER_HISTOGRAMS]
     assert SLO_METRICS == derived.SLO_METRICS and PCTS == derived.PCTS
+    assert {n: u for n, u, _what in ENGINE_SETTINGS} == prometheus.ENGINE_SETTINGS
     for cat in host_stacks.CATEGORIES:
         assert is_known(f"host_{cat}_cpu_share_ratio"), cat
 
