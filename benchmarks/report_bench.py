@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report_bench.md")
     args = ap.parse_args()
     import numpy as np
+
     from diagnose.reports.demo import synthetic_analysis
     from diagnose.reports.render import render_html
 

@@ -33,14 +33,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
-from diagnose.probes.base import CaptureContext, Target  # noqa: E402
-from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
 
 from diagnose.analysis import Window  # noqa: E402
 from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.errors import DiagnoseError  # noqa: E402
 from diagnose.normalize import prometheus as prom  # noqa: E402
 from diagnose.normalize.prom_hist import cross_check, empirical_cdf_at  # noqa: E402
+from diagnose.probes.base import CaptureContext, Target  # noqa: E402
+from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "red", "green", "blue", "cyan", "magenta", "yellow", "black", "white"]
 

@@ -1,130 +1,274 @@
-"""Every signal name rules may use, with its unit and meaning.
+"""Every signal, declared once: name, unit, source, producer and meaning.
 
-Rules are linted against this vocabulary (`diagnose rules lint`), and a test checks that every signal the
-normalisers emit on the shipped samples is listed here. Names carry their unit as a suffix.
+Rules may use only names declared here: `diagnose rules lint` rejects any other name (an exact match, no
+prefix or suffix patterns). tests/test_signal_catalog.py runs every producer over every shipped sample and
+trace (plus small synthetic inputs for the paths no sample takes) and checks both ways: each emitted signal is
+declared with the unit, source and producer it was emitted with, and each declared signal is emitted by its
+producer.
+
+Families (percentiles, SLO terms, histogram quantiles, host categories) are generated below from explicit
+lists; every name they generate is an exact entry. Adding a signal to a normaliser means adding it here.
 """
 
 from __future__ import annotations
 
-_PCTS = ("p50", "p90", "p95", "p99", "max")
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from diagnose.model import Source
 
 
-def _lat(prefix: str, what: str, pcts: tuple[str, ...] = _PCTS) -> dict[str, str]:
-    return {f"{prefix}_{p}_ms": f"{what}, {p.upper() if p != 'max' else 'max'} (ms)" for p in pcts}
+@dataclass(frozen=True)
+class SignalSpec:
+    name: str
+    unit: str  # the unit the producer emits (Signal.unit)
+    source: Source  # Signal.source
+    producer: str  # the module that computes it
+    description: str
 
 
-SIGNALS: dict[str, str] = {
-    # client (normalize/client.py)
-    **_lat("ttft", "time to first token, client side"),
-    **_lat("itl", "inter-token latency, pooled chunk gaps"),
-    **_lat("tpot", "time per output token (E2E - TTFT)/(n - 1)", ("p50", "p90", "p95", "p99")),
-    **_lat("e2e", "end-to-end request latency"),
-    "itl_req_mean_p50_ms": "per-request mean ITL, P50 over requests (ms)",
-    "itl_req_mean_p99_ms": "per-request mean ITL, P99 over requests (ms)",
-    "output_tps": "system output tokens per second",
-    "output_tps_per_req_p50": "per-request output tokens per second, P50",
-    "request_rps": "completed requests per second",
-    "error_rate_ratio": "share of measured requests that failed",
-    "http_429_ratio": "share of measured requests rejected with HTTP 429",
-    "goodput_rps": "requests per second that met every SLO term",
-    "goodput_ratio": "share of requests that met every SLO term",
-    "requests_measured": "requests in the statistics (warm-up excluded)",
-    "requests_total": "all requests sent",
-    "requests_excluded_profiler": "requests overlapping the engine profiler's window, left out of the statistics",
-    "profiler_window_s": "length of the engine profiler's window excluded from the statistics (s)",
-    "prompt_tokens_mean": "mean prompt tokens per request",
-    "output_tokens_mean": "mean output tokens per request",
-    "client_schedule_lag_p99_ms": "client send lateness vs the schedule, P99 (ms)",
-    "client_loop_lag_p99_ms": "client event-loop lag, P99 (ms)",
-    "client_cpu_max_percent": "client process CPU, max (% of one core)",
-    "client_bound_ratio": "1 when the load client was the bottleneck",
-    "ttft_cold_ratio": "TTFT of the first requests / warm TTFT",
-    "slo_ttft_p50_ms": "SLO asked", "slo_ttft_p90_ms": "SLO asked", "slo_ttft_p95_ms": "SLO asked",
-    "slo_ttft_p99_ms": "SLO asked", "slo_ttft_max_ms": "SLO asked",
-    "slo_itl_p50_ms": "SLO asked", "slo_itl_p90_ms": "SLO asked", "slo_itl_p95_ms": "SLO asked",
-    "slo_itl_p99_ms": "SLO asked", "slo_itl_max_ms": "SLO asked",
-    "slo_tpot_p50_ms": "SLO asked", "slo_tpot_p90_ms": "SLO asked", "slo_tpot_p95_ms": "SLO asked",
-    "slo_tpot_p99_ms": "SLO asked", "slo_tpot_max_ms": "SLO asked",
-    "slo_e2e_p50_ms": "SLO asked", "slo_e2e_p90_ms": "SLO asked", "slo_e2e_p95_ms": "SLO asked",
-    "slo_e2e_p99_ms": "SLO asked", "slo_e2e_max_ms": "SLO asked",
-    "sweep_levels": "number of load levels in a sweep",
-    "sweep_ttft_p50_growth_ratio": "TTFT P50 at the highest / lowest load level",
-    "sweep_itl_p50_growth_ratio": "ITL P50 at the highest / lowest load level",
-    "sweep_output_tps_growth_ratio": "output tok/s at the highest / lowest load level",
-    "sweep_load_growth_ratio": "highest / lowest offered load",
-    # derived (normalize/derived.py)
-    "ttft_over_slo_ratio": "measured TTFT / its SLO (worst SLO term)",
-    "itl_over_slo_ratio": "measured ITL / its SLO (worst SLO term)",
-    "tpot_over_slo_ratio": "measured TPOT / its SLO (worst SLO term)",
-    "e2e_over_slo_ratio": "measured E2E / its SLO (worst SLO term)",
-    "baseline_ttft_p50_ms": "TTFT P50 of the baseline (baseline phase or lowest load level) (ms)",
-    "baseline_itl_p50_ms": "ITL P50 of the baseline (ms)",
-    "ttft_vs_baseline_ratio": "TTFT P50 at the highest load / baseline",
-    "itl_vs_baseline_ratio": "ITL P50 at the highest load / baseline",
-    "tps_vs_baseline_ratio": "output tok/s at the highest load / baseline",
-    "load_vs_baseline_ratio": "offered load at the highest level / baseline",
-    "tail_slo_ratio_top": "worst SLO term / limit at the highest load level",
-    "tail_slo_ratio_bottom": "worst SLO term / limit at the lowest load level",
-    # server metrics (normalize/prometheus.py)
-    "queue_depth_mean": "requests waiting in the server queue, mean over scrapes",
-    "queue_depth_max": "requests waiting, max",
-    "running_requests_mean": "requests in the running batch, mean",
-    "running_requests_max": "requests in the running batch, max",
-    "kv_usage_mean_ratio": "KV-cache usage, mean (0-1)",
-    "kv_usage_max_ratio": "KV-cache usage, max (0-1)",
-    "prefix_cache_hit_ratio": "prefix-cache hit tokens / queried tokens over the window",
-    "preemptions_total": "preemptions over the window",
-    "server_ttft_p50_ms": "server TTFT histogram P50 (ms)",
-    "server_ttft_p99_ms": "server TTFT histogram P99 (ms)",
-    "server_queue_time_p50_ms": "server queue time P50 (ms)",
-    "server_queue_time_p99_ms": "server queue time P99 (ms)",
-    "server_queue_time_mean_ms": "server queue time mean (ms)",
-    "server_prefill_time_p50_ms": "server prefill time P50 (ms)",
-    "server_prefill_time_p99_ms": "server prefill time P99 (ms)",
-    "server_prefill_time_mean_ms": "server prefill time mean (ms)",
-    "server_decode_time_mean_ms": "server decode time per request, mean (ms)",
-    "server_itl_p50_ms": "server inter-token latency P50 (ms)",
-    "server_itl_p99_ms": "server inter-token latency P99 (ms)",
-    "batch_tokens_per_step_mean": "tokens per engine step, mean",
-    "max_num_seqs": "the engine's batch-size cap (from its config info)",
-    "rejected_requests_total": "requests rejected by admission control over the window",
-    "server_queue_share_of_ttft_ratio": "server queue time / server TTFT (means over the window)",
-    # otel join (normalize/otel.py)
-    "join_matched_ratio": "share of client requests joined to a server span",
-    "ttft_queue_share_ratio": "share of client TTFT spent queued (joined spans)",
-    "ttft_prefill_share_ratio": "share of client TTFT spent in prefill (joined spans)",
-    "ttft_frontend_share_ratio": "share of client TTFT spent in the server frontend (joined spans)",
-    "ttft_client_network_share_ratio": "share of client TTFT spent in client and network (joined spans)",
-    "span_queue_time_p99_ms": "server span queue time P99 (ms)",
-    "span_prefill_time_p99_ms": "server span prefill time P99 (ms)",
-    # host (normalize/host.py)
-    "host_thread_saturated_max_ratio": "busiest engine Python thread's on-CPU share of one core",
-    "host_spin_wait_share_ratio": "share of engine samples in spin-wait",
-    "host_gil_held_ratio": "share of py-spy dump snapshots in which an engine thread held the GIL",
-    "host_cpu_steal_or_contention_ratio": "run-queue wait / (run + wait) of engine threads",
-    # gpu (normalize/gpu.py)
-    "gpu_util_mean_ratio": "NVML utilisation.gpu time fraction, mean",
-    "gpu_util_min_ratio": "NVML utilisation.gpu time fraction, min",
-    "gpu_mem_bw_util_mean_ratio": "DRAM bandwidth utilisation, mean",
-    "gpu_throttle_active_ratio": "share of samples with a non-idle clock-throttle reason",
-    "gpu_mem_used_max_ratio": "GPU memory used / total, max",
-    "gpu_power_over_limit_ratio": "power / power limit, max",
-    "gpu_sm_clock_drop_ratio": "1 - min SM clock / max SM clock",
-    # appended by the rule catalog (issue 5)
-    "kv_capacity_tokens": "KV-cache capacity in tokens (server configuration)",
-    "server_ttft_mean_ms": "server TTFT mean (ms)",
-    "workload_shared_prefix_ratio": "share of each prompt that is a prefix common to all requests (workload spec)",
-    "warmup_requests": "warm-up requests excluded from the statistics at the start of the capture (workload spec)",
-}
+CLIENT = "diagnose.normalize.client"
+DERIVED = "diagnose.normalize.derived"
+PROMETHEUS = "diagnose.normalize.prometheus"
+OTEL = "diagnose.normalize.otel"
+HOST = "diagnose.normalize.host"
+GPU = "diagnose.normalize.gpu"
+TRACE = "diagnose.trace.report"  # normalize/trace.py passes these through for a bundle
 
-# Families of names built from a pattern (host categories, trace analysis): any name with one of these
-# prefixes and a unit suffix is accepted by lint, and listed by the normaliser's own docs.
-PREFIXES: tuple[str, ...] = ("host_", "gpu_", "trace_", "span_", "server_")
-UNIT_SUFFIXES: tuple[str, ...] = ("_ms", "_s", "_ratio", "_total", "_mean", "_max", "_min", "_percent", "_bytes",
-                                  "_tps", "_rps", "_count", "_gbps", "_us")
+PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
+SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
+# host_<category>_cpu_share_ratio: the categories of diagnose/normalize/host_stacks.py CATEGORIES
+HOST_CATEGORIES: tuple[str, ...] = (
+    "http_serialization", "tokenization", "detokenization", "request_processing", "scheduling",
+    "model_forward", "sampling", "ipc", "event_loop", "waiting", "spin_wait", "native", "other",
+)
+# server_<stem>_p<N>_ms (+ _bucket_lo_ms, _bucket_hi_ms) and server_<stem>_mean_ms: the histograms of
+# diagnose/normalize/prometheus.py _HISTOGRAM_SIGNALS as (stem, percentiles, has a mean, what)
+SERVER_HISTOGRAMS: tuple[tuple[str, tuple[int, ...], bool, str], ...] = (
+    ("ttft", (50, 90, 99), True, "server TTFT (engine's own start point)"),
+    ("queue_time", (50, 99), True, "server queue time"),
+    ("prefill_time", (50, 99), True, "server prefill time"),
+    ("decode_time", (), True, "server decode time per request"),
+    ("itl", (50, 99), False, "server inter-token latency"),
+    ("e2e", (50, 99), False, "server end-to-end latency"),
+)
+# the engine settings that become signals (from the server's info or command line): the keys and units of
+# diagnose/normalize/prometheus.py ENGINE_SETTINGS, as (name, unit, what)
+ENGINE_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("max_num_seqs", "requests", "the batch-size cap (running requests)"),
+    ("max_num_batched_tokens", "tokens", "tokens per engine step, cap"),
+    ("kv_capacity_tokens", "tokens", "KV-cache capacity in tokens"),
+    ("kv_block_size_tokens", "tokens", "KV-cache block size in tokens"),
+    ("kv_blocks", "blocks", "KV-cache blocks"),
+    ("prefix_caching", "flag", "prefix caching on (1) or off (0)"),
+    ("chunked_prefill", "flag", "chunked prefill on (1) or off (0)"),
+    ("cuda_graphs", "flag", "CUDA graphs on (1) or off (0, eager)"),
+    ("tensor_parallel_size", "ranks", "tensor-parallel size"),
+    ("max_model_len", "tokens", "maximum model length"),
+    ("context_size", "tokens", "context size (llama.cpp)"),
+    ("max_concurrent_requests", "requests", "maximum concurrent requests (TGI)"),
+    ("max_batch_total_tokens", "tokens", "maximum tokens in a batch (TGI)"),
+    ("threads", "threads", "engine threads (llama.cpp)"),
+)
+# span_<stem>_p50_ms / _p99_ms from the engine's request spans (diagnose/normalize/otel.py)
+SPAN_STEMS: tuple[tuple[str, str], ...] = (
+    ("queue_time", "queue time"), ("prefill_time", "prefill time"), ("decode_time", "decode time"),
+    ("frontend_time", "frontend time (TTFT - queue - prefill)"), ("ttft", "server TTFT"),
+)
+
+_Entry = tuple[str, str, str]  # name, unit, description
+
+
+def _pct_label(p: str) -> str:
+    return "max" if p == "max" else p.upper()
+
+
+def _lat(prefix: str, what: str, pcts: Iterable[str] = PCTS) -> list[_Entry]:
+    return [(f"{prefix}_{p}_ms", "ms", f"{what}, {_pct_label(p)} (ms)") for p in pcts]
+
+
+def _server_histograms() -> list[_Entry]:
+    out: list[_Entry] = []
+    for stem, pcts, mean, what in SERVER_HISTOGRAMS:
+        for p in pcts:
+            out += [(f"server_{stem}_p{p}_ms", "ms", f"{what} P{p} from the engine's histogram (ms)"),
+                    (f"server_{stem}_p{p}_bucket_lo_ms", "ms", f"lower bound of the bucket holding {what} P{p} (ms)"),
+                    (f"server_{stem}_p{p}_bucket_hi_ms", "ms", f"upper bound of the bucket holding {what} P{p} (ms)")]
+        if mean:
+            out.append((f"server_{stem}_mean_ms", "ms", f"{what} mean, histogram _sum / _count (ms)"))
+    return out
+
+
+_CLIENT: list[_Entry] = [
+    *_lat("ttft", "time to first token, client side"),
+    *_lat("itl", "inter-token latency, pooled chunk gaps"),
+    *_lat("tpot", "time per output token (E2E - TTFT)/(n - 1)", ("p50", "p90", "p95", "p99")),
+    *_lat("e2e", "end-to-end request latency"),
+    ("itl_req_mean_p50_ms", "ms", "per-request mean ITL, P50 over requests (ms)"),
+    ("itl_req_mean_p99_ms", "ms", "per-request mean ITL, P99 over requests (ms)"),
+    ("output_tps", "tok/s", "system output tokens per second"),
+    ("output_tps_per_req_p50", "tok/s", "per-request output tokens per second, P50"),
+    ("request_rps", "req/s", "completed requests per second"),
+    ("error_rate_ratio", "ratio", "share of measured requests that failed"),
+    ("http_429_ratio", "ratio", "share of measured requests rejected with HTTP 429"),
+    ("goodput_rps", "req/s", "requests per second that met every SLO term"),
+    ("goodput_ratio", "ratio", "share of requests that met every SLO term"),
+    ("requests_measured", "requests", "requests in the statistics (warm-up excluded)"),
+    ("requests_total", "requests", "all requests sent"),
+    ("requests_excluded_profiler", "requests",
+     "requests overlapping the engine profiler's window, left out of the statistics"),
+    ("profiler_window_s", "s", "length of the engine profiler's window excluded from the statistics (s)"),
+    ("prompt_tokens_mean", "tokens", "mean prompt tokens per request"),
+    ("output_tokens_mean", "tokens", "mean output tokens per request"),
+    ("client_schedule_lag_p99_ms", "ms", "client send lateness vs the schedule, P99 (ms)"),
+    ("client_loop_lag_p99_ms", "ms", "client event-loop lag, P99 (ms); series: every self-check sample"),
+    ("client_cpu_max_percent", "percent",
+     "client process CPU, max (% of one core); series: every self-check sample (rules judge its share)"),
+    ("ttft_cold_ratio", "ratio", "TTFT of the first requests / warm TTFT"),
+    *[(f"slo_{m}_{p}_ms", "ms", f"SLO asked: {m.upper()} {_pct_label(p)} (ms)") for m in SLO_METRICS for p in PCTS],
+    ("sweep_levels", "levels", "number of load levels in a sweep"),
+    ("sweep_ttft_p50_growth_ratio", "ratio", "TTFT P50 at the highest / lowest load level"),
+    ("sweep_itl_p50_growth_ratio", "ratio", "ITL P50 at the highest / lowest load level"),
+    ("sweep_output_tps_growth_ratio", "ratio", "output tok/s at the highest / lowest load level"),
+    ("sweep_load_growth_ratio", "ratio", "highest / lowest offered load"),
+    ("workload_shared_prefix_ratio", "ratio",
+     "share of each prompt that is a prefix common to all requests (workload spec)"),
+    ("warmup_requests", "requests",
+     "warm-up requests excluded from the statistics at the start of the capture (workload spec)"),
+]
+
+_DERIVED: list[_Entry] = [
+    *[(f"{m}_over_slo_ratio", "ratio", f"measured {m.upper()} / its SLO (worst SLO term)") for m in SLO_METRICS],
+    ("baseline_ttft_p50_ms", "ms", "TTFT P50 of the baseline (baseline phase or lowest load level) (ms)"),
+    ("baseline_itl_p50_ms", "ms", "ITL P50 of the baseline (ms)"),
+    ("ttft_vs_baseline_ratio", "ratio", "TTFT P50 at the highest load / baseline"),
+    ("itl_vs_baseline_ratio", "ratio", "ITL P50 at the highest load / baseline"),
+    ("tps_vs_baseline_ratio", "ratio", "output tok/s at the highest load / baseline"),
+    ("load_vs_baseline_ratio", "ratio", "offered load at the highest level / baseline"),
+    ("tail_slo_ratio_top", "ratio", "worst SLO term / limit at the highest load level"),
+    ("tail_slo_ratio_bottom", "ratio", "worst SLO term / limit at the lowest load level"),
+]
+
+_PROMETHEUS: list[_Entry] = [
+    ("queue_depth_mean", "requests", "requests waiting in the server queue, mean over scrapes"),
+    ("queue_depth_max", "requests", "requests waiting, max"),
+    ("running_requests_mean", "requests", "requests in the running batch, mean"),
+    ("running_requests_max", "requests", "requests in the running batch, max"),
+    ("kv_usage_mean_ratio", "ratio", "KV-cache usage, mean (0-1)"),
+    ("kv_usage_max_ratio", "ratio", "KV-cache usage, max (0-1)"),
+    ("prefix_cache_hit_ratio", "ratio", "prefix-cache hit tokens / queried tokens over the window"),
+    ("preemptions_total", "events", "preemptions over the window"),
+    ("rejected_requests_total", "requests", "requests rejected by admission control over the window"),
+    *_server_histograms(),
+    ("server_queue_share_of_ttft_ratio", "ratio", "server queue time / server TTFT (means over the window)"),
+    ("server_output_tps", "tokens/s", "server generated tokens per second (counter rate)"),
+    ("server_process_cpu_ratio", "cores", "API-server process CPU time per second (1.0 = one core busy)"),
+    ("server_ttft_client_gap_mean_ms", "ms",
+     "client mean TTFT - server mean TTFT: time outside the engine's TTFT interval (ms)"),
+    ("batch_tokens_per_step_mean", "tokens", "tokens per engine step, mean"),
+    *[(name, unit, f"engine setting: {what}") for name, unit, what in ENGINE_SETTINGS],
+]
+
+_OTEL: list[_Entry] = [
+    ("join_matched_ratio", "ratio", "share of client requests joined to a server span"),
+    ("ttft_queue_share_ratio", "ratio", "share of client TTFT spent queued (joined spans)"),
+    ("ttft_prefill_share_ratio", "ratio", "share of client TTFT spent in prefill (joined spans)"),
+    ("ttft_frontend_share_ratio", "ratio", "share of client TTFT spent in the server frontend (joined spans)"),
+    ("ttft_client_network_share_ratio", "ratio", "share of client TTFT spent in client and network (joined spans)"),
+    ("span_requests_count", "count", "server request spans in the window"),
+    *[(f"span_{stem}_{p}_ms", "ms", f"server span {what} {p.upper()} (ms)")
+      for stem, what in SPAN_STEMS for p in ("p50", "p99")],
+]
+
+_HOST: list[_Entry] = [
+    *[(f"host_{cat}_cpu_share_ratio", "ratio", f"share of the engine processes' CPU time in category {cat}")
+      for cat in HOST_CATEGORIES],
+    ("host_spin_wait_share_ratio", "ratio", "share of the engine processes' CPU time spent spin-waiting"),
+    ("host_thread_busy_max_ratio", "ratio", "busiest engine thread's CPU share of one core, spin-wait included"),
+    ("host_thread_saturated_max_ratio", "ratio", "busiest engine Python thread's on-CPU share of one core"),
+    ("host_engine_cpu_cores_mean", "cores", "CPU used by all engine processes (cores)"),
+    ("host_run_queue_wait_ratio", "ratio", "run-queue wait / (run + wait) of runnable engine threads (schedstat)"),
+    ("host_cpu_steal_ratio", "ratio", "CPU time stolen by the hypervisor, share of all CPU time"),
+    ("host_cpu_busy_ratio", "ratio", "whole machine CPU busy share (all processes)"),
+    ("host_cpu_steal_or_contention_ratio", "ratio", "run-queue wait / (run + wait) of engine threads, or steal"),
+    ("host_gil_held_ratio", "ratio", "share of py-spy dump snapshots in which an engine thread held the GIL"),
+    ("host_gil_contention_ratio", "ratio", "share of py-spy dump snapshots with threads waiting for the GIL"),
+]
+
+_GPU: list[_Entry] = [
+    ("gpu_util_mean_ratio", "ratio", "NVML utilisation.gpu time fraction, mean"),
+    ("gpu_util_min_ratio", "ratio", "NVML utilisation.gpu time fraction, min over GPUs"),
+    ("gpu_idle_sample_ratio", "ratio", "share of NVML samples with the GPU idle"),
+    ("gpu_mem_bw_util_mean_ratio", "ratio", "GPM DRAM bandwidth utilisation, mean"),
+    ("gpu_sm_util_mean_ratio", "ratio", "GPM SM utilisation (share of SMs busy), mean"),
+    ("gpu_sm_occupancy_mean_ratio", "ratio", "GPM SM occupancy (warps resident), mean"),
+    ("gpu_tensor_util_mean_ratio", "ratio", "GPM tensor-core utilisation, mean"),
+    ("gpu_mem_busy_mean_ratio", "ratio", "NVML utilization.memory (time fraction memory was read or written), mean"),
+    ("gpu_temp_max_c", "C", "GPU temperature, max (C)"),
+    ("gpu_throttle_active_ratio", "ratio", "share of samples with a non-idle clock-throttle reason"),
+    ("gpu_mem_used_max_ratio", "ratio", "GPU memory used / total, max"),
+    ("gpu_power_over_limit_ratio", "ratio", "power / power limit, max"),
+    ("gpu_pcie_tx_mean_mb_s", "MB/s", "PCIe transmit throughput, mean (MB/s)"),
+    ("gpu_pcie_rx_mean_mb_s", "MB/s", "PCIe receive throughput, mean (MB/s)"),
+    ("gpu_nvlink_tx_mean_mb_s", "MB/s", "NVLink transmit throughput, mean (MB/s)"),
+    ("gpu_sm_clock_drop_ratio", "ratio", "1 - min SM clock / max SM clock"),
+]
+
+_TRACE: list[_Entry] = [
+    ("trace_gpu_busy_ratio", "ratio", "GPU busy share of the traced window"),
+    ("trace_gpu_idle_ratio", "ratio", "GPU idle share of the window"),
+    ("trace_gpu_compute_ratio", "ratio", "GPU compute (non-communication) share of the window"),
+    ("trace_gpu_comm_exposed_ratio", "ratio", "communication not overlapped by compute, share of the window"),
+    ("trace_gpu_memory_exposed_ratio", "ratio", "memcpy/memset not overlapped by compute, share of the window"),
+    ("trace_comm_overlap_ratio", "ratio", "share of communication time overlapped by compute"),
+    ("trace_gpu_kernels_count", "count", "GPU kernels in the trace"),
+    ("trace_rank_busy_spread_ratio", "ratio", "max minus min GPU busy ratio across ranks"),
+    *[(f"trace_gpu_idle_{k}_ratio", "ratio", f"share of GPU idle time attributed to {k.replace('_', ' ')}")
+      for k in ("host_wait", "launch_overhead", "other")],
+    ("trace_launch_bound_kernel_ratio", "ratio",
+     "eagerly launched kernels whose GPU time is shorter than their CPU launch call"),
+    ("trace_launch_call_p50_us", "us", "median CPU time of a kernel launch call (eager launches)"),
+    ("trace_launch_delay_p50_us", "us", "median delay from the end of the launch call to the kernel start"),
+    ("trace_kernel_dur_p50_us", "us", "median eager kernel duration"),
+    ("trace_graph_kernel_ratio", "ratio", "share of launched kernels that ran inside CUDA/HIP graph replays"),
+    ("trace_sync_total_ms", "ms", "CPU time in host synchronisation and synchronous memcpy/memset calls"),
+    ("trace_async_pageable_copies_count", "count", "async memcpy calls on pageable host memory"),
+    ("trace_steps_count", "count", "engine steps found in the trace annotations"),
+    *[(f"trace_step_{k}_count", "count", f"{k} steps") for k in ("prefill", "decode", "mixed")],
+    ("trace_step_dur_p50_ms", "ms", "median engine-step duration (CPU annotation)"),
+    ("trace_step_dur_p99_ms", "ms", "P99 engine-step duration"),
+    ("trace_inter_step_gap_p50_ms", "ms", "median CPU time between steps"),
+    ("trace_step_gpu_busy_ratio", "ratio", "GPU busy time of the steps' kernels over the steps' GPU spans"),
+    ("trace_sync_in_step_ms", "ms", "mean CPU time per step in host syncs and synchronous copies"),
+    ("trace_sync_in_step_ratio", "ratio", "share of step time spent in host syncs and synchronous copies"),
+    ("trace_decode_step_p50_ms", "ms", "median decode-step duration"),
+    ("trace_decode_memory_bound_ratio", "ratio", "decode-step kernel time in memory-bound classes"),
+    ("trace_mixed_step_inflation_ratio", "ratio", "median mixed step duration / median pure decode step duration"),
+    ("trace_collective_skew_p50_us", "us", "median spread of start times of the same collective across ranks"),
+    ("trace_collective_skew_p99_us", "us", "P99 of that spread"),
+    ("trace_straggler_last_share_ratio", "ratio", "share of collectives the most frequent last rank started last"),
+]
+
+
+def _build() -> dict[str, SignalSpec]:
+    out: dict[str, SignalSpec] = {}
+    groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
+        (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
+        (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
+    )
+    for producer, source, entries in groups:
+        for name, unit, description in entries:
+            if name in out:
+                raise ValueError(f"signal {name} declared twice ({out[name].producer} and {producer})")
+            out[name] = SignalSpec(name, unit, source, producer, description)
+    return out
+
+
+CATALOG: dict[str, SignalSpec] = _build()
+# name -> description, for the normalisers that label their signals from here
+SIGNALS: dict[str, str] = {name: spec.description for name, spec in CATALOG.items()}
 
 
 def is_known(name: str) -> bool:
-    if name in SIGNALS:
-        return True
-    return name.startswith(PREFIXES) and name.endswith(UNIT_SUFFIXES)
+    """Whether ``name`` is a declared signal (exactly: no prefix or suffix patterns)."""
+    return name in CATALOG

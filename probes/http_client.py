@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
 from diagnose.probes.sse import SseConnection, StreamResult, now_ns
 
 

@@ -25,15 +25,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
+
+from diagnose.bundle import StreamWriter, serialize_records
+from diagnose.errors import InputError
+from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
-
-from diagnose.bundle import StreamWriter, serialize_records
-from diagnose.errors import InputError
-from diagnose.model import ProbeStatus
 from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration
 
 CONNECT_ERRORS = ("refused", "connect")

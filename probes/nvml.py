@@ -35,9 +35,8 @@ import threading
 import time
 from typing import Any
 
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
-
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.workload import parse_duration
 
 NAME = "nvml"

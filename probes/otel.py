@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.model import ProbeStatus
 from diagnose.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 DEFAULT_GRPC_PORT = 4317
 DEFAULT_HTTP_PORT = 4318

@@ -18,11 +18,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 import orjson
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose import __version__
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 SPAN_NAME = {"chat": "POST /v1/chat/completions", "completions": "POST /v1/completions"}
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".trace.json", ".trace.json.gz")
 TABLE_SUFFIX = ".profiler_out.txt"

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
-from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
+from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 from diagnose.workload import parse_duration
 
 __all__ = ["PrometheusProbe", "ScrapeError", "parse_scrape", "prefilter"]

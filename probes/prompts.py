@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+
 from diagnose.probes.http_client import HttpClient, RequestFailed
 
 Source = Literal["tokenize", "estimate"]

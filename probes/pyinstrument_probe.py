@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 NAME = "pyinstrument"
 IDLE_FUNCS = re.compile(r"^(select|poll|epoll|_run_once|run_forever|sleep|wait|kqueue|control)$")

@@ -44,6 +44,8 @@ from typing import Any
 
 import orjson
 import psutil
+
+from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.host_procs import (
     ProcInfo,
@@ -54,8 +56,6 @@ from diagnose.probes.host_procs import (
     read_system_cpu,
     read_thread_cpu,
 )
-
-from diagnose.model import ProbeStatus
 from diagnose.realtime import normal_priority_in_child
 
 NAME = "pyspy"

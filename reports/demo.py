@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from diagnose.rules.verdict import decide
 
 from diagnose.analysis import Analysis, Section
 from diagnose.model import (
@@ -28,6 +27,7 @@ from diagnose.model import (
     Verdict,
     Window,
 )
+from diagnose.rules.verdict import decide
 
 
 def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: float = 20.0, output_tokens: int = 64,

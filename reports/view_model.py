@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from diagnose.rules.verdict import ranked
 
 from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window
 from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
+from diagnose.rules.verdict import ranked
 
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart

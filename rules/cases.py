@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from diagnose.rules.engine import EvaluationResult, evaluate
-from diagnose.rules.spec import RuleSpec, load_thresholds
 
 from diagnose.model import Signal
+from diagnose.rules.engine import EvaluationResult, evaluate
+from diagnose.rules.spec import RuleSpec, load_thresholds
 from diagnose.signal_catalog import SIGNALS
 
 EXPECTS = ("fires", "quiet", "not_evaluated")

@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_threshold
-from diagnose.rules.spec import RuleSpec
-
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
@@ -25,6 +22,8 @@ from diagnose.model import (
     NotEvaluated,
     Signal,
 )
+from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_threshold
+from diagnose.rules.spec import RuleSpec
 
 SOURCE_RANK = ("client", "server", "host", "gpu", "trace")
 
@@ -48,7 +47,7 @@ class _SafeFormatter(string.Formatter):
 
     def format_field(self, value: Any, format_spec: str) -> str:
         try:
-            return super().format_field(value, format_spec)
+            return str(super().format_field(value, format_spec))
         except (ValueError, TypeError):
             return str(value)
 

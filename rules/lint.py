@@ -1,14 +1,63 @@
-"""`diagnose rules lint`: schema, unknown signal and threshold names, duplicate ids, missing test cases."""
+"""`diagnose rules lint`: schema, undeclared signal and threshold names, duplicate ids, missing test cases.
+
+A signal name must be an exact entry of diagnose/signal_catalog.py: in a condition, ``requires``,
+``evidence``, ``impact``, an experiment's ``expect``, a ``{name}`` field of a text template (title,
+hypothesis, causes), and a test case's signals.
+"""
 
 from __future__ import annotations
 
+import difflib
+import string
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from diagnose.rules.cases import case_file_for, load_cases
 from diagnose.rules.conditions import ConditionError, Evaluator, referenced_thresholds
-from diagnose.rules.spec import CATALOG_DIR, load_raw, load_thresholds, parse_spec, rule_files, spec_problems
+from diagnose.rules.spec import (
+    CATALOG_DIR,
+    RuleSpec,
+    load_raw,
+    load_thresholds,
+    parse_spec,
+    rule_files,
+    spec_problems,
+)
+from diagnose.signal_catalog import CATALOG, is_known
 
-from diagnose.signal_catalog import is_known
+# template fields that are not signals (rules/engine.py render_text)
+TEMPLATE_NAMES = ("thr", "phase")
+
+
+def unknown_signal(name: str, where: str) -> str:
+    """The lint message for an undeclared name, with the closest declared names when there are any."""
+    close = difflib.get_close_matches(name, CATALOG, n=3, cutoff=0.75)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"{where}: unknown signal {name!r} (not declared in diagnose/signal_catalog.py){hint}"
+
+
+def template_fields(texts: Iterable[str]) -> set[str]:
+    """The top-level names of the ``{field}`` references in str.format templates."""
+    out: set[str] = set()
+    for text in texts:
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError:
+            continue  # a malformed template renders as is; spec_problems does not judge prose
+        for _lit, field, _spec, _conv in parsed:
+            if field:
+                out.add(field.split(".", 1)[0].split("[", 1)[0])
+    return out
+
+
+def _texts(spec: RuleSpec) -> list[str]:
+    out = [spec.title, spec.hypothesis]
+    for c in spec.causes:
+        exp: Any = c.get("experiment") or {}
+        out += [str(c.get(k, "")) for k in ("cause", "confirm", "refute")]
+        out.append(str(exp.get("change", "")) if isinstance(exp, dict) else "")
+    return out
 
 
 def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
@@ -31,7 +80,10 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
         seen[spec.id] = str(f)
         for name in sorted(spec.all_signals):
             if not is_known(name):
-                problems.append(f"{f}: unknown signal {name!r} (not in diagnose/signal_catalog.py)")
+                problems.append(unknown_signal(name, str(f)))
+        for name in sorted(template_fields(_texts(spec)) - set(TEMPLATE_NAMES)):
+            if not is_known(name):
+                problems.append(unknown_signal(name, f"{f}: text template"))
         for name in sorted(referenced_thresholds(spec.raw)):
             if name not in thresholds:
                 problems.append(f"{f}: unknown threshold ${name} (not in rules/thresholds.yaml)")
@@ -51,4 +103,12 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
         kinds = {c.expect for c in cases}
         if "fires" not in kinds or "quiet" not in kinds:
             problems.append(f"{cf}: needs at least one 'fires' and one 'quiet' case")
+        for c in cases:
+            names = set(c.signals) | set(c.series) | {n for ps in c.phase_signals for n in ps}
+            for name in sorted(names):
+                if not is_known(name):
+                    problems.append(unknown_signal(name, f"{cf}: case {c.name!r}"))
+            for name in sorted(c.thresholds):
+                if name not in thresholds:
+                    problems.append(f"{cf}: case {c.name!r}: unknown threshold {name!r} (not in rules/thresholds.yaml)")
     return problems

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from diagnose.rules.conditions import referenced_signals
 
 from diagnose.errors import InputError
 from diagnose.model import SEVERITY_WEIGHT
+from diagnose.rules.conditions import referenced_signals
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 THRESHOLDS_FILE = Path(__file__).parent / "thresholds.yaml"

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from diagnose.rules.engine import rank_key
-
 from diagnose.model import Finding, Signal, Verdict, VerdictLevel
+from diagnose.rules.engine import rank_key
 
 ALARM = ("warning", "error", "critical")
 

@@ -15,14 +15,14 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
-from diagnose.probes import PROBE_MODULES, probe_specs, register, unregister
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, Target
 
 from diagnose.bundle import open_bundle
 from diagnose.cli.attach import attach, build_probes
 from diagnose.cli.main import cli
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
+from diagnose.probes import PROBE_MODULES, probe_specs, register, unregister
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, Target
 from tests.servers.truth import truth_server
 
 # every option `diagnose attach` had when its options were one 40-option function (spellings and aliases)

@@ -11,6 +11,8 @@ import pytest
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import client
+from diagnose.rules.engine import evaluate
+from diagnose.rules.spec import load_rules, load_thresholds
 
 MS = 1_000_000
 WHOLE = Window(-math.inf, math.inf)
@@ -113,20 +115,36 @@ def test_multi_token_chunks_and_usage_fallback(tmp_path: Path) -> None:
     assert list(tables["itl"]["tok"]) == [2, 3, 8]
 
 
+def _client_bound(tables: dict[str, Any], **overrides: float) -> bool:
+    """Whether rule VAL001 judges the client a bottleneck, with the thresholds of rules/thresholds.yaml."""
+    sigs = {s.name: s for s in client.signals(tables, WHOLE)}
+    val = [s for s in load_rules() if s.id == "VAL001"]
+    res = evaluate(val, sigs, load_thresholds(overrides=overrides))
+    return any(f.rule_id == "VAL001" for f in res.findings)
+
+
 def test_self_check_client_bound_criterion(tmp_path: Path) -> None:
     calm = [{"t": i * 100, "loop_lag_ms": 0.3, "in_flight": 4, "cpu_percent": 40.0} for i in range(20)]
     tables, _ = make_bundle(tmp_path / "a", BASIC_REQS, BASIC_CHUNKS, health=calm)
     s = sigs(tables)
-    assert s["client_bound_ratio"] == 0 and s["client_cpu_max_percent"] == 40
+    assert not _client_bound(tables) and s["client_cpu_max_percent"] == 40
     assert s["client_loop_lag_p99_ms"] == pytest.approx(0.3)
+    assert "client_bound_ratio" not in s  # the normaliser computes raw figures; rule VAL001 judges them
     hot = [{**h, "cpu_percent": 97.0 if i % 3 == 0 else 50.0} for i, h in enumerate(calm)]  # 35% of samples
     tables, _ = make_bundle(tmp_path / "b", BASIC_REQS, BASIC_CHUNKS, health=hot)
-    assert sigs(tables)["client_bound_ratio"] == 1
+    cpu = {s.name: s for s in client.signals(tables, WHOLE)}["client_cpu_max_percent"]
+    assert [v for _, v in cpu.series] == [h["cpu_percent"] for h in hot]  # every sample, for the rule's hold
+    assert _client_bound(tables)
+    # the gates are thresholds (rules/thresholds.yaml), so --threshold moves them
+    assert not _client_bound(tables, client_cpu_bound_share=0.4)
+    assert not _client_bound(tables, client_cpu_bound_percent=98)
     laggy = [{**h, "loop_lag_ms": 25.0} for h in calm]
     tables, _ = make_bundle(tmp_path / "c", BASIC_REQS, BASIC_CHUNKS, health=laggy)
-    assert sigs(tables)["client_bound_ratio"] == 1
+    assert _client_bound(tables)
+    assert not _client_bound(tables, client_loop_lag_max_ms=30)
     section = {x.id: x for x in client.sections(tables)}["client_self_check"]
-    assert ["client was the bottleneck (1 = yes)", 1.0, ""] in section.payload["rows"]
+    assert ["event-loop lag P99", 25.0, "ms"] in section.payload["rows"]
+    assert "VAL001" in section.payload["note"] and "client_cpu_bound_percent" in section.payload["note"]
 
 
 def test_sweep_signals_and_phase_windows(tmp_path: Path) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diagnose.pipeline import analyze
 from diagnose.reports.render import render_html
 from diagnose.reports.view_model import build_view
-
-from diagnose.pipeline import analyze
 
 SAMPLES = Path(__file__).parent.parent / "sample_traces"
 
@@ -29,10 +28,9 @@ def test_the_engines_cap_is_read_from_the_bundle_and_the_kv_cause_is_ruled_out()
 
 
 def test_a_missing_setting_says_unknown_not_na() -> None:
+    from diagnose.model import Signal
     from diagnose.rules.engine import evaluate
     from diagnose.rules.spec import load_rules, load_thresholds
-
-    from diagnose.model import Signal
 
     spec = [s for s in load_rules() if s.id == "SCH003"]
     sig = {n: Signal(n, v, "", "server") for n, v in {"queue_depth_mean": 12.0, "running_requests_mean": 2.0,

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.probes.pyspy import parse_raw
 
 from diagnose.analysis import Window
 from diagnose.bundle import Bundle, BundleWriter, open_bundle
 from diagnose.normalize import host
 from diagnose.normalize.host_stacks import categorize, flame_tree
+from diagnose.probes.pyspy import parse_raw
 
 DATA = Path(__file__).parent / "host_data"
 RUN = Window(0.0, math.inf)

@@ -8,9 +8,9 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from diagnose.probes.http_client import HttpClient
 from diagnose.probes.sse import StreamResult
-
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+
 from diagnose.probes.http_client import HttpClient
 from diagnose.probes.sse import SseConnection, StreamResult
 

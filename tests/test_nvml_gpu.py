@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.nvml import NvmlProbe
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import gpu as gpu_norm
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.nvml import NvmlProbe
 
 pytestmark = pytest.mark.gpu
 GPM_KEYS = ("sm_util_ratio", "dram_bw_util_ratio", "sm_occupancy_ratio", "tensor_util_ratio")

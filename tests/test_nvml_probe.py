@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.nvml import NvmlProbe, throttle_names
 
 from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.nvml import NvmlProbe, throttle_names
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, frame, recorded, scenario
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.otel import OtlpReceiverProbe
-from diagnose.probes.otel_export import OtlpExportProbe, RequestTail, resolve_endpoint
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.otel import OtlpReceiverProbe
+from diagnose.probes.otel_export import OtlpExportProbe, RequestTail, resolve_endpoint
 
 
 def _req(i: int, bw: BundleWriter, ok: bool = True) -> dict[str, Any]:

@@ -13,8 +13,6 @@ import aiohttp
 import grpc
 import orjson
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.otel import OtlpReceiverProbe, expected_trace_ids
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.resources import Resource
@@ -24,6 +22,8 @@ from opentelemetry.trace import SpanKind
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.otel import OtlpReceiverProbe, expected_trace_ids
 
 
 def _ctx(tmp_path: Path) -> CaptureContext:

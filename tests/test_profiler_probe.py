@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.profiler import ProfilerProbe, classify
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.profiler import ProfilerProbe, classify
 
 
 class FaultyProfilerEngine:

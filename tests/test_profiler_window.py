@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.reports.render import render_html
-from diagnose.reports.view_model import build_view
 
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
@@ -18,6 +16,8 @@ from diagnose.model import ProbeStatus
 from diagnose.normalize import client, otel
 from diagnose.pipeline import analyze_bundle
 from diagnose.profiler_window import overlaps, profiler_windows
+from diagnose.reports.render import render_html
+from diagnose.reports.view_model import build_view
 
 MS = 1_000_000
 WHOLE = Window(-math.inf, math.inf)

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.probes.prometheus import parse_scrape
 
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import prometheus as prom
+from diagnose.probes.prometheus import parse_scrape
 
 DATA = Path(__file__).parent / "data" / "metrics"
 REAL_BUNDLE = DATA / "vllm_cpu_maxseqs2_bundle"

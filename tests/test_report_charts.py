@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+
 from diagnose.reports import charts
 from diagnose.reports.render import fmt_value
 from diagnose.reports.sections_view import bin_values, flatten, prune_tree, redact_value

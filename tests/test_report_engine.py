@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from diagnose.reports.view_model import build_view
 
 from diagnose.pipeline import analyze_bundle
+from diagnose.reports.view_model import build_view
 
 pytestmark = pytest.mark.engine
 

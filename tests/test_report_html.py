@@ -7,11 +7,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from diagnose.reports import render_html, write_report
-from diagnose.reports.demo import synthetic_analysis
 
 from diagnose.analysis import Analysis, Section
 from diagnose.errors import DiagnoseError
+from diagnose.reports import render_html, write_report
+from diagnose.reports.demo import synthetic_analysis
 
 HOSTILE = "<script>alert(1)</script>"
 ATTR_HOSTILE = "\"'><img src=x onerror=alert(2)>"

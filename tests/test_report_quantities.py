@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.reports.view_model import build_view
 
 from diagnose.pipeline import analyze
+from diagnose.reports.view_model import build_view
 
 SAMPLES = sorted(p for p in (Path(__file__).parent.parent / "sample_traces").iterdir() if (p / "bundle").is_dir())
 

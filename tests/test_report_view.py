@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from diagnose.reports.demo import synthetic_analysis
-from diagnose.reports.view_model import build_view
 
 from diagnose.analysis import Analysis, Section
 from diagnose.model import Finding, Signal, Window
+from diagnose.reports.demo import synthetic_analysis
+from diagnose.reports.view_model import build_view
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from html import escape
 from pathlib import Path
 
 import pytest
-from diagnose.reports.render import render_html
 
 from diagnose.model import SEVERITY_WEIGHT
 from diagnose.pipeline import analyze_bundle
+from diagnose.reports.render import render_html
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 CASES = sorted(p.parent for p in SAMPLES.glob("*/expected_findings.json"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from diagnose.rules.spec import load_rules
 
+from diagnose.rules.spec import load_rules
 from scenarios.score import HEALTHY, ScenarioResult, accuracy, confusion_markdown, report_markdown
 from scenarios.spec import ScenarioError, load_scenarios
 

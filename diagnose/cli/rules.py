@@ -1,4 +1,4 @@
-"""`diagnose rules list | explain ID | lint | thresholds`."""
+"""`diagnose rules list | explain ID | lint | thresholds | signals`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ def explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
 @click.option("--cases", "cases_dirs", multiple=True, type=click.Path(path_type=Path),
               help="Where case files live (default: tests/rules/cases if present).")
 def lint_cmd(rules_dirs: tuple[Path, ...], cases_dirs: tuple[Path, ...]) -> None:
-    """Check rule files: schema, unknown signals/thresholds, duplicate ids, missing fires/quiet cases."""
+    """Check rule files: schema, undeclared signals/thresholds, duplicate ids, missing fires/quiet cases.
+
+    A signal name must be declared exactly in the signal catalogue (`diagnose rules signals`)."""
     dirs = list(cases_dirs) or [p for p in [Path("tests/rules/cases")] if p.is_dir()]
     problems = lint(list(rules_dirs), dirs)
     for p in problems:
@@ -83,3 +85,19 @@ def thresholds() -> None:
     """Every threshold with its default value, unit and meaning."""
     for name, doc in sorted(threshold_docs().items()):
         click.echo(f"{name:32} {doc['value']:>10g} {doc.get('unit', ''):10} {doc.get('description', '')}")
+
+
+@rules.command("signals")
+@click.option("--source", type=click.Choice(["client", "server", "host", "gpu", "trace", "derived"]),
+              help="Only the signals of this source.")
+def signals(source: str | None) -> None:
+    """Every declared signal: name, unit, source, producer and meaning (the names rules may use)."""
+    from diagnose.signal_catalog import CATALOG
+
+    n = 0
+    for name, spec in sorted(CATALOG.items()):
+        if source and spec.source != source:
+            continue
+        n += 1
+        click.echo(f"{name:40} {spec.unit:9} {spec.source:8} {spec.producer:30} {spec.description}")
+    click.echo(f"{n} signals")

@@ -31,9 +31,6 @@ from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.requests import PCTS, finite, percentiles, select
 from diagnose.signal_catalog import SIGNALS
 
-CLIENT_CPU_BOUND_PERCENT = 90.0  # client saturated: CPU at least this (% of one core) ...
-CLIENT_CPU_BOUND_SHARE = 0.25  # ... in at least this share of the self-check samples
-CLIENT_LAG_BOUND_MS = 10.0  # or loop lag / schedule lag P99 above this
 COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the rest of their phase
 
 REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "http_status", "api", "sent_s", "end_s",
@@ -252,12 +249,10 @@ def _self_check(health: pd.DataFrame | None, window: Window, out: dict[str, Sign
         out["client_loop_lag_p99_ms"] = _sig("client_loop_lag_p99_ms", float(np.percentile(lag, 99)), "ms",
                                              list(zip(h["t_s"], h["loop_lag_ms"], strict=True))[:2000])
     if cpu.size:
-        out["client_cpu_max_percent"] = _sig("client_cpu_max_percent", float(cpu.max()), "percent")
-    if lag.size or cpu.size:
-        saturated = cpu.size > 0 and float((cpu >= CLIENT_CPU_BOUND_PERCENT).mean()) >= CLIENT_CPU_BOUND_SHARE
-        lags = [s.value for k, s in out.items() if k in ("client_loop_lag_p99_ms", "client_schedule_lag_p99_ms")]
-        bound = saturated or any(v > CLIENT_LAG_BOUND_MS for v in lags)
-        out["client_bound_ratio"] = _sig("client_bound_ratio", 1.0 if bound else 0.0, "ratio")
+        # every sample in the series (uncapped): rule VAL001 judges the share of samples at or above
+        # $client_cpu_bound_percent (rules/thresholds.yaml), so the normaliser computes no verdict
+        out["client_cpu_max_percent"] = _sig("client_cpu_max_percent", float(cpu.max()), "percent",
+                                             list(zip(h["t_s"], h["cpu_percent"], strict=True)))
 
 
 def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
@@ -319,8 +314,7 @@ def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
     by = {s.name: s.value for s in run}
     rows = [[label, None if by.get(k) is None else round(float(by[k]), 2), unit] for k, label, unit in (
         ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"), ("client_schedule_lag_p99_ms", "send lag P99", "ms"),
-        ("client_cpu_max_percent", "client CPU max", "% of one core"),
-        ("client_bound_ratio", "client was the bottleneck (1 = yes)", ""))]
+        ("client_cpu_max_percent", "client CPU max", "% of one core"))]
     if by.get("requests_excluded_profiler"):
         rows.append(["requests overlapping the profiler window, excluded from statistics",
                      int(by["requests_excluded_profiler"]), "requests"])
@@ -332,8 +326,9 @@ def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
     errs = req[~req["ok"].astype(bool)]["error"].value_counts()
     for cat, n in errs.items():
         rows.append([f"requests failed: {cat}", int(n), "requests"])
-    note = (f"Client bottleneck when CPU >= {CLIENT_CPU_BOUND_PERCENT:.0f}% of a core in >= "
-            f"{CLIENT_CPU_BOUND_SHARE:.0%} of samples, or loop/send lag P99 > {CLIENT_LAG_BOUND_MS:.0f} ms.")
+    note = ("Rule VAL001 judges the client a bottleneck from these figures (thresholds client_cpu_bound_percent, "
+            "client_cpu_bound_share, client_loop_lag_max_ms, client_schedule_lag_max_ms: "
+            "`diagnose rules thresholds`).")
     out.append(Section("client_self_check", "Load client self-check", "table",
                        {"columns": ["check", "value", "unit"], "rows": rows, "note": note}, group="details", order=40))
     phases = tables.get("client_phases")

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.load import LoadProbe
 
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import client as norm
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.load import LoadProbe
 from diagnose.realtime import RealtimePriority
 from diagnose.workload import WorkloadSpec, build_phases
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.profiler import ProfilerProbe
 
 from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.profiler import ProfilerProbe
 from harness.engine import free_port
 from tests.engine.test_otel_vllm import attach, check_join
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.prometheus import PrometheusProbe
 
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.engines import detect_engine
 from diagnose.model import ProbeStatus
 from diagnose.normalize import prometheus as prom
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.prometheus import PrometheusProbe
 
 pytestmark = pytest.mark.engine
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from diagnose.rules.cases import case_file_for, load_cases, run_case_causes
 from diagnose.rules.lint import lint
 from diagnose.rules.spec import load_rules

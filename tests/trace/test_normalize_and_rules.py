@@ -5,12 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from diagnose.rules.engine import evaluate
-from diagnose.rules.spec import load_rules, load_thresholds
-
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import trace as trace_norm
+from diagnose.rules.engine import evaluate
+from diagnose.rules.spec import load_rules, load_thresholds
 from diagnose.trace import analyze_trace
 from tests.trace.helpers import DATA
 
@@ -71,9 +70,8 @@ def test_trace_rules_on_real_traces() -> None:
 
 
 def test_pipeline_end_to_end_with_a_gpu_trace(tmp_path: Path) -> None:
-    from diagnose.reports.render import render_html
-
     from diagnose.pipeline import analyze_bundle
+    from diagnose.reports.render import render_html
 
     p = _bundle(tmp_path, {"rank0.pt.trace.json.gz": (str(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz"),
                                                       "worker")})

@@ -1,0 +1,164 @@
+"""Run every producer of signals over every input we ship and record what it emits.
+
+Inputs: every sample bundle in sample_traces/, every trace in tests/data/traces (the lone-trace path), and a
+few small synthetic inputs for the paths no shipped sample takes (a sweep with every SLO term, a bundle with
+OTLP spans joined to requests, every engine setting in the manifest, a trace with mixed steps, an NVML
+capture with NVLink counters from the fake NVML library). Used by tests/test_signal_catalog.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from diagnose.bundle import Bundle
+from diagnose.model import Signal, Window
+from diagnose.normalize import derived, load_normalizers
+from diagnose.pipeline import open_input, run_window
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+TRACES = ROOT / "tests" / "data" / "traces"
+# normalize/trace.py passes through the signals trace/report.py computed (its table trace_signals)
+PASS_THROUGH = {"diagnose.normalize.trace": "diagnose.trace.report"}
+
+
+@dataclass(frozen=True)
+class Emitted:
+    name: str
+    unit: str
+    source: str
+    producer: str  # the module that computed it
+    where: str  # the input it was seen on
+
+
+def sample_bundles() -> list[Path]:
+    return sorted(p for p in SAMPLES.glob("*/bundle") if (p / "manifest.json").exists())
+
+
+def trace_inputs() -> list[Path]:
+    return sorted(p for p in TRACES.iterdir() if p.is_dir() or p.name.endswith((".json", ".json.gz")))
+
+
+def _emit(sigs: list[Signal], producer: str, where: str) -> Iterator[Emitted]:
+    for s in sigs:
+        yield Emitted(s.name, s.unit, s.source, PASS_THROUGH.get(producer, producer), where)
+
+
+def from_bundle(path: Path) -> list[Emitted]:
+    return from_input(open_input(path), str(path))
+
+
+def from_trace(path: Path) -> list[Emitted]:
+    """A lone trace goes through the same stages, adapted into an in-memory bundle (pipeline.open_input)."""
+    return from_input(open_input(path), str(path))
+
+
+def from_input(b: Bundle, where: str) -> list[Emitted]:
+    """Every normaliser over the run window, each phase window and all time (a synthetic bundle's manifest
+    window need not cover its records), then the derived signals of the run window."""
+    mods = load_normalizers()
+    tables = {}
+    for m in mods:
+        tables.update(m.tables(b))
+    phases = b.phases()
+    out: list[Emitted] = []
+    run: dict[str, Signal] = {}
+    per_phase: dict[int, dict[str, Signal]] = {}
+    windows = [run_window(b, phases), *(p.window() for p in phases), Window(-math.inf, math.inf)]
+    for i, w in enumerate(windows):
+        got: dict[str, Signal] = {}
+        for m in mods:
+            sigs = [s for s in m.signals(tables, w) if s.is_finite()]
+            out.extend(_emit(sigs, m.__name__, where))
+            got.update({s.name: s for s in sigs})
+        if i == 0:
+            run = got
+        elif i <= len(phases):
+            per_phase[phases[i - 1].phase] = got
+    d = derived.signals(run, phases, per_phase, b.manifest)
+    out.extend(_emit(list(d.values()), derived.__name__, where))
+    return out
+
+
+# -- synthetic inputs for the paths no shipped sample takes ---------------------------------------------------
+def synthetic_sweep_with_every_slo(tmp: Path) -> Path:
+    """Two load levels (sweep_* signals), every SLO term (slo_*, *_over_slo_ratio), client self-check."""
+    from diagnose.normalize.derived import PCTS, SLO_METRICS
+    from tests.test_client_metrics import make_bundle, req
+
+    reqs, chunks = [], []
+    for ph, ttft in ((0, 10), (1, 40)):
+        for i in range(8):
+            sent = ph * 1000 + i * 100
+            reqs.append(req(f"p{ph}-{i}", sent, sent + ttft + 20, first=sent + ttft, n=3, phase=ph))
+            chunks.append({"rid": f"p{ph}-{i}", "t": [sent + ttft, sent + ttft + 10, sent + ttft + 20],
+                           "tok": [1, 1, 1]})
+    phases = [{"phase": 0, "name": "c=1", "concurrency": 1, "start": 0, "end": 900},
+              {"phase": 1, "name": "c=4", "concurrency": 4, "start": 1000, "end": 1900}]
+    health = [{"t": i * 100, "loop_lag_ms": 0.3, "in_flight": 4, "cpu_percent": 40.0} for i in range(20)]
+    slo = {f"{m}_{p}_ms": 100.0 for m in SLO_METRICS for p in PCTS}
+    make_bundle(tmp, reqs, chunks, health=health, phases=phases, slo=slo)
+    return tmp / "b"
+
+
+def synthetic_otel_join(tmp: Path) -> Path:
+    from tests.test_otel_join import _bundle
+
+    return _bundle(tmp)
+
+
+def sample_with_engine_config(tmp: Path) -> Path:
+    """A shipped sample whose manifest states every engine setting (as a server info endpoint would)."""
+    from diagnose.normalize.prometheus import ENGINE_SETTINGS
+
+    dst = tmp / "bundle"
+    shutil.copytree(SAMPLES / "vllm_cpu_queue_bound" / "bundle", dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    m["target"]["engine_config"] = {key: 2 for key in ENGINE_SETTINGS}
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+def synthetic_mixed_steps_trace(tmp: Path) -> Path:
+    from tests.trace.helpers import annotation, kernel, launch, write_trace
+
+    evs = []
+    t = 0.0
+    for i, (ctx, dur) in enumerate([(0, 100), (0, 110), (1, 300), (0, 100), (1, 330)]):
+        evs.append(annotation(f"execute_context_{ctx}({ctx * 64})_generation_4(4)", t, dur))
+        evs.append(launch("cudaLaunchKernel", t + 1, 2, i))
+        evs.append(kernel("void vllm::rms_norm_kernel", t + 5, 30, i))
+        t += dur + 20
+    return write_trace(tmp / "mixed.json", evs)
+
+
+def synthetic_nvml_with_nvlink(tmp: Path) -> Path:
+    from tests.fakes.fake_nvml import scenario
+    from tests.test_nvml_probe import capture
+
+    _, b = capture(tmp, scenario("busy"), seconds=0.8)
+    return Path(b.path)
+
+
+def emitted_everywhere(tmp: Path) -> list[Emitted]:
+    out: list[Emitted] = []
+    for b in sample_bundles():
+        out.extend(from_bundle(b))
+    for t in trace_inputs():
+        out.extend(from_trace(t))
+    for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
+                              synthetic_nvml_with_nvlink)):
+        d = tmp / f"s{i}"
+        d.mkdir()
+        out.extend(from_bundle(make(d)))
+    d = tmp / "trace"
+    d.mkdir()
+    out.extend(from_trace(synthetic_mixed_steps_trace(d)))
+    return out
+
+

@@ -1,0 +1,41 @@
+"""Every judgement number lives in rules/thresholds.yaml, is used by a rule, and `--threshold` moves it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from diagnose.rules.spec import CATALOG_DIR, THRESHOLDS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT_BOUND = ROOT / "sample_traces" / "vllm_cpu_client_bound" / "bundle"
+
+
+def test_every_threshold_is_used_by_a_rule() -> None:
+    names = yaml.safe_load(THRESHOLDS_FILE.read_text())
+    rules = "\n".join(p.read_text() for p in sorted(CATALOG_DIR.rglob("*.yaml")))
+    unused = [n for n in names if f"${n}" not in rules and f"thr.{n}" not in rules]
+    assert not unused, f"thresholds no rule uses: {unused}"
+    for n in ("client_cpu_bound_percent", "client_cpu_bound_share", "client_loop_lag_max_ms",
+              "client_schedule_lag_max_ms"):
+        assert n in names, n
+
+
+def _val001(tmp_path: Path, *overrides: str) -> bool:
+    out = tmp_path / f"f{len(overrides)}.json"
+    args = [a for o in overrides for a in ("--threshold", o)]
+    p = subprocess.run([sys.executable, "-m", "diagnose", "analyze", str(CLIENT_BOUND), "-o", str(tmp_path / "r.html"),
+                        "--json", str(out), *args], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    return any(f["rule_id"] == "VAL001" for f in json.loads(out.read_text())["findings"])
+
+
+def test_client_bound_gates_follow_threshold_overrides(tmp_path: Path) -> None:
+    # the shipped client-bound run: loop lag P99 ~270 ms, send lag P99 ~100 ms. The lag gate used to be a
+    # constant in normalize/client.py (10 ms, out of reach of --threshold); now both gates are thresholds.
+    assert _val001(tmp_path)
+    assert not _val001(tmp_path, "client_loop_lag_max_ms=1000", "client_schedule_lag_max_ms=1000")
