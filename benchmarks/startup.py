@@ -172,14 +172,17 @@ time of the child (os.wait4): the figure least moved by other work on the machin
 |---|---|---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(text + NOTES, encoding="utf-8")
+    notes = NOTES
+    if a.out.exists():  # keep the hand-written analysis below the table
+        old = a.out.read_text(encoding="utf-8")
+        if NOTES_MARK in old:
+            notes = old[old.index(NOTES_MARK):]
+    a.out.write_text(text + notes, encoding="utf-8")
     print(text)
 
 
-NOTES = """
-## Where the time went, and what changed (issue 9 item 10)
-
-See the notes below the table (kept by hand when the code changes).
+NOTES_MARK = "\n## Where the time went"
+NOTES = NOTES_MARK + """ (kept by hand; benchmarks/startup.py keeps this part when it rewrites the table)
 """
 
 if __name__ == "__main__":
