@@ -1,8 +1,8 @@
 """The `diagnose` command: one module per sub-command, registered here and imported only when needed.
 
-`diagnose --version` imports nothing but click; `--help` imports the sub-command modules, which import their
-heavy dependencies (pandas, numpy, jinja2, asyncio clients) inside the commands, never at module level
-(tests/test_startup.py checks it).
+`diagnose --version` imports nothing heavier than click; `--help` imports the sub-command modules, which
+import their heavy dependencies (pandas, numpy, jinja2, asyncio clients) inside the commands, never at
+module level (tests/test_startup.py checks it).
 """
 
 from __future__ import annotations
