@@ -59,7 +59,7 @@ def analyze(bundle: Path) -> dict[str, Any]:
         js = Path(d) / "a.json"
         p = subprocess.run([*DIAG, "analyze", str(bundle), "-o", str(Path(d) / "r.html"), "--json", str(js)],
                            capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
+        if p.returncode not in (0, 5):  # 5: the run is invalid (diagnose/cli/exits.py); the JSON is written
             raise SystemExit(f"analyze failed: {p.stderr[-1500:]}")
         return json.loads(js.read_text())  # type: ignore[no-any-return]
 

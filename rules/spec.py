@@ -16,6 +16,7 @@ from diagnose.rules.conditions import referenced_signals
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 THRESHOLDS_FILE = Path(__file__).parent / "thresholds.yaml"
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace")
 SCOPES = ("run", "phase")
 # symptom: restates what is out of line (high TTFT, latency grows with load); cause: names why. The verdict and
@@ -151,7 +152,8 @@ def rule_files(dirs: Iterable[Path]) -> list[Path]:
 
 def load_raw(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's loader when PyYAML has it: same SafeConstructor, about 10x faster than the pure-Python one
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

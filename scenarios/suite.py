@@ -198,7 +198,7 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
             return res
         rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(bundle / "report.html"),
                          "--json", str(bundle / "findings.json")], log_path, 180)
-        if rc != 0 or not (bundle / "findings.json").exists():
+        if rc not in (0, 5) or not (bundle / "findings.json").exists():  # 5: invalid run, findings written
             res.error = f"analyze exited {rc}: {tail}"
             return res
         res.findings = findings_from_json(bundle / "findings.json")
@@ -269,7 +269,7 @@ def rescore(scenarios: list[Scenario], work: Path) -> list[ScenarioResult]:
         r = ScenarioResult(name, scn.expect_top, scn.expect_top3, repeat=int(rep))
         rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(bundle / "report.html"),
                          "--json", str(bundle / "findings.json")], work / f"{bundle.name}.log", 180)
-        if rc != 0 or not (bundle / "findings.json").exists():
+        if rc not in (0, 5) or not (bundle / "findings.json").exists():  # 5: invalid run, findings written
             r.error = f"analyze exited {rc}: {tail}"
         else:
             r.findings = findings_from_json(bundle / "findings.json")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import orjson
 
-from diagnose.analysis import Analysis
+from diagnose.cli import exits
 from diagnose.errors import DiagnoseError, InputError
 from diagnose.model import SEVERITY_WEIGHT
+
+if TYPE_CHECKING:  # diagnose.analysis imports pandas: `diagnose --help` must not pay for it
+    from diagnose.analysis import Analysis
 
 
 def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
@@ -65,7 +67,7 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
     }
 
 
-@click.command()
+@click.command(epilog=exits.epilog(exits.ANALYZE_CODES))
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
               help="Where to write the HTML report.")
@@ -78,7 +80,7 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
               help="Override one threshold (repeatable); `diagnose rules thresholds` lists them.")
 @click.option("--include-python", is_flag=True, help="Traces: also analyse python_function events (slower).")
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
-              help="Exit with status 4 when a finding of this severity or worse fires (for CI).")
+              help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
             threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
@@ -87,7 +89,12 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
 
     SOURCE is a bundle directory written by `diagnose attach`, a torch.profiler / Kineto trace
     (.json or .json.gz, or a directory of per-rank traces), or OTLP JSON spans.
+
+    An invalid run (a validity check failed: the load client was the bottleneck, say) is still reported,
+    and then exits with status 5, so that a script never takes it for a result.
     """
+    import orjson
+
     from diagnose.reports.render import write_report
 
     overrides = parse_threshold_overrides(threshold_values)
@@ -108,7 +115,9 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
         if analysis.not_evaluated:
             click.echo(f"  ({len(analysis.not_evaluated)} rules not evaluated: missing evidence; see the report)")
         click.echo(f"report: {output}" + (f"  json: {json_out}" if json_out else ""))
+    if not analysis.run_valid:  # before --fail-on: nothing judged on an invalid run is a result
+        raise click.exceptions.Exit(exits.INVALID_RUN)
     if fail_on:
         limit = SEVERITY_WEIGHT[fail_on]
         if any(SEVERITY_WEIGHT.get(f.severity, 0) >= limit for f in analysis.findings):
-            raise click.exceptions.Exit(4)
+            raise click.exceptions.Exit(exits.FAIL_ON)

@@ -1,5 +1,12 @@
 """Folding decoded trace events into compact numpy columns, one piece of the file at a time.
 
+Events are decoded by msgspec straight into the small structs below (``Event``/``Args``): only the fields
+the analysis reads are built as Python objects, every other key of an event (most of a kernel's or an
+operator's ``args``) is skipped by the decoder without allocating, which is what makes reading a trace
+cheaper than a plain ``json.load`` of it. A missing key takes the default below, chosen so that a missing
+key and a JSON ``null`` keep the meaning they had when events were dicts (``-1`` where ``dict.get(k, -1)``
+was used, ``UNSET`` where the value falls back to another key).
+
 Hot path: events are routed by category in one loop, then each kept bucket is turned into columns with list
 comprehensions and numpy (no per-event Python function calls). Names are interned per piece with
 ``pd.factorize`` into one global name table per event class, so memory grows with the number of kept events
@@ -13,6 +20,7 @@ import operator
 from collections import Counter
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -21,8 +29,55 @@ GPU_KINDS = ["kernel", "memcpy", "memset"]
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
 CPU_OP_CATS = {"cpu_op", "Operator"}
 ANNOTATION_CATS = {"user_annotation": 0, "gpu_user_annotation": 1}
-_EMPTY: dict[str, Any] = {}
-_getcat = operator.methodcaller("get", "cat")
+UNSET: Any = msgspec.UNSET
+
+
+class Args(msgspec.Struct, gc=False):
+    """The keys of an event's ``args`` that the analysis reads (all others are skipped while decoding)."""
+
+    ext: Any = msgspec.field(default=UNSET, name="External id")
+    ext_lower: Any = msgspec.field(default=-1, name="external id")
+    correlation: Any = -1
+    stream: Any = UNSET  # falls back to the event's tid
+    device: Any = UNSET  # falls back to the event's pid
+    bytes: Any = -1
+    name: Any = None  # process_name metadata events
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event, as far as the analysis reads it."""
+
+    cat: Any = None
+    name: Any = "?"
+    ph: Any = None
+    ts: Any = None
+    dur: Any = None
+    tid: Any = -1
+    pid: Any = -1
+    args: Args | None = None
+
+
+_NO_ARGS = Args()
+_getcat = operator.attrgetter("cat")
+DECODER = msgspec.json.Decoder(list[Event])
+
+
+def events_from_dicts(items: list[Any]) -> list[Event]:
+    """The same Events from already decoded JSON values (the fallback for a piece msgspec's schema rejects,
+    e.g. an ``args`` that is not an object); elements that are not objects are dropped, as before."""
+    out = []
+    for e in items:
+        if e.__class__ is not dict:
+            continue
+        a = e.get("args")
+        args = None
+        if isinstance(a, dict):
+            args = Args(ext=a.get("External id", UNSET), ext_lower=a.get("external id", -1),
+                        correlation=a.get("correlation", -1), stream=a.get("stream", UNSET),
+                        device=a.get("device", UNSET), bytes=a.get("bytes", -1), name=a.get("name"))
+        out.append(Event(cat=e.get("cat"), name=e.get("name", "?"), ph=e.get("ph"), ts=e.get("ts"),
+                         dur=e.get("dur"), tid=e.get("tid", -1), pid=e.get("pid", -1), args=args))
+    return out
 
 
 def _num(v: Any) -> float:
@@ -40,7 +95,7 @@ class _Table:
         self.extra = extra
         self.chunks: list[dict[str, np.ndarray]] = []
 
-    def add(self, evs: list[dict[str, Any]], tids: dict[Any, int]) -> None:
+    def add(self, evs: list[Event], tids: dict[Any, int]) -> None:
         if not evs:
             return
         try:
@@ -61,53 +116,53 @@ class _Table:
         glob = np.array([table.setdefault(str(u), len(table)) for u in uniq], dtype=np.int32)
         return glob[codes] if len(glob) else np.zeros(len(names), np.int32)
 
-    def _fast(self, evs: list[dict[str, Any]]) -> dict[str, Any]:
+    def _fast(self, evs: list[Event]) -> dict[str, Any]:
         cols: dict[str, Any] = {
-            "name": self._intern([e["name"] for e in evs]),
-            "ts_us": np.array([e["ts"] for e in evs], dtype=np.float64),
-            "dur_us": np.array([e.get("dur") for e in evs], dtype=np.float64),
-            "_tid": [e.get("tid", -1) for e in evs],
+            "name": self._intern([e.name for e in evs]),
+            "ts_us": np.array([e.ts for e in evs], dtype=np.float64),
+            "dur_us": np.array([e.dur for e in evs], dtype=np.float64),
+            "_tid": [e.tid for e in evs],
         }
         if self.extra:
-            args = [e.get("args") or _EMPTY for e in evs]
+            args = [_NO_ARGS if e.args is None else e.args for e in evs]
             for k in self.extra:
                 if k == "ext_id":
-                    cols[k] = np.array([a.get("External id", a.get("external id", -1)) for a in args], np.float64)
+                    cols[k] = np.array([a.ext_lower if a.ext is UNSET else a.ext for a in args], np.float64)
                 elif k == "stream":
-                    cols["_tid"] = [a.get("stream", e.get("tid", -1)) for a, e in zip(args, evs, strict=True)]
+                    cols["_tid"] = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
                 elif k == "device":
-                    cols[k] = np.array([a.get("device", e.get("pid", -1)) for a, e in zip(args, evs, strict=True)],
-                                       np.float64)
+                    cols[k] = np.array([e.pid if a.device is UNSET else a.device
+                                        for a, e in zip(args, evs, strict=True)], np.float64)
                 elif k == "corr":
-                    cols[k] = np.array([a.get("correlation", -1) for a in args], np.float64)
+                    cols[k] = np.array([a.correlation for a in args], np.float64)
                 elif k == "bytes":
-                    cols[k] = np.array([a.get("bytes", -1) for a in args], np.float64)
+                    cols[k] = np.array([a.bytes for a in args], np.float64)
                 elif k in ("kind", "gpu"):
                     table = GPU_CATS if k == "kind" else ANNOTATION_CATS
-                    cols[k] = np.array([table[e["cat"]] for e in evs], np.int8)
+                    cols[k] = np.array([table[e.cat] for e in evs], np.int8)
         return cols
 
-    def _slow(self, evs: list[dict[str, Any]]) -> dict[str, Any]:
+    def _slow(self, evs: list[Event]) -> dict[str, Any]:
         cols: dict[str, Any] = {
-            "name": self._intern([str(e.get("name", "?")) for e in evs]),
-            "ts_us": np.array([_num(e.get("ts")) for e in evs], dtype=np.float64),
-            "dur_us": np.array([_num(e.get("dur")) for e in evs], dtype=np.float64),
-            "_tid": [e.get("tid", -1) for e in evs],
+            "name": self._intern([str(e.name) for e in evs]),
+            "ts_us": np.array([_num(e.ts) for e in evs], dtype=np.float64),
+            "dur_us": np.array([_num(e.dur) for e in evs], dtype=np.float64),
+            "_tid": [e.tid for e in evs],
         }
-        args: list[dict[str, Any]] = [e["args"] if isinstance(e.get("args"), dict) else _EMPTY for e in evs]
+        args = [_NO_ARGS if e.args is None else e.args for e in evs]
         for k in self.extra:
             if k == "ext_id":
-                cols[k] = np.array([_num(a.get("External id", a.get("external id", -1))) for a in args])
+                cols[k] = np.array([_num(a.ext_lower if a.ext is UNSET else a.ext) for a in args])
             elif k == "stream":
-                cols["_tid"] = [a.get("stream", e.get("tid", -1)) for a, e in zip(args, evs, strict=True)]
+                cols["_tid"] = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
             elif k == "device":
-                cols[k] = np.array([_num(a.get("device", e.get("pid", -1))) for a, e in zip(args, evs, strict=True)])
+                cols[k] = np.array([_num(e.pid if a.device is UNSET else a.device)
+                                    for a, e in zip(args, evs, strict=True)])
             elif k in ("corr", "bytes"):
-                key = "correlation" if k == "corr" else "bytes"
-                cols[k] = np.array([_num(a.get(key, -1)) for a in args])
+                cols[k] = np.array([_num(a.correlation if k == "corr" else a.bytes) for a in args])
             elif k in ("kind", "gpu"):
                 table = GPU_CATS if k == "kind" else ANNOTATION_CATS
-                cols[k] = np.array([table.get(str(e.get("cat")), 0) for e in evs], np.int8)
+                cols[k] = np.array([table.get(str(e.cat), 0) for e in evs], np.int8)
         return cols
 
     def frame(self) -> pd.DataFrame:
@@ -143,15 +198,11 @@ class Accumulator:
         self.py = _Table(())
         self.cats: Counter[Any] = Counter()
         self.tids: dict[Any, int] = {}
-        self.meta_events: list[dict[str, Any]] = []
+        self.meta_events: list[Event] = []
         self.events = 0
 
-    def consume(self, evs: list[Any]) -> None:
-        try:
-            cl = list(map(_getcat, evs))  # C-level pass; AttributeError when an element is not an object
-        except AttributeError:
-            evs = [e for e in evs if e.__class__ is dict]
-            cl = list(map(_getcat, evs))
+    def consume(self, evs: list[Event]) -> None:
+        cl = list(map(_getcat, evs))  # C-level pass
         if not evs:
             return
         self.events += len(evs)
@@ -162,7 +213,7 @@ class Accumulator:
         n_none = int((codes < 0).sum())
         if n_none:
             self.cats[None] += n_none
-            self.meta_events.extend(e for e, c in zip(evs, cl, strict=True) if c is None and e.get("ph") == "M")
+            self.meta_events.extend(e for e, c in zip(evs, cl, strict=True) if c is None and e.ph == "M")
         pos = {u: i for i, u in enumerate(uniq)}
         buckets = ((self.gpu, GPU_CATS), (self.runtime, RUNTIME_CATS), (self.cpu, CPU_OP_CATS),
                    (self.ann, ANNOTATION_CATS), *(((self.py, {"python_function"}),) if self.include_python else ()))

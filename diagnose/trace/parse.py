@@ -1,9 +1,9 @@
 """Streaming reader for Chrome-trace JSON written by torch.profiler / Kineto (.json or .json.gz).
 
 The file is never held whole, as bytes or as Python objects: it is decompressed in blocks, cut into pieces
-at event boundaries (``}`` , ``{`` between two array elements, checked by decoding the piece with orjson), and
-each piece's events are folded into compact columns (``array('d')``/``array('q')`` plus one table of
-unique names) before the next piece is read. Events nobody asked for (python_function stacks, flow arrows,
+at event boundaries (``}`` , ``{`` between two array elements, checked by decoding the piece), and each
+piece is decoded by msgspec into small structs holding only the fields the analysis reads (columns.Event)
+and folded into compact numpy columns plus one table of unique names before the next piece is read. Events nobody asked for (python_function stacks, flow arrows,
 memory instants) are decoded with their piece and dropped at once, so memory stays bounded by the piece
 size plus the kept columns. benchmarks/results/trace_parse.md records why decoding and dropping beats
 pre-filtering the bytes with a regular expression.
@@ -21,12 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
 
 from diagnose.errors import InputError
-from diagnose.trace.columns import ANNOTATION_CATS, CPU_OP_CATS, GPU_CATS, RUNTIME_CATS, Accumulator
+from diagnose.trace.columns import (
+    ANNOTATION_CATS,
+    CPU_OP_CATS,
+    DECODER,
+    GPU_CATS,
+    RUNTIME_CATS,
+    Accumulator,
+    Event,
+    events_from_dicts,
+)
 
 READ_BLOCK = 64 << 10  # compressed bytes read per call (about 1 MB once inflated)
 PIECE = 1 << 20  # decompressed bytes decoded at once (bounds the transient Python objects)
@@ -167,18 +177,29 @@ def _find_events_start(buf: bytes, path: Path) -> tuple[int, dict[str, Any]] | N
         return j + m.end(), meta
 
 
-def _decode(piece: bytes | memoryview) -> list[Any] | None:
+def _decode(piece: bytes | memoryview) -> list[Event] | None:
+    """The events of one piece (``{...}, {...}``), or None when it is not valid JSON (a bad cut point).
+
+    msgspec decodes straight into Events, skipping the keys nobody reads; a piece that is valid JSON but
+    not the usual shape (an ``args`` that is not an object, an element that is not an event) is decoded
+    by orjson and converted, with the same result."""
     ba = bytearray(b"[")
     ba += piece
     ba += b"]"
     try:
+        return DECODER.decode(ba)
+    except msgspec.ValidationError:
+        pass
+    except msgspec.DecodeError:
+        return None
+    try:
         out = orjson.loads(ba)
     except orjson.JSONDecodeError:
         return None
-    return out if isinstance(out, list) else None
+    return events_from_dicts(out) if isinstance(out, list) else None
 
 
-def _split(buf: bytes, final: bool) -> tuple[list[Any], bytes, bool] | None:
+def _split(buf: bytes, final: bool) -> tuple[list[Event], bytes, bool] | None:
     """Decode the complete events at the front of ``buf``; return (events, rest, closed)."""
     if final:
         # the array ends at one of the last ']' (tail metadata rarely contains one)
@@ -341,7 +362,7 @@ def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: Accumulator) -
                      events_total=acc.events, time_unit=unit)
 
 
-def _small_meta(meta: dict[str, Any], meta_events: list[dict[str, Any]]) -> dict[str, Any]:
+def _small_meta(meta: dict[str, Any], meta_events: list[Event]) -> dict[str, Any]:
     keep = ("schemaVersion", "displayTimeUnit", "baseTimeNanoseconds", "distributedInfo", "cuda_runtime_version",
             "cuda_driver_version", "hip_runtime_version", "roctracer_version", "cupti_version",
             "vllm_version", "with_stack", "record_shapes", "profile_memory")
@@ -352,6 +373,6 @@ def _small_meta(meta: dict[str, Any], meta_events: list[dict[str, Any]]) -> dict
     devs = meta.get("deviceProperties")
     if isinstance(devs, list):
         out["devices"] = [str(d.get("name", "")) for d in devs if isinstance(d, dict)]
-    out["process_names"] = sorted({str((e.get("args") or {}).get("name")) for e in meta_events
-                                   if e.get("name") == "process_name"})
+    out["process_names"] = sorted({str(e.args.name if e.args is not None else None) for e in meta_events
+                                   if e.name == "process_name"})
     return out
