@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from diagnose.analysis import Analysis, Section, Window
+from diagnose.analysis import Analysis, Window
 from diagnose.bundle import Bundle, open_bundle
 from diagnose.model import Finding, Signal
 from diagnose.normalize import derived, load_normalizers
@@ -66,15 +66,6 @@ def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
     return out
 
 
-def collect_sections(tables: dict[str, pd.DataFrame], normalizers: Iterable[ModuleType] | None = None) -> list[Section]:
-    out: list[Section] = []
-    for mod in normalizers if normalizers is not None else load_normalizers():
-        fn = getattr(mod, "sections", None)
-        if fn is not None:
-            out.extend(fn(tables))
-    return sorted(out, key=lambda s: (s.order, s.id))
-
-
 def analyze_bundle(path: str | Path, *, rules_dirs: Sequence[str | Path] = (),
                    threshold_files: Sequence[str | Path] = (), threshold_overrides: dict[str, float] | None = None) -> Analysis:
     bundle = open_bundle(path)
@@ -102,7 +93,6 @@ def analyze_bundle(path: str | Path, *, rules_dirs: Sequence[str | Path] = (),
         findings=res.findings,
         not_evaluated=res.not_evaluated,
         probe_statuses=bundle.probe_statuses(),
-        sections=collect_sections(tables, mods),
         warnings=list(bundle.warnings),
         partial=bundle.partial,
     )

@@ -26,7 +26,6 @@ def analyze_trace_file(path: Path, *, rules_dirs: Sequence[str | Path] = (), thr
         signals=signals,
         findings=res.findings,
         not_evaluated=[n for n in res.not_evaluated if _trace_relevant(n.missing)],
-        sections=list(ta.sections),
         warnings=list(ta.warnings),
     )
     finish_verdict(analysis)
@@ -49,7 +48,6 @@ def analyze_spans_file(path: Path, *, rules_dirs: Sequence[str | Path] = (), thr
         signals=signals,
         findings=res.findings,
         not_evaluated=[n for n in res.not_evaluated if _span_relevant(n.missing)],
-        sections=otel.sections(tables),
     )
     finish_verdict(analysis)
     return analysis

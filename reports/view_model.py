@@ -8,7 +8,7 @@ probe statuses, environment.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
 from diagnose.profiler_window import excluded_note
 
+from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
 
@@ -35,11 +36,11 @@ GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "hos
                 "gpu": "GPU", "trace": "Kernel trace", "details": "Details"}
 
 
-def build_view(analysis: Analysis) -> dict[str, Any]:
-    """The whole report as plain data."""
+def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> dict[str, Any]:
+    """The whole report as plain data (``given``: sections shown instead of those built from the tables)."""
     a = analysis
     manifest = a.manifest or {}
-    sections = [section_view(s) for s in a.sections]
+    sections = [section_view(s) for s in (build_sections(a.tables) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
     return {

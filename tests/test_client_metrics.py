@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from diagnose.reports.sections.client import sections as client_sections
+from diagnose.reports.sections.model import Quantity
 
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
@@ -125,8 +127,8 @@ def test_self_check_client_bound_criterion(tmp_path: Path) -> None:
     laggy = [{**h, "loop_lag_ms": 25.0} for h in calm]
     tables, _ = make_bundle(tmp_path / "c", BASIC_REQS, BASIC_CHUNKS, health=laggy)
     assert sigs(tables)["client_bound_ratio"] == 1
-    section = {x.id: x for x in client.sections(tables)}["client_self_check"]
-    assert ["client was the bottleneck (1 = yes)", 1.0, ""] in section.payload["rows"]
+    section = {x.id: x for x in client_sections(tables)}["client_self_check"]
+    assert ("client was the bottleneck (1 = yes)", Quantity(1.0, "flag", 2), "") in section.payload.rows
 
 
 def test_sweep_signals_and_phase_windows(tmp_path: Path) -> None:
@@ -145,8 +147,8 @@ def test_sweep_signals_and_phase_windows(tmp_path: Path) -> None:
     assert s["sweep_itl_p50_growth_ratio"] == pytest.approx(1)
     p1 = sigs(tables, Window(1.0, 1.9, 1, "c=4"))
     assert p1["ttft_p50_ms"] == pytest.approx(40) and p1["requests_measured"] == 4 and "sweep_levels" not in p1
-    sweep = {x.id: x for x in client.sections(tables)}["client_sweep"]
-    assert [row[0] for row in sweep.payload["rows"]] == ["c=1", "c=4"]
+    sweep = {x.id: x for x in client_sections(tables)}["client_sweep"]
+    assert [row[0] for row in sweep.payload.rows] == ["c=1", "c=4"]
 
 
 def test_truncated_stream_and_missing_streams(tmp_path: Path) -> None:
