@@ -7,17 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from diagnose.model import Finding, NotEvaluated, ProbeStatus, Signal
+from diagnose.model import Finding, NotEvaluated, Phase, ProbeStatus, Signal, Verdict, Window
 
-
-@dataclass(frozen=True)
-class Window:
-    """A stretch of the capture that signals are computed over (t_s = seconds since the clock anchor)."""
-
-    start_s: float
-    end_s: float
-    phase: int | None = None  # None: the whole measured window
-    label: str = "run"
+__all__ = ["Analysis", "Window"]
 
 
 @dataclass
@@ -27,11 +19,15 @@ class Analysis:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     signals: dict[str, Signal] = field(default_factory=dict)
     phase_signals: list[dict[str, Signal]] = field(default_factory=list)
-    phases: list[dict[str, Any]] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     not_evaluated: list[NotEvaluated] = field(default_factory=list)
     probe_statuses: list[ProbeStatus] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     partial: bool = False
-    verdict: str = ""
-    run_valid: bool = True
+    verdict: Verdict | None = None
+    run_window: Window | None = None
+
+    @property
+    def run_valid(self) -> bool:
+        return self.verdict is None or self.verdict.judged

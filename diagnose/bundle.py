@@ -25,7 +25,7 @@ import orjson
 
 from diagnose import __version__
 from diagnose.errors import BundleError
-from diagnose.model import ProbeStatus
+from diagnose.model import Phase, ProbeStatus
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
@@ -221,10 +221,26 @@ class Bundle:
     path: Path
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    kind: str = "bundle"  # "bundle" (on disk) | "trace" | "spans" (a lone input adapted in memory)
+
+    @property
+    def source(self) -> Path:
+        """What the user gave: the bundle directory, or the trace / span file it was adapted from."""
+        return self.path
 
     @property
     def partial(self) -> bool:
         return not bool(self.manifest.get("capture", {}).get("complete", False))
+
+    @property
+    def capture_end_unix_ns(self) -> int | None:
+        end = (self.manifest.get("capture") or {}).get("ended_unix_ns")
+        return end if isinstance(end, int) and not isinstance(end, bool) else None
+
+    def phases(self) -> list[Phase]:
+        """The load phases (``phases`` stream), in order; a record without an integer start is skipped."""
+        out = [p for rec in self.iter_records("phases") if (p := Phase.from_record(rec, self.anchor_mono_ns))]
+        return sorted(out, key=lambda p: (p.start_s, p.phase))
 
     @property
     def anchor_unix_ns(self) -> int:
@@ -279,6 +295,32 @@ class Bundle:
 
     def artifacts(self) -> dict[str, dict[str, Any]]:
         return dict(self.manifest.get("artifacts") or {})
+
+
+@dataclass
+class MemoryBundle(Bundle):
+    """A bundle held in memory, adapted from a lone input (a profiler trace or an OTLP span file), so every
+    input goes through the same pipeline. Its streams live in ``streams``; its artifacts are the given files."""
+
+    streams: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    given: Path | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.given or self.path
+
+    @property
+    def partial(self) -> bool:
+        return False
+
+    def stream_file(self, name: str) -> Path | None:
+        return None
+
+    def has_stream(self, name: str) -> bool:
+        return bool(self.streams.get(name))
+
+    def iter_records(self, name: str) -> Iterator[dict[str, Any]]:
+        yield from self.streams.get(name, ())
 
 
 def open_bundle(path: str | Path) -> Bundle:

@@ -82,6 +82,7 @@ class Evidence:
     unit: str
     source: str
     note: str = ""
+    window: str = "run"  # which window the value is of: "run" or a phase's label (phase-scoped rules)
 
 
 Severity = Literal["info", "warning", "error", "critical"]
@@ -116,3 +117,103 @@ class NotEvaluated:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# -- windows and phases ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """A stretch of the capture that signals are computed over (t_s = seconds since the clock anchor)."""
+
+    start_s: float
+    end_s: float
+    phase: int | None = None  # None: the whole measured window
+    label: str = "run"
+    exclude_phases: tuple[int, ...] = ()  # phases never in this window's statistics (the baseline)
+
+
+PhaseRole = Literal["baseline", "measure"]
+
+
+def _num(v: Any) -> float | None:
+    """A finite int/float (never a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One load phase of a capture (the ``phases`` stream): a baseline or a measured level of the workload.
+
+    ``start_s``/``end_s`` are seconds since the clock anchor (``end_s`` is inf when the phase never ended).
+    """
+
+    phase: int
+    name: str
+    role: PhaseRole
+    start_s: float
+    end_s: float
+    mode: str = ""  # "closed" (concurrency) | "open" (rate)
+    concurrency: float | None = None
+    rate: float | None = None
+    arrival: str = ""
+    interrupted: bool = False
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.role == "baseline"
+
+    @property
+    def level(self) -> float | None:
+        """The offered load: concurrency for a closed loop, rate (req/s) for an open loop."""
+        return self.concurrency if self.concurrency is not None else self.rate
+
+    @property
+    def level_kind(self) -> str:
+        """"concurrency" or "rate": two levels are comparable only when their kinds match."""
+        return "concurrency" if self.concurrency is not None else ("rate" if self.rate is not None else "")
+
+    def window(self) -> Window:
+        return Window(self.start_s, self.end_s, self.phase, self.name)
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any], anchor_mono_ns: int) -> Phase | None:
+        """The phase a ``phases`` record describes; None when the record is unusable (no integer start)."""
+        start = rec.get("start_ns")
+        if isinstance(start, bool) or not isinstance(start, int):
+            return None
+        end = rec.get("end_ns")
+        end_s = (end - anchor_mono_ns) / 1e9 if isinstance(end, int) and not isinstance(end, bool) else math.inf
+        idx = rec.get("phase", 0)
+        idx = int(idx) if isinstance(idx, int) and not isinstance(idx, bool) else 0
+        role: PhaseRole = "baseline" if rec.get("role") == "baseline" else "measure"
+        conc, rate = _num(rec.get("concurrency")), _num(rec.get("rate"))
+        return cls(phase=idx, name=str(rec.get("name") or f"phase {idx}"), role=role,
+                   start_s=(start - anchor_mono_ns) / 1e9, end_s=end_s, mode=str(rec.get("mode") or ""),
+                   concurrency=conc if conc is not None and conc > 0 else None,
+                   rate=rate if rate is not None and rate > 0 else None,
+                   arrival=str(rec.get("arrival") or ""), interrupted=bool(rec.get("interrupted")))
+
+
+# -- the verdict -------------------------------------------------------------------------------------------
+VerdictLevel = Literal["ok", "info", "warning", "error", "critical", "invalid"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The one verdict of an analysis, written by the judgement stage; reports only show it.
+
+    ``judged`` is False when the run is invalid: nothing measured on it is presented as a result.
+    """
+
+    level: VerdictLevel
+    headline: str
+    detail: str = ""
+    judged: bool = True
+    partial: bool = False
+    top_rule: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The verdict as one paragraph (CLI, --json)."""
+        return self.headline + (f" {self.detail}" if self.detail else "")

@@ -1,4 +1,13 @@
-"""bundle -> tables -> signals -> rules -> report. Each stage is callable on its own."""
+"""The only orchestrator: input -> bundle -> tables -> signals -> findings + verdict (-> report, in reports/).
+
+Stages, each callable alone, none reaching back into an earlier one:
+  open_input  a bundle directory, a sample folder, a profiler trace (file or directory of per-rank traces) or an
+              OTLP span file; the last two are adapted into an in-memory bundle (diagnose.bundle.MemoryBundle)
+  normalize   bundle streams and artifacts -> tidy tables (diagnose/normalize/, one module per source)
+  signals     tables -> named signals for the run window and each phase, then the derived ones
+  judge       signals -> findings, rules not evaluated, and the one verdict (rules/)
+The view (reports/view_model.py) and the renderer (reports/render.py) take the Analysis this returns.
+"""
 
 from __future__ import annotations
 
@@ -6,54 +15,117 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pandas as pd
 
-from diagnose.analysis import Analysis, Window
-from diagnose.bundle import Bundle, open_bundle
-from diagnose.model import Finding, Signal
+from diagnose.analysis import Analysis
+from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle
+from diagnose.errors import BundleError, InputError
+from diagnose.model import NotEvaluated, Phase, Signal, Window
 from diagnose.normalize import derived, load_normalizers
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
+from diagnose.rules.verdict import decide
+
+InputKind = str  # "bundle" | "trace" | "spans"
 
 
-def phases_of(bundle: Bundle) -> list[dict[str, Any]]:
-    """The bundle's phases with t_s bounds (seconds since the clock anchor), in order."""
-    anchor = bundle.anchor_mono_ns
-    out = []
-    for rec in bundle.records("phases"):
-        if "start_ns" not in rec:
-            continue
-        p = dict(rec)
-        p["start_s"] = (int(rec["start_ns"]) - anchor) / 1e9
-        end = rec.get("end_ns")
-        p["end_s"] = (int(end) - anchor) / 1e9 if end is not None else math.inf
-        p.setdefault("role", "measure")
-        out.append(p)
-    out.sort(key=lambda p: (p["start_s"], p.get("phase", 0)))
-    return out
+# -- stage 0: the input, as a bundle ---------------------------------------------------------------------
+def detect_input(path: Path) -> InputKind:
+    """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        if (path / "manifest.json").exists():
+            return "bundle"
+        if any(path.glob("*.json")) or any(path.glob("*.json.gz")):
+            return "trace"
+        raise BundleError(f"{path} is not a capture bundle (no manifest.json) and holds no trace files")
+    name = path.name.lower()
+    if name.endswith((".json", ".json.gz", ".jsonl")):
+        head = _head(path)
+        if b"resourceSpans" in head or b"resource_spans" in head:
+            return "spans"
+        return "trace"
+    raise InputError(f"{path}: unknown input (expected a bundle directory, a .json/.json.gz trace, or OTLP JSON spans)")
 
 
-def run_window(bundle: Bundle, phases: Sequence[dict[str, Any]]) -> Window:
-    measured = [p for p in phases if p.get("role", "measure") != "baseline"]
-    if measured:
-        return Window(min(p["start_s"] for p in measured), max(p["end_s"] for p in measured), None, "run")
-    cap = bundle.manifest.get("capture", {})
-    end = cap.get("ended_unix_ns")
-    end_s = (int(end) - bundle.anchor_unix_ns) / 1e9 if end else math.inf
-    return Window(0.0, end_s, None, "run")
+def _head(path: Path, n: int = 4096) -> bytes:
+    import gzip
+
+    try:
+        if path.name.lower().endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                return fh.read(n)
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except (OSError, EOFError):
+        return b""  # the trace reader reports the real problem with its own message
 
 
-def phase_window(p: dict[str, Any]) -> Window:
-    return Window(p["start_s"], p["end_s"], int(p.get("phase", 0)), str(p.get("name", f"phase {p.get('phase')}")))
+def open_input(path: str | Path, *, include_python: bool = False) -> Bundle:
+    """The bundle for ``path``: read from disk, or adapted in memory from a lone trace or span file."""
+    p = Path(path)
+    if p.is_dir() and not (p / "manifest.json").exists() and (p / "bundle" / "manifest.json").exists():
+        p = p / "bundle"  # a sample folder: README, expected findings and the bundle beside them
+    kind = detect_input(p)
+    if kind == "bundle":
+        return open_bundle(p)
+    if kind == "spans":
+        return bundle_of_spans(p)
+    return bundle_of_traces(p, include_python=include_python)
 
 
+def bundle_of_traces(path: Path, *, include_python: bool = False) -> MemoryBundle:
+    """A trace file, or a directory of per-rank traces, as a bundle whose artifacts are those traces.
+    vLLM's API-server traces (``async_llm``) beside worker traces are marked ``frontend`` and left out."""
+    from diagnose.trace.analyze import trace_files
+
+    files = trace_files(path)
+    root = path if path.is_dir() else path.parent
+    frontend = [f for f in files if "async_llm" in f.name]
+    if len(frontend) == len(files):
+        frontend = []
+    artifacts = {f.name: {"kind": "torch_trace", "file": f.name, **({"role": "frontend"} if f in frontend else {})}
+                 for f in files}
+    b = MemoryBundle(path=root, manifest={"schema_version": SCHEMA_VERSION, "kind": "trace", "artifacts": artifacts,
+                                          "options": {"include_python": include_python}, "capture": {"complete": True}},
+                     kind="trace", given=path)
+    if frontend:
+        b.warnings.append("skipped the API-server trace(s) " + ", ".join(f.name for f in frontend)
+                          + " (vLLM frontend: no kernels, no engine steps); analyse one alone by passing its file")
+    return b
+
+
+def bundle_of_spans(path: Path) -> MemoryBundle:
+    """An OTLP span file as a bundle with one ``spans`` stream, clock anchored at its earliest span."""
+    from diagnose.normalize.otel import read_spans_file
+
+    spans = read_spans_file(path)
+    anchor = min(int(s.get("start_unix_ns") or 0) for s in spans) if spans else 0
+    manifest = {"schema_version": SCHEMA_VERSION, "kind": "spans",
+                "capture": {"complete": True, "clock_anchor": {"unix_ns": anchor, "monotonic_ns": 0}}}
+    return MemoryBundle(path=path.parent, manifest=manifest, kind="spans", streams={"spans": spans}, given=path)
+
+
+# -- stage 1: tables ----------------------------------------------------------------------------------------
 def normalize(bundle: Bundle, normalizers: Iterable[ModuleType] | None = None) -> dict[str, pd.DataFrame]:
     tables: dict[str, pd.DataFrame] = {}
     for mod in normalizers if normalizers is not None else load_normalizers():
         tables.update(mod.tables(bundle))
     return tables
+
+
+# -- stage 2: signals ---------------------------------------------------------------------------------------
+def run_window(bundle: Bundle, phases: Sequence[Phase]) -> Window:
+    """The measured window: from the first measured phase's start to the last one's end, baseline excluded."""
+    measured = [p for p in phases if not p.is_baseline]
+    baseline = tuple(p.phase for p in phases if p.is_baseline)
+    if measured:
+        return Window(min(p.start_s for p in measured), max(p.end_s for p in measured), None, "run", baseline)
+    end = bundle.capture_end_unix_ns
+    end_s = (end - bundle.anchor_unix_ns) / 1e9 if end else math.inf
+    return Window(0.0, end_s, None, "run", baseline)
 
 
 def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
@@ -66,70 +138,56 @@ def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
     return out
 
 
-def analyze_bundle(path: str | Path, *, rules_dirs: Sequence[str | Path] = (),
-                   threshold_files: Sequence[str | Path] = (), threshold_overrides: dict[str, float] | None = None) -> Analysis:
-    bundle = open_bundle(path)
+# -- stage 3: judgement -------------------------------------------------------------------------------------
+def _relevant(kind: str, ne: NotEvaluated) -> bool:
+    """A lone trace cannot feed client or server rules (a span file: client rules): list as not evaluated only
+    the rules its kind of evidence could have fed."""
+    if kind == "trace":
+        return all(m.startswith("trace_") for m in ne.missing)
+    if kind == "spans":
+        return all(m.startswith(("span_", "ttft_queue", "ttft_prefill", "ttft_frontend", "join_")) for m in ne.missing)
+    return True
+
+
+def analyze(path: str | Path, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
+            threshold_overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
+    """Analyse any input diagnose reads: every input goes through the same stages."""
+    return analyze_opened(open_input(path, include_python=include_python), rules_dirs=rules_dirs,
+                          threshold_files=threshold_files, threshold_overrides=threshold_overrides)
+
+
+def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
+                   threshold_overrides: dict[str, float] | None = None) -> Analysis:
     specs = load_rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
     tables = normalize(bundle, mods)
-    phases = phases_of(bundle)
-    signals = compute_signals(tables, run_window(bundle, phases), mods)
-    measured = [p for p in phases if p.get("role", "measure") != "baseline"]
-    per_phase: dict[int, dict[str, Signal]] = {}
-    for p in phases:
-        per_phase[int(p.get("phase", 0))] = compute_signals(tables, phase_window(p), mods)
+    phases = bundle.phases()
+    window = run_window(bundle, phases)
+    signals = compute_signals(tables, window, mods)
+    per_phase = {p.phase: compute_signals(tables, p.window(), mods) for p in phases}
     signals.update(derived.signals(signals, phases, per_phase, bundle.manifest))
-    phase_signals = [per_phase[int(p.get("phase", 0))] for p in measured] if len(measured) > 1 else []
-    labels = [str(p.get("name", "")) for p in measured] if len(measured) > 1 else []
-    res = evaluate(specs, signals, thresholds, phase_signals, labels)
+    measured = [p for p in phases if not p.is_baseline]
+    sweep = len(measured) > 1
+    res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
+                   [p.name for p in measured] if sweep else [])
+    verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=bool(phases))
     analysis = Analysis(
-        source=str(bundle.path),
+        source=str(bundle.path if bundle.kind == "bundle" else bundle.source),
         manifest=bundle.manifest,
         tables=tables,
         signals=signals,
-        phase_signals=[per_phase[int(p.get("phase", 0))] for p in phases],
+        phase_signals=[per_phase[p.phase] for p in phases],
         phases=phases,
         findings=res.findings,
-        not_evaluated=res.not_evaluated,
+        not_evaluated=[n for n in res.not_evaluated if _relevant(bundle.kind, n)],
         probe_statuses=bundle.probe_statuses(),
         warnings=list(bundle.warnings),
         partial=bundle.partial,
+        verdict=verdict,
+        run_window=window,
     )
-    finish_verdict(analysis)
     return analysis
 
 
-def finish_verdict(analysis: Analysis) -> None:
-    """The one-paragraph verdict the report leads with."""
-    f = analysis.findings
-    invalid = [x for x in f if x.family == "validity" and x.severity == "critical"]
-    analysis.run_valid = not invalid
-    s = analysis.signals
-
-    def v(name: str, fmt: str) -> str:
-        sig = s.get(name)
-        return format(sig.value, fmt) if sig is not None else "n/a"
-
-    numbers = (f"TTFT P50/P95/P99 {v('ttft_p50_ms', '.0f')}/{v('ttft_p95_ms', '.0f')}/{v('ttft_p99_ms', '.0f')} ms, "
-               f"ITL P50/P95/P99 {v('itl_p50_ms', '.1f')}/{v('itl_p95_ms', '.1f')}/{v('itl_p99_ms', '.1f')} ms, "
-               f"{v('output_tps', '.0f')} output tok/s, {v('request_rps', '.2f')} req/s")
-    if invalid:
-        title = invalid[0].title
-        lead = title if title.lower().startswith("run invalid") else f"Run invalid: {title}"
-        analysis.verdict = f"{lead}. Do not draw conclusions about the server from it."
-    elif not s and analysis.findings:
-        analysis.verdict = f"Most likely: {_lead(analysis.findings)}"
-    elif any(x.severity in ("warning", "error", "critical") for x in f):
-        analysis.verdict = f"Most likely: {_lead(f)}. ({numbers})" if "ttft_p50_ms" in s else f"Most likely: {_lead(f)}."
-    elif "ttft_p50_ms" in s:
-        analysis.verdict = f"No bottleneck found at warning level or above. {numbers}."
-    else:
-        analysis.verdict = "No bottleneck found at warning level or above."
-    if analysis.partial:
-        analysis.verdict = "Partial capture (interrupted). " + analysis.verdict
-
-
-def _lead(findings: Sequence[Finding]) -> str:
-    top = [x for x in findings if x.severity != "info"] or list(findings)
-    return top[0].title
+analyze_bundle = analyze  # a capture bundle directory: the same pipeline

@@ -13,9 +13,21 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from diagnose.rules.verdict import decide
 
 from diagnose.analysis import Analysis
-from diagnose.model import Cause, Evidence, Experiment, Finding, NotEvaluated, ProbeStatus, Signal
+from diagnose.model import (
+    Cause,
+    Evidence,
+    Experiment,
+    Finding,
+    NotEvaluated,
+    Phase,
+    ProbeStatus,
+    Signal,
+    Verdict,
+    Window,
+)
 
 from .sections.model import (
     BarSeries,
@@ -39,7 +51,7 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
     itl_rows: list[tuple[int, float, float]] = []
-    phases: list[dict[str, Any]] = []
+    phases: list[Phase] = []
     rid, t = 0, 1.0
     for pi, c in enumerate(levels):
         start = t
@@ -63,12 +75,12 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
             slots[k] = sent + e2e / 1000 + 0.002
             rid += 1
         t = max(slots)
-        phases.append({"phase": pi, "name": f"c={c}", "mode": "concurrency", "concurrency": c,
-                       "start_s": start, "end_s": t})
+        phases.append(Phase(phase=pi, name=f"c={c}", role="measure", start_s=start, end_s=t, mode="closed",
+                            concurrency=float(c)))
     req = pd.DataFrame(rows)
     itl = pd.DataFrame(itl_rows, columns=["rid", "t_s", "itl_ms"])
     ts = np.arange(1.0, t, 1.0)
-    level = np.interp(ts, [p["start_s"] for p in phases], [max(p["concurrency"] - 8, 0) for p in phases])
+    level = np.interp(ts, [p.start_s for p in phases], [max((p.concurrency or 0) - 8, 0) for p in phases])
     qd = np.maximum(level + rng.normal(0, 0.7, ts.size), 0).round()
     metrics = pd.DataFrame({"t_s": np.concatenate([ts, ts]), "signal": ["queue_depth"] * ts.size + ["running"] * ts.size,
                             "value": np.concatenate([qd, np.minimum(8, ts * 0 + 8)])})
@@ -86,13 +98,18 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
                    "headers": {"Authorization": "Bearer sk-secretsecret123"}, "flags": ["--max-num-seqs", "8"]},
         "host": {"hostname": "bench-1", "platform": "Linux-6.1-x86_64", "cpu_count": 2, "python": "3.11.7"},
         "workload": {"mode": "concurrency", "input_tokens": 128, "output_tokens": output_tokens, "api": "completions",
-                     "phases": [{"index": i, "name": p["name"], "concurrency": p["concurrency"]} for i, p in enumerate(phases)],
+                     "phases": [{"index": i, "name": p.name, "concurrency": p.concurrency} for i, p in enumerate(phases)],
                      "note": "api_key=sk-abcdefgh12345678 passed by mistake"},
         "options": {"slo": "ttft_p99=200ms"},
     }
+    findings = _findings(signals, hostile)
+    verdict = decide(findings, signals, partial=partial) if run_valid else Verdict(
+        "invalid", "Run invalid: the load client was the bottleneck", "The client's event loop lagged.",
+        judged=False, partial=partial)
     return Analysis(
         source=f"/tmp/capture{hostile}", manifest=manifest, tables=tables, signals=signals,
-        phase_signals=phase_signals, phases=phases, findings=_findings(signals, hostile),
+        phase_signals=phase_signals, phases=phases, findings=findings, verdict=verdict,
+        run_window=Window(phases[0].start_s, phases[-1].end_s),
         not_evaluated=[NotEvaluated("GPU001", "gpu-underutilised", ("gpu_util_mean_ratio",)),
                        NotEvaluated("OTL001", "queue-dominates-ttft", ("ttft_queue_share_ratio", "join_matched_ratio"))],
         probe_statuses=[ProbeStatus("load", "ok", "", {"requests": len(req)}),
@@ -100,7 +117,7 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
                         ProbeStatus("otel", "unavailable", "server was not started with --otlp-traces-endpoint"),
                         ProbeStatus("pyspy", "failed", f"ptrace not permitted{hostile}")],
         warnings=[f"metrics: 2 scrapes took over 500 ms{hostile}"],
-        partial=partial, run_valid=run_valid,
+        partial=partial,
     )
 
 

@@ -4,10 +4,13 @@ table has it (long format: t_s, signal == "queue_depth", value). Plain data, bou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from diagnose.model import Phase
 
 from .charts import downsample
 from .sections_view import finite, num, unavailable
@@ -18,8 +21,7 @@ MAX_DOTS = 600
 LATENCY_BINS = 60
 
 
-def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]],
-                   manifest: dict[str, Any]) -> dict[str, Any]:
+def timeline_chart(tables: dict[str, pd.DataFrame], phases: Sequence[Phase]) -> dict[str, Any]:
     req = tables.get("requests")
     if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
         qd = _queue_depth(tables.get("metrics"))
@@ -66,7 +68,7 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: list[dict[str, Any]]
     excluded = _excluded_bands(tables.get("client_excluded"))
     if excluded:
         notes.append("shaded 'profiler on': requests overlapping it are left out of the statistics")
-    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": _bands(phases, req, manifest) + excluded,
+    return {"kind": "line_chart", "title": TITLE, "series": series, "bands": _bands(phases) + excluded,
             "x_label": "time since capture start (s)", "y_label": "TTFT (ms)",
             "y2_label": "requests (in flight / queued)", "note": "; ".join(notes)}
 
@@ -97,22 +99,10 @@ def _queue_depth(metrics: pd.DataFrame | None) -> list[list[float]]:
     return _round(downsample(list(zip(q["t_s"].astype(float), q["value"].astype(float), strict=True)), 400))
 
 
-def _bands(phases: list[dict[str, Any]], req: pd.DataFrame, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sweep phases as shaded x ranges (only when there is more than one phase)."""
-    anchor = finite(((manifest.get("capture") or {}).get("clock_anchor") or {}).get("monotonic_ns"))
-    bands: list[dict[str, Any]] = []
-    for i, ph in enumerate(phases):
-        start, end = finite(ph.get("start_s")), finite(ph.get("end_s"))
-        if (start is None or end is None) and anchor is not None:
-            s_ns, e_ns = finite(ph.get("start_ns")), finite(ph.get("end_ns"))
-            if s_ns is not None and e_ns is not None:
-                start, end = (s_ns - anchor) / 1e9, (e_ns - anchor) / 1e9
-        if (start is None or end is None) and "phase" in req.columns:
-            rows = req[req["phase"] == ph.get("phase", i)]
-            if not rows.empty:
-                start, end = finite(rows["sent_s"].min()), finite(rows["end_s"].max())
-        if start is not None and end is not None:
-            bands.append({"start": start, "end": end, "label": str(ph.get("name") or f"phase {i}")})
+def _bands(phases: Sequence[Phase]) -> list[dict[str, Any]]:
+    """Load phases as shaded x ranges (only when there is more than one phase)."""
+    bands = [{"start": p.start_s, "end": p.end_s, "label": p.name}
+             for p in phases if np.isfinite(p.start_s) and np.isfinite(p.end_s)]
     return bands if len(bands) > 1 else []
 
 

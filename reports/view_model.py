@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from diagnose.rules.verdict import ranked
 
 from diagnose.analysis import Analysis
-from diagnose.model import SEVERITY_WEIGHT, Finding, Signal
+from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window
 from diagnose.profiler_window import excluded_note
+from diagnose.requests import select
 
 from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
@@ -43,6 +45,8 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     sections = [section_view(s) for s in (build_sections(a.tables) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
+    judged = [f for f in ranked(a.findings) if a.run_valid or f.family == "validity"]
+    not_judged = [f for f in ranked(a.findings) if not (a.run_valid or f.family == "validity")]
     return {
         "schema": VIEW_SCHEMA,
         "title": _title(manifest, str(a.source)),
@@ -51,7 +55,8 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
         "banners": _banners(a),
         "verdict": _verdict(a),
-        "findings": [_finding(f) for f in sorted(a.findings, key=lambda f: (-f.score, f.rule_id))],
+        "findings": [_finding(f) for f in judged],
+        "not_judged": [{"rule_id": f.rule_id, "title": f.title, "severity": f.severity} for f in not_judged],
         "not_evaluated": [{"rule_id": n.rule_id, "name": n.name, "missing": list(n.missing)}
                           for n in sorted(a.not_evaluated, key=lambda n: n.rule_id)],
         "percentiles": _percentiles(a),
@@ -61,7 +66,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
             "itl": _guard("ITL distribution", lambda: _distribution(a, "itl")),
             "ttft_by_phase": _guard("TTFT distribution by load level", lambda: _ttft_by_phase(a)),
             "timeline": _guard("Load vs latency vs queue depth over time",
-                               lambda: timeline_chart(a.tables, a.phases, manifest)),
+                               lambda: timeline_chart(a.tables, a.phases)),
         },
         "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
                             "sections": [s for s in sections if s["group"] == g]}
@@ -100,8 +105,8 @@ def _banners(a: Analysis) -> list[dict[str, str]]:
         why = cap.get("interrupted") or "the capture did not finish (no end recorded)"
         out.append({"level": "error", "text": f"Partial capture: {why}. Numbers cover only what was recorded."})
     if not a.run_valid:
-        out.append({"level": "error", "text": "Invalid run: the load client, not the server, limited this run "
-                                              "(see the verdict). Server-side findings are not trustworthy."})
+        out.append({"level": "error", "text": "Invalid run (see the verdict): nothing measured on it is judged; "
+                                              "server-side findings and the SLO figures are shown as not judged."})
     for w in a.warnings:
         if a.partial and str(w).startswith("partial capture"):
             continue
@@ -114,43 +119,43 @@ def _sig(signals: dict[str, Signal], name: str) -> float | None:
     return finite(s.value) if s is not None else None
 
 
-def _key_numbers(signals: dict[str, Signal]) -> list[dict[str, Any]]:
-    spec = (("ttft_p50_ms", "TTFT P50", "ms"), ("ttft_p99_ms", "TTFT P99", "ms"), ("itl_p50_ms", "ITL P50", "ms"),
-            ("itl_p99_ms", "ITL P99", "ms"), ("output_tps", "output", "tok/s"), ("request_rps", "requests", "req/s"),
-            ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
-    return [{"signal": n, "label": lab, "value": v, "unit": u}
-            for n, lab, u in spec if (v := _sig(signals, n)) is not None]
+KEY_NUMBERS = (("ttft_p50_ms", "TTFT P50", "ms"), ("ttft_p99_ms", "TTFT P99", "ms"), ("itl_p50_ms", "ITL P50", "ms"),
+               ("itl_p99_ms", "ITL P99", "ms"), ("output_tps", "output", "tok/s"), ("request_rps", "requests", "req/s"),
+               ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
+NOT_JUDGED = {"goodput_ratio", "goodput_rps"}  # judged against the SLO: not shown as a result on an invalid run
+
+
+def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[dict[str, Any]]:
+    return [{"signal": n, "label": lab, "value": v, "unit": u, "window": window}
+            for n, lab, u in KEY_NUMBERS if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
+
+
+def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
+    return [(p, s) for p, s in zip(a.phases, a.phase_signals, strict=False) if not p.is_baseline]
 
 
 def _verdict(a: Analysis) -> dict[str, Any]:
-    findings = sorted(a.findings, key=lambda f: (-f.score, f.rule_id))
-    keys = _key_numbers(a.signals)
-    if not a.run_valid:
-        parts = []
-        for name, label, unit in (("client_schedule_lag_p99_ms", "send-schedule lag P99", "ms"),
-                                  ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"),
-                                  ("client_cpu_max_percent", "client CPU max", "%")):
-            v = _sig(a.signals, name)
-            if v is not None:
-                parts.append(f"{label} {v:.3g} {unit}")
-        detail = a.verdict or ("The load generator could not keep up with the requested load"
-                               + (f" ({', '.join(parts)})" if parts else "")
-                               + ", so measured latency includes client delay. Repeat with a lighter workload "
-                                 "or more client CPU before blaming the server.")
-        return {"level": "invalid", "headline": "The run is invalid: the client was the bottleneck, not the server",
-                "detail": detail, "key_numbers": keys, "partial": a.partial}
-    if findings:
-        top = findings[0]
-        more = len(findings) - 1
-        return {"level": top.severity, "headline": a.verdict or top.title,
-                "detail": top.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} below.)" if more else ""),
-                "key_numbers": keys, "partial": a.partial}
-    n_ne = len(a.not_evaluated)
-    detail = "No rule found a bottleneck in the evidence captured."
-    if n_ne:
-        detail += f" {n_ne} rule{'s were' if n_ne > 1 else ' was'} not evaluated for missing evidence (listed below)."
-    return {"level": "ok", "headline": a.verdict or "No bottleneck found", "detail": detail,
-            "key_numbers": keys, "partial": a.partial}
+    """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep."""
+    v = a.verdict
+    levels = _measured_phases(a)
+    if len(levels) > 1:
+        keys: list[dict[str, Any]] = []
+        by_level = [{"label": p.name, "key_numbers": _key_numbers(s, p.name, a.run_valid)} for p, s in levels]
+    else:
+        keys = _key_numbers(a.signals, _run_label(a), a.run_valid)
+        by_level = []
+    note = "" if a.run_valid else "SLO figures are not shown: the run is invalid, so they are not judged."
+    if v is None:
+        return {"level": "ok", "headline": "No verdict", "detail": "", "key_numbers": keys, "by_level": by_level,
+                "partial": a.partial, "note": note}
+    return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
+            "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note}
+
+
+def _run_label(a: Analysis) -> str:
+    """The label of the run window's figures: the one measured level's name, else "whole run"."""
+    levels = _measured_phases(a)
+    return levels[0][0].name if len(levels) == 1 else "whole run"
 
 
 def _finding(f: Finding) -> dict[str, Any]:
@@ -174,17 +179,23 @@ def _finding(f: Finding) -> dict[str, Any]:
 
 # -- percentile table -----------------------------------------------------------------------------------
 def _percentiles(a: Analysis) -> dict[str, Any]:
-    windows = [{"label": "whole run", **_window_table(a.signals, a.tables.get("requests"), a.tables.get("itl"), None,
-                                                      _baseline_phases(a))}]
-    for i, sigs in enumerate(a.phase_signals):
-        ph = a.phases[i] if i < len(a.phases) else {}
-        idx = ph.get("phase", i)
-        label = str(ph.get("name") or f"phase {idx}")
-        windows.append({"label": label, **_window_table(sigs, a.tables.get("requests"), a.tables.get("itl"), idx)})
+    """Percentile tables from the signals (never recomputed here): the run window unless the run is a sweep
+    (then each level has its own and nothing is pooled), then the baseline and each level."""
+    levels = _measured_phases(a)
+    windows: list[dict[str, Any]] = []
+    if len(levels) <= 1:
+        windows.append({"label": _run_label(a), **_window_table(a.signals, a.run_valid)})
+    for p, sigs in zip(a.phases, a.phase_signals, strict=False):
+        if p.is_baseline:
+            windows.append({"label": f"{p.name} (reference)", **_window_table(sigs, a.run_valid)})
+        elif len(levels) > 1:
+            windows.append({"label": p.name, **_window_table(sigs, a.run_valid)})
     slos = [{"signal": n, "value": finite(s.value), "unit": s.unit}
             for n, s in sorted(a.signals.items()) if n.startswith("slo_")]
+    sweep_windows = [w for w in windows if not w["label"].endswith("(reference)")]
     return {"columns": [p.upper() if p != "max" else "max" for p in PCTS], "windows": windows, "slos": slos,
-            "sweep": _sweep(windows[1:]) if len(windows) > 2 else None}
+            "sweep": _sweep(windows) if len(levels) > 1 else None, "pooled": False,
+            "levels": len(sweep_windows)}
 
 
 SWEEP_COLUMNS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"), ("tpot", "p50"), ("tpot", "p99"),
@@ -209,37 +220,24 @@ def _sweep(phase_windows: list[dict[str, Any]]) -> dict[str, Any]:
     for w in phase_windows:
         by_key = {r["key"]: r["values"] for r in w["rows"]}
         thr = {x["signal"]: x["value"] for x in w["throughput"]}
-        cells = [{"value": by_key.get(m, {}).get(p), "unit": "ms"} for m, p in SWEEP_COLUMNS]
-        cells += [{"value": thr.get(n), "unit": u} for n, _, u in present]
+        cells = [{"value": by_key.get(m, {}).get(p), "unit": "ms", "signal": f"{m}_{p}_ms"} for m, p in SWEEP_COLUMNS]
+        cells += [{"value": thr.get(n), "unit": u, "signal": n} for n, _, u in present]
         rows.append({"label": w["label"], "cells": cells})
     return {"groups": groups, "columns": columns, "rows": rows}
 
 
-def _baseline_phases(a: Analysis) -> frozenset[Any]:
-    """Phases outside the run window (the reference baseline), like the pipeline's run window."""
-    return frozenset(p.get("phase", i) for i, p in enumerate(a.phases) if p.get("role") == "baseline")
-
-
-def _window_table(signals: dict[str, Signal], requests: pd.DataFrame | None, itl: pd.DataFrame | None,
-                  phase: Any, exclude: frozenset[Any] = frozenset()) -> dict[str, Any]:
+def _window_table(signals: dict[str, Signal], judged: bool = True) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    note = ""
-    fallback: dict[str, dict[str, float | None]] | None = None
     for key, label, desc in METRICS:
         vals: dict[str, float | None] = {p: _sig(signals, f"{key}_{p}_ms") for p in PCTS}
-        if all(v is None for v in vals.values()) and fallback is None:  # only then read the big tables
-            fallback = _table_percentiles(requests, itl, phase, exclude)
-        if all(v is None for v in vals.values()) and fallback and key in fallback:
-            vals = fallback[key]
-            note = "computed from the requests table (the client signals were absent)"
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
     thr = [{"signal": n, "label": lab, "value": v, "unit": u}
-           for n, lab, u in THROUGHPUT if (v := _sig(signals, n)) is not None]
-    excluded = profiler_note(signals)
-    if excluded:
-        note = f"{excluded}; {note}" if note else excluded
+           for n, lab, u in THROUGHPUT if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
+    if not judged and any(n in signals for n in NOT_JUDGED):
+        thr.append({"signal": "", "label": "goodput: not judged (run invalid)", "value": None, "unit": ""})
+    note = profiler_note(signals)
     if not any(v is not None for r in rows for v in r["values"].values()):
-        return {"rows": rows, "throughput": thr, "note": "not available: no latency signals and no requests table"}
+        return {"rows": rows, "throughput": thr, "note": "not available: no latency signals (no measured requests)"}
     return {"rows": rows, "throughput": thr, "note": note}
 
 
@@ -251,44 +249,10 @@ def profiler_note(signals: dict[str, Signal]) -> str:
     return excluded_note(int(n), _sig(signals, "profiler_window_s"))
 
 
-def _measured(requests: pd.DataFrame, phase: Any = None, exclude: frozenset[Any] = frozenset()) -> pd.DataFrame:
-    """Requests in the statistics: not warm-up, not overlapping the profiler window, succeeded, of ``phase``
-    (or of every phase not excluded)."""
-    df = requests
-    if phase is None and exclude and "phase" in df.columns:
-        df = df[~df["phase"].isin(list(exclude))]
-    if "warmup" in df.columns:
-        df = df[~df["warmup"].fillna(False).astype(bool)]
-    if "profiled" in df.columns:
-        df = df[~df["profiled"].fillna(False).astype(bool)]
-    if "ok" in df.columns:
-        df = df[df["ok"].fillna(False).astype(bool)]
-    if phase is not None and "phase" in df.columns:
-        df = df[df["phase"] == phase]
-    return df
-
-
-def _table_percentiles(requests: pd.DataFrame | None, itl: pd.DataFrame | None, phase: Any,
-                       exclude: frozenset[Any] = frozenset()) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
-    if requests is None or requests.empty:
-        return out
-    df = _measured(requests, phase, exclude)
-    cols = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
-    for key, col in cols.items():
-        if col in df.columns:
-            out[key] = _pcts(num(df[col]))
-    if itl is not None and "itl_ms" in itl.columns and "rid" in itl.columns and "rid" in df.columns:
-        out["itl"] = _pcts(num(itl[itl["rid"].isin(df["rid"])]["itl_ms"]))
-    return {k: v for k, v in out.items() if any(x is not None for x in v.values())}
-
-
-def _pcts(arr: np.ndarray) -> dict[str, float | None]:
-    arr = arr[np.isfinite(arr)]
-    if arr.size == 0:
-        return {p: None for p in PCTS}
-    q = np.percentile(arr, [50, 90, 95, 99, 100])
-    return {p: float(v) for p, v in zip(PCTS, q, strict=True)}
+def _counted_ok(a: Analysis, window: Window | None = None) -> pd.DataFrame:
+    """The successful requests of ``window`` (default: the run window) that count (diagnose.requests)."""
+    req = a.tables["requests"]
+    return select(req, window or a.run_window or Window(-np.inf, np.inf)).ok
 
 
 def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
@@ -314,7 +278,7 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     req = a.tables.get("requests")
     if req is None or req.empty:
         return unavailable(title, "no requests table (the load probe did not run or recorded no requests)")
-    measured = _measured(req, exclude=_baseline_phases(a))
+    measured = _counted_ok(a)
     if key == "ttft":
         if "ttft_ms" not in measured.columns:
             return unavailable(title, "the requests table has no ttft_ms column")
@@ -342,12 +306,12 @@ def _ttft_by_phase(a: Analysis) -> dict[str, Any] | None:
     if len(a.phases) < 2 or req is None or req.empty or "phase" not in req.columns or "ttft_ms" not in req.columns:
         return None
     series = []
-    for i, ph in enumerate(a.phases):
-        vals = num(_measured(req, ph.get("phase", i))["ttft_ms"])
+    for ph in a.phases:
+        vals = num(_counted_ok(a, ph.window())["ttft_ms"])
         vals = vals[np.isfinite(vals)]
         if vals.size:
             q = np.percentile(vals, np.arange(101))
-            series.append({"name": f"{ph.get('name') or f'phase {i}'} (n={vals.size})", "axis": "left", "style": "line",
+            series.append({"name": f"{ph.name} (n={vals.size})", "axis": "left", "style": "line",
                            "points": [[float(f"{x:.5g}"), float(p)] for p, x in enumerate(q)]})
     if len(series) < 2:
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -117,12 +117,13 @@ def _evaluate_one(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Map
 
 
 def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
-             phase_label: str | None) -> Finding:
+             phase_label: str | None, phase_names: Collection[str] = ()) -> Finding:
+    """The finding; with ``phase_label``, the evidence named in ``phase_names`` is that phase's and says so."""
     extra = {"phase": phase_label or "run"}
     ev_names = list(dict.fromkeys(list(spec.evidence) + list(spec.requires)))
     evidence = tuple(
         Evidence(signal=n, value=float(signals[n].value), unit=signals[n].unit, source=signals[n].source,
-                 note=signals[n].description)
+                 note=signals[n].description, window=phase_label if phase_label and n in phase_names else "run")
         for n in ev_names
         if n in signals and signals[n].is_finite()
     )
@@ -172,7 +173,7 @@ def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], threshold
                     continue
                 any_known = True
                 if r:
-                    f = _finding(spec, merged, thresholds, label if len(phase_signals) > 1 else None)
+                    f = _finding(spec, merged, thresholds, label if len(phase_signals) > 1 else None, set(psig))
                     if best is None or f.score > best.score:
                         best = f
             if best is not None:

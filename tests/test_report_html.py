@@ -120,8 +120,9 @@ def test_verdict_before_findings_and_partial_banner_first() -> None:
 def test_invalid_run_says_so_in_verdict() -> None:
     html = render_html(synthetic_analysis(per_level_s=3.0, run_valid=False))
     verdict = html[html.index('id="verdict"'): html.index('id="findings"')]
-    assert "The run is invalid: the client was the bottleneck" in verdict
+    assert "Run invalid: the load client was the bottleneck" in verdict  # the judgement stage's own verdict
     assert "level-invalid" in verdict
+    assert "within SLO" not in verdict  # nothing judged against the SLO is shown as a result of an invalid run
 
 
 def test_charts_have_titles_and_axis_labels(hostile_html: str) -> None:

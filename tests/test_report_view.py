@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ from diagnose.reports.sections.model import FlameGraph, LineChart, LineSeries, S
 from diagnose.reports.view_model import build_view
 
 from diagnose.analysis import Analysis
-from diagnose.model import Finding, Signal
+from diagnose.model import Finding, Signal, Window
 
 
 @pytest.fixture(scope="module")
@@ -40,23 +41,41 @@ def test_findings_ranked_by_score_with_experiments(demo: Analysis) -> None:
     assert view["not_evaluated"][1]["missing"] == ["ttft_queue_share_ratio", "join_matched_ratio"]
 
 
-def test_verdict_leads_with_top_finding_and_key_numbers(demo: Analysis) -> None:
+def test_verdict_leads_with_top_finding_and_key_numbers_per_level(demo: Analysis) -> None:
     v = build_view(demo)["verdict"]
     assert v["level"] == "warning"
-    assert v["headline"].startswith("TTFT P99")
-    labels = {k["label"] for k in v["key_numbers"]}
-    assert {"TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "output", "requests"} <= labels
+    assert v["headline"] == demo.verdict.headline and v["headline"].startswith("Most likely: TTFT P99")
+    # a sweep: the headline numbers are per level, never pooled over the levels
+    assert v["key_numbers"] == []
+    assert [lv["label"] for lv in v["by_level"]] == ["c=1", "c=4", "c=16"]
+    for lv, sigs in zip(v["by_level"], demo.phase_signals, strict=True):
+        labels = {k["label"] for k in lv["key_numbers"]}
+        assert {"TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "output", "requests"} <= labels
+        ttft = next(k for k in lv["key_numbers"] if k["signal"] == "ttft_p99_ms")
+        assert ttft["value"] == pytest.approx(sigs["ttft_p99_ms"].value) and ttft["window"] == lv["label"]
 
 
-def test_invalid_run_verdict_does_not_blame_server() -> None:
-    a = synthetic_analysis(per_level_s=3.0, run_valid=False)
-    a.signals["client_cpu_max_percent"] = Signal("client_cpu_max_percent", 99.0, "%", "client")
-    v = build_view(a)["verdict"]
-    assert v["level"] == "invalid"
-    assert "invalid" in v["headline"] and "client" in v["headline"]
+def test_invalid_run_verdict_comes_from_the_judgement_and_nothing_else_is_judged() -> None:
+    from diagnose.rules.verdict import decide
+
+    a = synthetic_analysis(per_level_s=3.0)
+    bad = Finding("VAL001", "client-bound", "validity", "critical", "Run invalid: the load client was the bottleneck "
+                  "(loop lag P99 40.0 ms)", "The client's event loop lagged 40 ms.", 0.9, 1.0, 4.0)
+    a.findings = [*a.findings, bad]
+    a.signals["goodput_ratio"] = Signal("goodput_ratio", 0.0731, "ratio", "client")
+    a.verdict = decide(a.findings, a.signals)
+    view = build_view(a)
+    v = view["verdict"]
+    assert v["level"] == "invalid" and v["headline"] == a.verdict.headline
+    assert v["headline"].startswith("Run invalid: the load client was the bottleneck")
     assert "TTFT P99" not in v["headline"]  # not the top server finding
-    assert "client CPU max 99" in v["detail"]
-    assert any("Invalid run" in b["text"] for b in build_view(a)["banners"])
+    # no goodput / within-SLO tile, and the server findings are listed as not judged, not as results
+    assert all(k["signal"] not in ("goodput_ratio", "goodput_rps") for lv in v["by_level"] for k in lv["key_numbers"])
+    assert [f["rule_id"] for f in view["findings"]] == ["VAL001"]
+    assert {f["rule_id"] for f in view["not_judged"]} == {"LAT001", "SCL002"}
+    for w in view["percentiles"]["windows"]:
+        assert all(t["signal"] not in ("goodput_ratio", "goodput_rps") for t in w["throughput"])
+    assert any("Invalid run" in b["text"] for b in view["banners"])
 
 
 def test_partial_capture_banner_first() -> None:
@@ -67,16 +86,16 @@ def test_partial_capture_banner_first() -> None:
 
 def test_percentiles_match_signals_and_sweep(demo: Analysis) -> None:
     p = build_view(demo)["percentiles"]
-    run = p["windows"][0]
+    run = p["windows"][2]  # c=16: a sweep has one table per level and none pooled
     ttft = next(r for r in run["rows"] if r["key"] == "ttft")
-    assert ttft["values"]["p99"] == pytest.approx(demo.signals["ttft_p99_ms"].value)
+    assert ttft["values"]["p99"] == pytest.approx(demo.phase_signals[2]["ttft_p99_ms"].value)
     assert ttft["values"]["p50"] <= ttft["values"]["p90"] <= ttft["values"]["p95"] <= ttft["values"]["p99"]
     tpot = next(r for r in run["rows"] if r["key"] == "tpot")
     assert tpot["values"]["max"] is None  # no such signal: shown as missing, never as 0
     thr = {t["signal"]: t["value"] for t in run["throughput"]}
-    assert thr["output_tps"] == pytest.approx(demo.signals["output_tps"].value)
-    assert "goodput_rps" in thr and "request_rps" in thr
-    assert [w["label"] for w in p["windows"]] == ["whole run", "c=1", "c=4", "c=16"]
+    assert thr["output_tps"] == pytest.approx(demo.phase_signals[2]["output_tps"].value)
+    assert "request_rps" in thr
+    assert [w["label"] for w in p["windows"]] == ["c=1", "c=4", "c=16"]
     assert [r["label"] for r in p["sweep"]["rows"]] == ["c=1", "c=4", "c=16"]
     assert p["sweep"]["groups"][0] == {"label": "TTFT (ms)", "span": 2}
     ttft_p50 = [r["cells"][0]["value"] for r in p["sweep"]["rows"]]
@@ -84,17 +103,18 @@ def test_percentiles_match_signals_and_sweep(demo: Analysis) -> None:
     assert p["slos"] == [{"signal": "slo_ttft_p99_ms", "value": 200.0, "unit": "ms"}]
 
 
-def test_percentiles_fall_back_to_requests_table() -> None:
+def test_percentiles_are_never_recomputed_from_the_requests_table() -> None:
     req = pd.DataFrame({"rid": [0, 1, 2, 3], "phase": 0, "warmup": [True, False, False, False],
                         "ok": [True, True, True, False], "ttft_ms": [1000.0, 10.0, 20.0, 5000.0],
                         "e2e_ms": [2000.0, 100.0, 200.0, 6000.0], "tpot_ms": [1.0, 2.0, 3.0, 4.0],
                         "sent_s": [0.0, 1.0, 2.0, 3.0], "end_s": [2.0, 1.1, 2.2, 9.0]})
     itl = pd.DataFrame({"rid": [0, 1, 1, 2], "t_s": [0.1, 1.0, 1.1, 2.1], "itl_ms": [999.0, 1.0, 3.0, 5.0]})
-    run = build_view(Analysis(source="x", manifest={}, tables={"requests": req, "itl": itl}))["percentiles"]["windows"][0]
-    ttft = next(r for r in run["rows"] if r["key"] == "ttft")
-    assert ttft["values"]["max"] == 20.0  # warm-up (1000) and failed (5000) requests excluded
-    assert next(r for r in run["rows"] if r["key"] == "itl")["values"]["max"] == 5.0
-    assert "computed from the requests table" in run["note"]
+    view = build_view(Analysis(source="x", manifest={}, tables={"requests": req, "itl": itl}))
+    run = view["percentiles"]["windows"][0]
+    # the statistics come from the signals only (one definition, diagnose.requests): none here, so none shown
+    assert all(v is None for r in run["rows"] for v in r["values"].values())
+    assert run["note"].startswith("not available")
+    assert view["charts"]["ttft"]["n"] == 2  # the chart shows the same counted requests (no warm-up, no failed)
 
 
 def test_empty_analysis_marks_everything_not_available() -> None:
@@ -201,16 +221,17 @@ def test_large_series_are_bounded() -> None:
     assert max(y for _, y in sec["series"][0]["points"]) == 99.0
 
 
-def test_baseline_phase_is_outside_the_whole_run_figures() -> None:
+def test_baseline_phase_is_outside_the_run_figures() -> None:
     a = synthetic_analysis(levels=(1, 4), per_level_s=3.0)
-    a.phases[0]["role"] = "baseline"
-    a.signals = {}  # force the table fallback so the window definition is visible
+    a.phases[0] = dataclasses.replace(a.phases[0], role="baseline")
+    a.run_window = Window(a.phases[0].start_s, a.phases[1].end_s, None, "run", (0,))  # time covers the baseline too
+    a.signals = dict(a.phase_signals[1])
     view = build_view(a)
     req = a.tables["requests"]
     in_run = req[(req["phase"] == 1) & ~req["warmup"] & req["ok"]]
     assert view["charts"]["ttft"]["n"] == len(in_run)
-    ttft = next(r for r in view["percentiles"]["windows"][0]["rows"] if r["key"] == "ttft")
-    assert ttft["values"]["max"] == pytest.approx(in_run["ttft_ms"].max())
+    labels = [w["label"] for w in view["percentiles"]["windows"]]
+    assert labels == ["c=4", "c=1 (reference)"]  # the one measured level, then the baseline as a labelled reference
 
 
 def test_observe_only_timeline_shows_queue_depth() -> None:

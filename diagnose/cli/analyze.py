@@ -9,7 +9,7 @@ import click
 import orjson
 
 from diagnose.analysis import Analysis
-from diagnose.errors import BundleError, DiagnoseError, InputError
+from diagnose.errors import DiagnoseError, InputError
 from diagnose.model import SEVERITY_WEIGHT
 
 
@@ -26,70 +26,36 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def detect_input(path: Path) -> str:
-    """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    if path.is_dir():
-        if (path / "manifest.json").exists():
-            return "bundle"
-        if any(path.glob("*.json")) or any(path.glob("*.json.gz")):
-            return "trace"
-        raise BundleError(f"{path} is not a capture bundle (no manifest.json) and holds no trace files")
-    name = path.name.lower()
-    if name.endswith((".json", ".json.gz", ".jsonl")):
-        head = _head(path)
-        if b"resourceSpans" in head or b"resource_spans" in head:
-            return "spans"
-        return "trace"
-    raise InputError(f"{path}: unknown input (expected a bundle directory, a .json/.json.gz trace, or OTLP JSON spans)")
-
-
-def _head(path: Path, n: int = 4096) -> bytes:
-    import gzip
-
-    try:
-        if path.name.lower().endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                return fh.read(n)
-        with open(path, "rb") as fh:
-            return fh.read(n)
-    except (OSError, EOFError):
-        return b""  # the trace reader reports the real problem with its own message
-
-
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
                  overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
-    if path.is_dir() and not (path / "manifest.json").exists() and (path / "bundle" / "manifest.json").exists():
-        path = path / "bundle"  # a sample folder: README, expected findings and the bundle beside them
-    kind = detect_input(path)
-    if kind == "bundle":
-        from diagnose.pipeline import analyze_bundle
+    from diagnose.pipeline import analyze
 
-        return analyze_bundle(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
-                              threshold_overrides=overrides)
-    if kind == "spans":
-        from diagnose.standalone import analyze_spans_file
+    return analyze(path, rules_dirs=rules_dirs, threshold_files=threshold_files, threshold_overrides=overrides,
+                   include_python=include_python)
 
-        return analyze_spans_file(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
-                                  threshold_overrides=overrides)
-    from diagnose.standalone import analyze_trace_file
 
-    return analyze_trace_file(path, rules_dirs=rules_dirs, threshold_files=threshold_files,
-                              threshold_overrides=overrides, include_python=include_python)
+def verdict_line(a: Analysis) -> str:
+    """The verdict as the CLI prints it: the judgement stage's text, plus the headline numbers when judged."""
+    from diagnose.rules.verdict import key_numbers
+
+    if a.verdict is None:
+        return ""
+    nums = key_numbers(a.signals) if a.verdict.judged else ""
+    return a.verdict.headline + (f" ({nums})" if nums else "")
 
 
 def analysis_json(a: Analysis) -> dict[str, Any]:
     return {
         "source": a.source,
-        "verdict": a.verdict,
+        "verdict": verdict_line(a),
+        "verdict_level": a.verdict.level if a.verdict else None,
         "run_valid": a.run_valid,
         "partial": a.partial,
         "findings": [f.to_json() for f in a.findings],
         "not_evaluated": [n.to_json() for n in a.not_evaluated],
         "signals": {k: {"value": s.value, "unit": s.unit, "source": s.source} for k, s in sorted(a.signals.items())},
         "phases": [
-            {"phase": p.get("phase"), "name": p.get("name"), "role": p.get("role", "measure"),
+            {"phase": p.phase, "name": p.name, "role": p.role,
              "signals": {k: s.value for k, s in sorted(ps.items())}}
             for p, ps in zip(a.phases, a.phase_signals, strict=False)
         ],
@@ -135,7 +101,7 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     if not quiet:
         for w in analysis.warnings:
             click.echo(f"warning: {w}", err=True)
-        click.echo(analysis.verdict)
+        click.echo(verdict_line(analysis))
         for f in analysis.findings[:5]:
             click.echo(f"  [{f.severity}] {f.rule_id} {f.title}")
         if analysis.not_evaluated:

@@ -191,12 +191,12 @@ async def _attach(target: Target, workload: WorkloadSpec | None, out: Path, o: d
         log(f"  {name:12} {st.state}{detail}")
     log(f"bundle: {out}" + (" (partial)" if result.interrupted else ""))
     if o["report"]:
-        from diagnose.cli.analyze import run_analysis
+        from diagnose.cli.analyze import run_analysis, verdict_line
         from diagnose.reports.render import write_report
 
         analysis = run_analysis(out)
         write_report(analysis, o["report"])
-        log(f"{analysis.verdict}\nreport: {o['report']}")
+        log(f"{verdict_line(analysis)}\nreport: {o['report']}")
     if result.interrupted:
         return 130
     if result.load_failed:

@@ -28,9 +28,9 @@ from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal
 from diagnose.profiler_window import overlaps, profiler_windows
+from diagnose.requests import PCTS, finite, percentiles, select
 from diagnose.signal_catalog import SIGNALS
 
-PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("max", 100))
 CLIENT_CPU_BOUND_PERCENT = 90.0  # client saturated: CPU at least this (% of one core) ...
 CLIENT_CPU_BOUND_SHARE = 0.25  # ... in at least this share of the self-check samples
 CLIENT_LAG_BOUND_MS = 10.0  # or loop lag / schedule lag P99 above this
@@ -140,23 +140,11 @@ def _sig(name: str, value: float, unit: str, series: Sequence[tuple[float, float
                   series=tuple(series))
 
 
-def _finite(a: Any) -> np.ndarray:
-    arr = np.asarray(a, dtype=float)
-    return arr[np.isfinite(arr)]
+_finite = finite
 
 
 def _pct_signals(prefix: str, values: Any, pcts: Sequence[tuple[str, float]] = PCTS) -> list[Signal]:
-    arr = _finite(values)
-    if arr.size == 0:
-        return []
-    q = np.percentile(arr, [p for _, p in pcts])
-    return [_sig(f"{prefix}_{name}_ms", float(v), "ms") for (name, _), v in zip(pcts, q, strict=True)]
-
-
-def _in_window(df: pd.DataFrame, window: Window, col: str = "sent_s") -> pd.DataFrame:
-    if window.phase is not None and "phase" in df.columns:
-        return df[df["phase"] == window.phase]
-    return df[(df[col] >= window.start_s) & (df[col] <= window.end_s)]
+    return [_sig(f"{prefix}_{name}_ms", v, "ms") for name, v in percentiles(values, pcts).items()]
 
 
 def _good_mask(ok: pd.DataFrame, itl: pd.DataFrame, slo: pd.DataFrame) -> pd.Series:
@@ -205,16 +193,10 @@ def _span(kept: pd.DataFrame, excluded: pd.DataFrame | None) -> float:
 def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
                  slo: pd.DataFrame | None, excluded: pd.DataFrame | None = None) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
-    w = _in_window(req, window)
-    w = w[~w["warmup"].astype(bool)]
-    if w.empty:
+    sel = select(req, window)
+    if sel.total == 0:
         return out
-    n_total = len(w)
-    prof = _profiled(w)
-    n_profiled = int(prof.sum())
-    w = w[~prof]
-    done = w[w["error"].fillna("") != "incomplete"]
-    ok = w[w["ok"].astype(bool)]
+    n_total, n_profiled, w, done, ok = sel.total, sel.profiled, sel.counted, sel.done, sel.ok
     rids = set(ok["rid"])
     gaps = itl[itl["rid"].isin(rids)] if not itl.empty else itl
     sigs: list[Signal] = []

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diagnose.model import Signal
+from diagnose.model import Phase, Signal
 from diagnose.signal_catalog import SIGNALS
 
 SLO_METRICS = ("ttft", "itl", "tpot", "e2e")
@@ -29,14 +29,10 @@ def _val(sigs: Mapping[str, Signal], name: str) -> float | None:
     return float(s.value)
 
 
-def _load(p: Mapping[str, Any]) -> float | None:
-    if p.get("role") == "baseline":
-        return float(p.get("concurrency") or 1)
-    for key in ("concurrency", "rate"):
-        v = p.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
-    return None
+def _load(p: Phase) -> float | None:
+    if p.is_baseline:
+        return p.concurrency or 1.0
+    return p.level
 
 
 def slo_terms(manifest: Mapping[str, Any]) -> dict[str, float]:
@@ -55,7 +51,7 @@ def worst_slo_ratio(sigs: Mapping[str, Signal], slo: Mapping[str, float], metric
     return max(ratios) if ratios else None
 
 
-def signals(run: Mapping[str, Signal], phases: Sequence[Mapping[str, Any]],
+def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
     slo = slo_terms(manifest)
@@ -64,21 +60,21 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Mapping[str, Any]],
         if r is not None:
             out[f"{metric}_over_slo_ratio"] = _sig(f"{metric}_over_slo_ratio", r)
 
-    baseline = [p for p in phases if p.get("role") == "baseline"]
-    measured = [p for p in phases if p.get("role", "measure") != "baseline" and _load(p) is not None]
+    baseline = [p for p in phases if p.is_baseline]
+    measured = [p for p in phases if not p.is_baseline and _load(p) is not None]
     if not measured:
         return out
-    top = max(measured, key=lambda p: (_load(p) or 0.0, p.get("phase", 0)))
+    top = max(measured, key=lambda p: (_load(p) or 0.0, p.phase))
     if baseline:
         base = baseline[0]
     elif len(measured) > 1:
-        base = min(measured, key=lambda p: (_load(p) or 0.0, p.get("phase", 0)))
+        base = min(measured, key=lambda p: (_load(p) or 0.0, p.phase))
     else:
         return out
     if base is top:
         return out
-    bs = per_phase.get(int(base.get("phase", 0)), {})
-    ts = per_phase.get(int(top.get("phase", 0)), {})
+    bs = per_phase.get(base.phase, {})
+    ts = per_phase.get(top.phase, {})
     for name, key in (("ttft", "ttft_p50_ms"), ("itl", "itl_p50_ms"), ("tps", "output_tps")):
         b, t = _val(bs, key), _val(ts, key)
         if b is not None and t is not None and b > 0:

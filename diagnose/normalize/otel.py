@@ -33,6 +33,7 @@ from diagnose.bundle import Bundle
 from diagnose.errors import InputError
 from diagnose.model import Signal
 from diagnose.profiler_window import overlaps, profiler_windows
+from diagnose.requests import window_mask
 from diagnose.signal_catalog import SIGNALS
 
 LAT = "gen_ai.latency."
@@ -195,14 +196,9 @@ def _sig(name: str, value: float, unit: str, description: str = "",
 
 
 def in_window(rb: pd.DataFrame, window: Window) -> pd.DataFrame:
-    t = rb["t_s"].to_numpy(dtype=float)
-    sel = (t >= window.start_s) & (t <= window.end_s) & ~rb["warmup"].astype(bool).to_numpy()
-    if "profiled" in rb.columns:
-        sel &= ~rb["profiled"].astype(bool).to_numpy()
-    if window.phase is not None:
-        ph = pd.to_numeric(rb["phase"], errors="coerce").to_numpy(dtype=float)
-        sel &= (ph == window.phase) | np.isnan(ph)
-    return rb[sel]
+    """The rows of the breakdown table in ``window``'s statistics (diagnose.requests.window_mask, by server
+    start time; server spans no client request matched are kept by time in a phase window)."""
+    return rb[window_mask(rb, window, time_col="t_s", keep_unphased=True)]
 
 
 def joined(rb: pd.DataFrame) -> pd.DataFrame:

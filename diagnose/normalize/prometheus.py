@@ -38,6 +38,7 @@ from diagnose.normalize.prom_hist import (
     histogram_quantile,
     parse_le,
 )
+from diagnose.requests import finite, select
 
 SOURCE: Source = "server"
 METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "kind", "unit", "agg", "metric"]
@@ -376,19 +377,11 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
 
 
 def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:
-    """TTFTs (s) of the measured, successful client requests sent in the window (the client table's rule)."""
+    """TTFTs (s) of the window's measured, successful client requests (diagnose.requests.select)."""
     req = tables.get("requests")
     if req is None or req.empty or not {"ok", "ttft_ms", "sent_s"} <= set(req.columns):
         return []
-    r = req[req["ok"].astype(bool)]
-    if "warmup" in r.columns:
-        r = r[~r["warmup"].astype(bool)]
-    if window.phase is not None and "phase" in r.columns:
-        r = r[r["phase"] == window.phase]
-    else:
-        r = r[(r["sent_s"] >= window.start_s) & (r["sent_s"] <= window.end_s)]
-    vals = pd.to_numeric(r["ttft_ms"], errors="coerce").dropna()
-    return [float(v) / 1e3 for v in vals if math.isfinite(v)]
+    return [float(v) / 1e3 for v in finite(select(req, window).ok["ttft_ms"])]
 
 
 def ttft_gap(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, int] | None:

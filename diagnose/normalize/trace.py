@@ -51,9 +51,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     files = trace_artifacts(bundle)
     if not files:
         return {}
+    include_python = bool((bundle.manifest.get("options") or {}).get("include_python"))
     try:
-        a = analyze_files(files)
+        a = analyze_files(files, include_python=include_python)
     except DiagnoseError as e:
+        if bundle.kind == "trace":  # the trace is the whole input: its error is the job's error
+            raise
         return {"trace_warnings": pd.DataFrame({"message": [f"trace analysis skipped: {e}"]}, dtype=object)}
     out = dict(a.tables)
     out["trace_span"] = span_table(out["trace_ranks"], bundle.anchor_unix_ns)

@@ -1,0 +1,85 @@
+"""Which requests count, and their percentiles: the one definition every table, signal, chart and finding uses.
+
+A request is in the statistics of a window when it is
+  * not a warm-up request,
+  * not overlapping the engine profiler's window (column ``profiled``: the profiler slows the engine),
+  * of the window: of its phase when the window is a phase, else sent inside [start_s, end_s] and not of a
+    phase the window excludes (the baseline is a reference, never part of the run's figures).
+Latency statistics (TTFT, ITL, TPOT, E2E, throughput) use the successful ones (``ok``); the error rate uses
+the finished ones (``incomplete`` = stopped by the capture: neither ok nor failed). Percentiles are numpy's
+linear interpolation. docs/metrics.md states the same in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from diagnose.model import Window
+
+PCTS: tuple[tuple[str, float], ...] = (("p50", 50), ("p90", 90), ("p95", 95), ("p99", 99), ("max", 100))
+
+
+def _flag(df: pd.DataFrame, col: str) -> np.ndarray:
+    if col not in df.columns:
+        return np.zeros(len(df), dtype=bool)
+    return df[col].fillna(False).astype(bool).to_numpy()
+
+
+def window_mask(df: pd.DataFrame, window: Window, time_col: str = "sent_s",
+                keep_unphased: bool = False) -> np.ndarray:
+    """Rows of ``df`` (any per-request table with ``phase``/``warmup``/``profiled`` columns where it has them)
+    that are in ``window``'s statistics. ``keep_unphased``: rows without a phase (server spans that no client
+    request matched) are kept by time in a phase window."""
+    keep = ~_flag(df, "warmup") & ~_flag(df, "profiled")
+    t = pd.to_numeric(df[time_col], errors="coerce").to_numpy(dtype=float) if time_col in df.columns else None
+    in_time = (t >= window.start_s) & (t <= window.end_s) if t is not None else np.ones(len(df), dtype=bool)
+    if "phase" not in df.columns:
+        return keep & in_time
+    ph = pd.to_numeric(df["phase"], errors="coerce").to_numpy(dtype=float)
+    if window.phase is not None:
+        of_phase = ph == window.phase
+        if keep_unphased:
+            of_phase |= np.isnan(ph) & in_time
+        return keep & of_phase
+    if window.exclude_phases:
+        keep &= ~np.isin(ph, np.asarray(window.exclude_phases, dtype=float))
+    return keep & in_time
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The requests of one window: ``counted`` (in the statistics), of which ``done`` (finished) and ``ok``."""
+
+    counted: pd.DataFrame
+    done: pd.DataFrame
+    ok: pd.DataFrame
+    total: int  # in the window, warm-up excluded, profiled included
+    profiled: int  # left out for overlapping the profiler window
+
+
+def select(requests: pd.DataFrame, window: Window) -> Selection:
+    """The one rule: which of ``requests`` (the client's requests table) count in ``window``."""
+    not_profiled = window_mask(requests.assign(profiled=False), window)  # warm-up and window only
+    counted = requests[window_mask(requests, window)]
+    done = counted[counted["error"].fillna("") != "incomplete"] if "error" in counted.columns else counted
+    ok = counted[_flag(counted, "ok")] if "ok" in counted.columns else counted
+    total = int(not_profiled.sum())
+    return Selection(counted=counted, done=done, ok=ok, total=total, profiled=total - len(counted))
+
+
+def finite(values: object) -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def percentiles(values: object, pcts: Sequence[tuple[str, float]] = PCTS) -> dict[str, float]:
+    """{name: value} for the finite values; empty when there are none."""
+    arr = finite(values)
+    if arr.size == 0:
+        return {}
+    q = np.percentile(arr, [p for _, p in pcts])
+    return {name: float(v) for (name, _), v in zip(pcts, q, strict=True)}
