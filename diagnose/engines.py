@@ -13,8 +13,9 @@ factor to the base unit (seconds, ratio 0-1, tokens, requests) and optional labe
 from __future__ import annotations
 
 import asyncio
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -296,4 +297,86 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             if eng is not None:
                 name = eng
                 evidence.append(f"/metrics prefix {ENGINE_PREFIXES[eng][0]}")
+    settings, where = await asyncio.to_thread(server_cmdline_settings, base)
+    for k, v in settings.items():
+        config.setdefault(k, int(v) if float(v).is_integer() else v)
+    if where:
+        evidence.append(where)
     return EngineInfo(name=name, version=version, models=models, evidence=tuple(evidence), config=config)
+
+
+# -- engine settings from the server's command line --------------------------------------------------------
+# flag -> neutral setting (numbers); vLLM, SGLang, TGI and llama.cpp spellings. Table-driven, one place.
+VALUE_FLAGS: dict[str, str] = {
+    "--max-num-seqs": "max_num_seqs", "--max-running-requests": "max_num_seqs", "--parallel": "max_num_seqs",
+    "-np": "max_num_seqs", "--max-concurrent-requests": "max_concurrent_requests",
+    "--max-num-batched-tokens": "max_num_batched_tokens", "--chunked-prefill-size": "max_num_batched_tokens",
+    "--max-batch-total-tokens": "max_batch_total_tokens", "--batch-size": "max_num_batched_tokens",
+    "-b": "max_num_batched_tokens",
+    "--block-size": "kv_block_size_tokens", "--max-model-len": "max_model_len", "--ctx-size": "context_size",
+    "-c": "context_size", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+    "--tp-size": "tensor_parallel_size", "--tp": "tensor_parallel_size", "--threads": "threads", "-t": "threads",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+}
+BOOL_FLAGS: dict[str, tuple[str, float]] = {
+    "--enable-prefix-caching": ("prefix_caching", 1.0), "--no-enable-prefix-caching": ("prefix_caching", 0.0),
+    "--disable-radix-cache": ("prefix_caching", 0.0),
+    "--enable-chunked-prefill": ("chunked_prefill", 1.0), "--no-enable-chunked-prefill": ("chunked_prefill", 0.0),
+    "--enforce-eager": ("cuda_graphs", 0.0), "--disable-cuda-graph": ("cuda_graphs", 0.0),
+}
+
+
+def settings_from_cmdline(argv: Sequence[str]) -> dict[str, float]:
+    """The engine settings a server's command line states (flags not given are not guessed: absent)."""
+    out: dict[str, float] = {}
+    args = list(argv)
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        if flag in BOOL_FLAGS and not eq:
+            key, val = BOOL_FLAGS[flag]
+            out[key] = val
+        elif flag in VALUE_FLAGS:
+            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                v = float(raw)
+            except ValueError:
+                continue
+            if math.isfinite(v):
+                out[VALUE_FLAGS[flag]] = v
+    return out
+
+
+def _loopback_port(base_url: str) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(base_url)
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+    host = (u.hostname or "").lower()
+    loop = host == "localhost" or host == "::1" or host.startswith("127.")
+    return port if loop else None
+
+
+def server_cmdline_settings(base_url: str) -> tuple[dict[str, float], str | None]:
+    """(settings, evidence) from the command line of the process listening on ``base_url``'s port, when the
+    server runs on this machine (a loopback URL) and /proc lets us read it; ({}, None) otherwise. The evidence
+    names the pid and only the recognised flags (never the whole command line: it may carry secrets)."""
+    port = _loopback_port(base_url)
+    if port is None:
+        return {}, None
+    import psutil
+
+    try:
+        pids = {c.pid for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+        for pid in sorted(pids):
+            argv = psutil.Process(pid).cmdline()
+            found = settings_from_cmdline(argv)
+            if found:
+                flags = ", ".join(f"{k}={v:g}" for k, v in sorted(found.items()))
+                return found, f"command line of pid {pid}: {flags}"
+    except (psutil.Error, OSError):
+        return {}, None
+    return {}, None

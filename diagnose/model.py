@@ -65,14 +65,22 @@ class Experiment:
     expect: tuple[tuple[str, str], ...] = ()  # (signal name, "down" | "up" | "flat")
 
 
+CauseStatus = Literal["supported", "open", "ruled out"]
+
+
 @dataclass(frozen=True)
 class Cause:
-    """A candidate cause of a finding, how to confirm or refute it, and the experiment that tests it."""
+    """A candidate cause of a finding, how to confirm or refute it, and the experiment that tests it.
+
+    ``status``: "ruled out" when its refuting evidence is in the bundle, "supported" when its confirming
+    evidence is, else "open"; ``status_evidence`` names the values that decided it."""
 
     cause: str
     confirm: str = ""
     refute: str = ""
     experiment: Experiment | None = None
+    status: CauseStatus = "open"
+    status_evidence: str = ""
 
 
 @dataclass(frozen=True)

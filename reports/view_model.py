@@ -54,8 +54,9 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
         "banners": _banners(a),
+        "run_label": _run_label(a),
         "verdict": _verdict(a),
-        "findings": [_finding(f) for f in judged],
+        "findings": [_finding(f, _run_label(a)) for f in judged],
         "not_judged": [{"rule_id": f.rule_id, "title": f.title, "severity": f.severity} for f in not_judged],
         "not_evaluated": [{"rule_id": n.rule_id, "name": n.name, "missing": list(n.missing)}
                           for n in sorted(a.not_evaluated, key=lambda n: n.rule_id)],
@@ -153,21 +154,25 @@ def _verdict(a: Analysis) -> dict[str, Any]:
 
 
 def _run_label(a: Analysis) -> str:
-    """The label of the run window's figures: the one measured level's name, else "whole run"."""
+    """The label of the run window's figures: the one measured level's name, "all levels pooled" for a sweep,
+    else "whole run"."""
     levels = _measured_phases(a)
-    return levels[0][0].name if len(levels) == 1 else "whole run"
+    if len(levels) > 1:
+        return "all levels pooled"
+    return levels[0][0].name if levels else "whole run"
 
 
-def _finding(f: Finding) -> dict[str, Any]:
+def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
     return {
         "rule_id": f.rule_id, "name": f.name, "family": f.family, "severity": f.severity,
         "severity_weight": SEVERITY_WEIGHT.get(f.severity, 0.0),
         "title": f.title, "hypothesis": f.hypothesis,
         "confidence": finite(f.confidence), "impact": finite(f.impact), "score": finite(f.score),
         "evidence": [{"signal": e.signal, "value": finite(e.value), "unit": e.unit, "source": e.source,
-                      "note": e.note} for e in f.evidence],
+                      "note": e.note, "window": run_label if e.window == "run" else e.window} for e in f.evidence],
         "causes": [{
-            "cause": c.cause, "confirm": c.confirm, "refute": c.refute,
+            "cause": c.cause, "confirm": c.confirm, "refute": c.refute, "status": c.status,
+            "status_evidence": c.status_evidence,
             "experiment": None if c.experiment is None else {
                 "change": c.experiment.change,
                 "expect": [{"signal": s, "direction": d, "arrow": ARROWS.get(d, d)} for s, d in c.experiment.expect],

@@ -10,6 +10,8 @@ Format (tests/rules/cases/<ID>.yaml for the built-in catalog, <DIR>/cases/<ID>.y
         series: {queue_depth_mean: [[0, 10], [1, 12], [2, 14]]}   # optional (t_s, value) points
         phase_signals: [{...}, {...}]                             # optional, for phase-scope rules
         thresholds: {queue_depth_min: 2}                          # optional overrides
+        causes: {"KV-cache capacity": ruled out}                   # optional: cause (by its first words) ->
+                                                                  # supported | open | ruled out (when it fires)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from diagnose.rules.engine import evaluate
+from diagnose.rules.engine import EvaluationResult, evaluate
 from diagnose.rules.spec import RuleSpec, load_thresholds
 
 from diagnose.model import Signal
@@ -37,6 +39,7 @@ class Case:
     series: dict[str, list[list[float]]] = field(default_factory=dict)
     phase_signals: list[dict[str, float]] = field(default_factory=list)
     thresholds: dict[str, float] = field(default_factory=dict)
+    causes: dict[str, str] = field(default_factory=dict)
     path: str = ""
 
 
@@ -63,6 +66,7 @@ def load_cases(path: Path) -> list[Case]:
             series={str(k): v for k, v in (c.get("series") or {}).items()},
             phase_signals=[{str(k): float(v) for k, v in ps.items()} for ps in (c.get("phase_signals") or [])],
             thresholds={str(k): float(v) for k, v in (c.get("thresholds") or {}).items()},
+            causes={str(k): str(v) for k, v in (c.get("causes") or {}).items()},
             path=str(path),
         ))
     return out
@@ -75,12 +79,24 @@ def _sig(name: str, value: float, series: list[list[float]] | None = None) -> Si
 
 def run_case(spec: RuleSpec, case: Case) -> str:
     """The outcome of one case: 'fires', 'quiet' or 'not_evaluated'."""
+    return run_case_causes(spec, case)[0]
+
+
+def run_case_causes(spec: RuleSpec, case: Case) -> tuple[str, dict[str, str]]:
+    """The outcome of one case, and when it fires the status of each cause the case names."""
     sigs = {k: _sig(k, v, case.series.get(k)) for k, v in case.signals.items()}
     phases = [{k: _sig(k, v) for k, v in ps.items()} for ps in case.phase_signals]
     thr = load_thresholds(overrides=case.thresholds)
     res = evaluate([spec], sigs, thr, phases, [f"phase {i}" for i in range(len(phases))])
-    if any(f.rule_id == spec.id for f in res.findings):
-        return "fires"
+    fired = next((f for f in res.findings if f.rule_id == spec.id), None)
+    if fired is not None:
+        statuses = {name: next((c.status for c in fired.causes if c.cause.startswith(name)), "no such cause")
+                    for name in case.causes}
+        return "fires", statuses
+    return _quiet_or_missing(spec, res), {}
+
+
+def _quiet_or_missing(spec: RuleSpec, res: EvaluationResult) -> str:
     if any(n.rule_id == spec.id for n in res.not_evaluated):
         return "not_evaluated"
     return "quiet"

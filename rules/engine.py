@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from diagnose.rules.conditions import Evaluator, resolve_threshold
+from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_threshold
 from diagnose.rules.spec import RuleSpec
 
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
+    CauseStatus,
     Evidence,
     Experiment,
     Finding,
@@ -37,12 +38,13 @@ class EvaluationResult:
 
 
 class _SafeFormatter(string.Formatter):
-    """str.format over signals that never raises: missing or non-numeric values print as 'n/a'."""
+    """str.format over signals that never raises: missing or non-numeric values print as 'unknown' (the bundle
+    does not hold them; a rule never shows a guess in their place)."""
 
     def get_value(self, key: int | str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         if isinstance(key, str):
-            return kwargs.get(key, "n/a")
-        return "n/a"
+            return kwargs.get(key, "unknown")
+        return "unknown"
 
     def format_field(self, value: Any, format_spec: str) -> str:
         try:
@@ -89,11 +91,29 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
+def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
+                  thresholds: Mapping[str, float]) -> tuple[CauseStatus, str]:
+    """("ruled out" | "supported" | "open", the evidence that decided it) from the cause's conditions."""
+    checks: tuple[tuple[str, CauseStatus], ...] = (("refuted_when", "ruled out"), ("supported_when", "supported"))
+    for key, status in checks:
+        cond = c.get(key)
+        if cond is None:
+            continue
+        ev = Evaluator(signals, thresholds)
+        if ev.evaluate(cond) is True:
+            names = sorted(referenced_signals(cond))
+            shown = ", ".join(f"{n} = {signals[n].value:.4g} {signals[n].unit}".rstrip() for n in names if n in signals)
+            return (status, shown)
+    return "open", ""
+
+
 def _causes(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float]) -> tuple[Cause, ...]:
+    """The rule's candidate causes, each judged against the bundle's evidence: supported first, ruled out last."""
     out = []
     for c in spec.causes:
         exp = c.get("experiment") or {}
         expect = tuple((str(k), str(v)) for k, v in (exp.get("expect") or {}).items())
+        status, why = _cause_status(c, signals, thresholds)
         out.append(
             Cause(
                 cause=render_text(str(c["cause"]), signals, thresholds),
@@ -101,9 +121,12 @@ def _causes(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
                 refute=render_text(str(c.get("refute", "")), signals, thresholds),
                 experiment=Experiment(change=render_text(str(exp.get("change", "")), signals, thresholds),
                                       expect=expect) if exp else None,
+                status=status,
+                status_evidence=why,
             )
         )
-    return tuple(out)
+    order = {"supported": 0, "open": 1, "ruled out": 2}
+    return tuple(sorted(out, key=lambda x: order[x.status]))
 
 
 def _evaluate_one(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float],

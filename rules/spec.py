@@ -20,6 +20,8 @@ FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace")
 SCOPES = ("run", "phase")
 DIRECTIONS = ("up", "down", "flat")
 ID_RE = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
+# a cause's machine-readable evidence: met in the bundle -> "supported" / "ruled out" (same syntax as `when`)
+CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
@@ -56,6 +58,9 @@ class RuleSpec:
         for c in self.causes:
             exp = c.get("experiment") or {}
             out |= set((exp.get("expect") or {}).keys())
+            for key in CAUSE_CONDITIONS:
+                if c.get(key) is not None:
+                    out |= referenced_signals(c[key])
         return out
 
 
@@ -87,6 +92,9 @@ def spec_problems(raw: Any, path: str) -> list[str]:
             if not isinstance(c, dict) or "cause" not in c:
                 probs.append(f"{path}: cause #{i + 1} needs 'cause'")
                 continue
+            for key in CAUSE_CONDITIONS:
+                if key in c and not isinstance(c[key], dict):
+                    probs.append(f"{path}: {key} of cause {c['cause']!r} must be a condition (a mapping)")
             exp = c.get("experiment")
             if exp is None:
                 probs.append(f"{path}: cause {c['cause']!r} has no experiment")

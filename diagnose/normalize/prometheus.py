@@ -143,9 +143,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         scrapes.append({"t_s": t_s, "scrape_ms": rec.get("scrape_ms"), "parse_ms": rec.get("parse_ms"),
                         "samples": sum(len(v) for v in idx.values()), "restarted": restarted})
         for labels, _v in idx.get("vllm:cache_config_info", [])[:1]:
-            for key, label in (("kv_capacity_tokens", "kv_cache_size_tokens"), ("kv_block_size_tokens", "block_size")):
+            for key, label in (("kv_capacity_tokens", "kv_cache_size_tokens"), ("kv_block_size_tokens", "block_size"),
+                               ("kv_blocks", "num_gpu_blocks")):
                 with contextlib.suppress(KeyError, ValueError):
                     config[key] = float(labels[label])
+            if str(labels.get("enable_prefix_caching", "")).lower() in ("true", "false"):
+                config["prefix_caching"] = 1.0 if labels["enable_prefix_caching"].lower() == "true" else 0.0
         for ref in refs:
             if ref.kind != "histogram":
                 rows.extend(_scalar_rows(ref, idx, engine, dp_label, t_s))
@@ -174,8 +177,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     metrics = _add_deltas(metrics, {s["t_s"] for s in scrapes if s["restarted"]})
     target = bundle.manifest.get("target") or {}
     for src in (target, target.get("config") or {}, target.get("engine_config") or {}):
-        if isinstance(src, dict) and isinstance(src.get("max_num_seqs"), (int, float)):
-            config["max_num_seqs"] = float(src["max_num_seqs"])
+        if not isinstance(src, dict):
+            continue
+        for key in ENGINE_SETTINGS:  # what the engine said about itself (server info, its command line)
+            v = src.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                config.setdefault(key, float(v))
     out = {
         "metrics": metrics,
         "metrics_hist": pd.DataFrame(hist_rows, columns=HIST_COLUMNS),
@@ -184,6 +191,15 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         "server_config": pd.DataFrame(sorted(config.items()), columns=["key", "value"]),
     }
     return out
+
+
+# the engine settings that become signals, with their units (engines.VALUE_FLAGS / BOOL_FLAGS spell the flags)
+ENGINE_SETTINGS: dict[str, str] = {
+    "max_num_seqs": "requests", "max_num_batched_tokens": "tokens", "kv_capacity_tokens": "tokens",
+    "kv_block_size_tokens": "tokens", "kv_blocks": "blocks", "prefix_caching": "flag", "chunked_prefill": "flag",
+    "cuda_graphs": "flag", "tensor_parallel_size": "ranks", "max_model_len": "tokens", "context_size": "tokens",
+    "max_concurrent_requests": "requests", "max_batch_total_tokens": "tokens", "threads": "threads",
+}
 
 
 def _add_deltas(df: pd.DataFrame, restarts: set[float]) -> pd.DataFrame:
@@ -357,9 +373,8 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     cfg = tables.get("server_config")
     if cfg is not None:
         for key, value in zip(cfg["key"], cfg["value"], strict=True):
-            if key in ("max_num_seqs", "kv_capacity_tokens"):
-                out.append(Signal(str(key), float(value), "requests" if key == "max_num_seqs" else "tokens", SOURCE,
-                                  "server configuration"))
+            if key in ENGINE_SETTINGS:
+                out.append(Signal(str(key), float(value), ENGINE_SETTINGS[key], SOURCE, "engine setting"))
     return out
 
 

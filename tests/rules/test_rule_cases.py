@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from diagnose.rules.cases import case_file_for, load_cases, run_case
+from diagnose.rules.cases import case_file_for, load_cases, run_case_causes
 from diagnose.rules.lint import lint
 from diagnose.rules.spec import load_rules
 
@@ -29,8 +29,9 @@ def test_rule_case(label: str, case: object) -> None:
     from diagnose.rules.cases import Case
 
     assert isinstance(case, Case)
-    outcome = run_case(SPECS[case.rule], case)
+    outcome, causes = run_case_causes(SPECS[case.rule], case)
     assert outcome == case.expect, f"{label}: expected {case.expect}, got {outcome}"
+    assert causes == case.causes, f"{label}: cause statuses {causes}, expected {case.causes}"
 
 
 def test_every_rule_has_fires_and_quiet_cases() -> None:
