@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pandas as pd
 
-from diagnose.analysis import Analysis, Section
+from diagnose.analysis import Analysis
 from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle
 from diagnose.errors import BundleError, InputError
 from diagnose.model import NotEvaluated, Phase, Signal, Window
@@ -186,18 +186,8 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         partial=bundle.partial,
         verdict=verdict,
         run_window=window,
-        sections=collect_sections(tables, mods),
     )
     return analysis
-
-
-def collect_sections(tables: dict[str, pd.DataFrame], normalizers: Iterable[ModuleType] | None = None) -> list[Section]:
-    out: list[Section] = []
-    for mod in normalizers if normalizers is not None else load_normalizers():
-        fn = getattr(mod, "sections", None)
-        if fn is not None:
-            out.extend(fn(tables))
-    return sorted(out, key=lambda s: (s.order, s.id))
 
 
 analyze_bundle = analyze  # a capture bundle directory: the same pipeline

@@ -33,7 +33,7 @@ PROMETHEUS = "diagnose.normalize.prometheus"
 OTEL = "diagnose.normalize.otel"
 HOST = "diagnose.normalize.host"
 GPU = "diagnose.normalize.gpu"
-TRACE = "diagnose.trace.report"  # normalize/trace.py passes these through for a bundle
+TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for a bundle
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")

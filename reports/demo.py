@@ -1,7 +1,7 @@
 """A synthetic (made-up, clearly not captured) Analysis for previewing the report and for its tests.
 
 ``python -m diagnose.reports.demo out.html`` writes a report of a three-level concurrency sweep with
-findings, every contributed Section kind and probe statuses. ``hostile`` puts a given string into every
+findings, every Section kind (``demo_sections``) and probe statuses. ``hostile`` puts a given string into every
 kind of captured text (model name, rule title, error detail, table cell, frame name, series name) so tests
 can check that it only ever appears escaped.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Analysis, Section
+from diagnose.analysis import Analysis
 from diagnose.model import (
     Cause,
     Evidence,
@@ -28,6 +28,22 @@ from diagnose.model import (
     Window,
 )
 from diagnose.rules.verdict import decide
+
+from .sections.model import (
+    BarSeries,
+    FlameGraph,
+    Histogram,
+    LineChart,
+    LineSeries,
+    Quantity,
+    Section,
+    Segment,
+    StackedBars,
+    Table,
+    TextBlock,
+    Waterfall,
+    WaterfallRow,
+)
 
 
 def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: float = 20.0, output_tokens: int = 64,
@@ -100,7 +116,7 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
                         ProbeStatus("prometheus", "ok", "", {"scrapes": int(ts.size), "failed_scrapes": 0}),
                         ProbeStatus("otel", "unavailable", "server was not started with --otlp-traces-endpoint"),
                         ProbeStatus("pyspy", "failed", f"ptrace not permitted{hostile}")],
-        sections=_sections(hostile, rng), warnings=[f"metrics: 2 scrapes took over 500 ms{hostile}"],
+        warnings=[f"metrics: 2 scrapes took over 500 ms{hostile}"],
         partial=partial,
     )
 
@@ -155,7 +171,10 @@ def _findings(sig: dict[str, Signal], hostile: str) -> list[Finding]:
     ]
 
 
-def _sections(hostile: str, rng: np.random.Generator) -> list[Section]:
+def demo_sections(hostile: str = "", seed: int = 0) -> list[Section]:
+    """One section of every kind (the report shows them instead of those built from the tables)."""
+    rng = np.random.default_rng(seed)
+
     def tree(depth: int, name: str) -> dict[str, Any]:
         kids = [] if depth >= 7 else [tree(depth + 1, f"{name.split('/')[0]}/fn_{depth}_{i}") for i in range(3)]
         val = float(rng.integers(5, 40)) + sum(k["value"] for k in kids)
@@ -165,36 +184,34 @@ def _sections(hostile: str, rng: np.random.Generator) -> list[Section]:
     root["children"].append({"name": f"evil_frame{hostile}", "value": 400.0, "children": []})
     root["value"] += 400.0
     return [
-        Section("ttft_decomposition", "TTFT decomposition by percentile", "stacked_bars",
-                {"categories": ["P50", "P90", "P99"], "series": [
-                    {"name": "queue", "values": [5.0, 40.0, 150.0]}, {"name": "prefill", "values": [20.0, 25.0, 30.0]},
-                    {"name": f"frontend{hostile}", "values": [2.0, 3.0, 9.0]}],
-                 "unit": "ms", "x_label": "time", "y_label": "request percentile"}, group="latency", order=10),
-        Section("slow_requests", "Slowest requests", "waterfall",
-                {"rows": [{"label": f"rid {i}", "segments": [{"name": "queue", "start": 0, "end": 30 * i},
-                                                            {"name": "prefill", "start": 30 * i, "end": 30 * i + 20},
-                                                            {"name": "decode", "start": 30 * i + 20, "end": 30 * i + 200}]}
-                          for i in range(1, 6)], "unit": "ms"}, group="latency", order=20),
-        Section("server_load", "Server queue, running and KV usage", "line_chart",
-                {"series": [{"name": "running", "points": [[i, 8] for i in range(60)]},
-                            {"name": "kv usage", "axis": "right", "points": [[i, min(i / 60, 1)] for i in range(60)]}],
-                 "x_label": "time since capture start (s)", "y_label": "requests", "y2_label": "KV usage (ratio)"},
-                group="server"),
-        Section("host_threads", "Per-thread CPU share", "table",
-                {"columns": ["process", "thread", "cpu share"], "rows": [["api_server", f"uvloop{hostile}", 0.41],
-                                                                         ["EngineCore", "busy loop", 0.97]],
-                 "note": "py-spy, 100 Hz"}, group="host"),
-        Section("host_flame", "Host CPU flame graph (EngineCore)", "flamegraph", {"root": root, "unit": "samples"},
-                group="host"),
-        Section("step_hist", "Engine step time", "histogram",
-                {"values": rng.lognormal(1.0, 0.4, 2000).tolist(), "bins": 30, "x_label": "step time", "unit": "ms"},
-                group="trace"),
-        Section("trace_note", "Trace notes", "text", {"text": f"Kernel trace not captured.{hostile}"}, group="trace"),
+        Section("ttft_decomposition", "TTFT decomposition by percentile", StackedBars(
+            ("P50", "P90", "P99"), (BarSeries("queue", (5.0, 40.0, 150.0)), BarSeries("prefill", (20.0, 25.0, 30.0)),
+                                    BarSeries(f"frontend{hostile}", (2.0, 3.0, 9.0))),
+            "ms", x_label="time", y_label="request percentile"), group="latency", order=10),
+        Section("slow_requests", "Slowest requests", Waterfall(tuple(
+            WaterfallRow(f"rid {i}", (Segment("queue", 0, 30 * i), Segment("prefill", 30 * i, 30 * i + 20),
+                                      Segment("decode", 30 * i + 20, 30 * i + 200)))
+            for i in range(1, 6)), "ms"), group="latency", order=20),
+        Section("server_load", "Server queue, running and KV usage", LineChart(
+            (LineSeries("running", tuple((float(i), 8.0) for i in range(60))),
+             LineSeries("kv usage", tuple((float(i), min(i / 60, 1.0)) for i in range(60)), "right")),
+            x_label="time since capture start (s)", y_label="requests", y2_label="KV usage (ratio)"), group="server"),
+        Section("host_threads", "Per-thread CPU share", Table(
+            ("process", "thread", "cpu share"), (("api_server", f"uvloop{hostile}", Quantity(0.41, "ratio")),
+                                                 ("EngineCore", "busy loop", Quantity(0.97, "ratio"))),
+            "py-spy, 100 Hz"), group="host"),
+        Section("host_flame", "Host CPU flame graph (EngineCore)", FlameGraph(root, "samples"), group="host"),
+        Section("step_hist", "Engine step time", Histogram(tuple(rng.lognormal(1.0, 0.4, 2000).tolist()), "ms",
+                                                            x_label="step time", bins=30), group="trace"),
+        Section("trace_note", "Trace notes", TextBlock(f"Kernel trace not captured.{hostile}"), group="trace"),
     ]
 
 
 if __name__ == "__main__":  # pragma: no cover - a preview helper
-    from diagnose.reports.render import write_report
+    from pathlib import Path
 
-    out = sys.argv[1] if len(sys.argv) > 1 else "demo_report.html"
-    print(write_report(synthetic_analysis(), out))
+    from diagnose.reports.render import render_html
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "demo_report.html")
+    out.write_text(render_html(synthetic_analysis(), demo_sections()), encoding="utf-8")
+    print(out)

@@ -6,8 +6,8 @@ reports/charts.py, which escapes every text it embeds, and are the only markup p
 
 from __future__ import annotations
 
-import math
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,11 @@ from diagnose.analysis import Analysis
 from diagnose.errors import DiagnoseError
 
 from . import charts
+from .formatting import fmt_cell, fmt_text, fmt_value, is_numeric_cell
+from .sections.model import Section
 from .view_model import build_view
+
+__all__ = ["ReportError", "fmt_value", "render_html", "svg", "write_report"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,25 +33,6 @@ class ReportError(DiagnoseError):
     """The report cannot be written (bad path, no permission, disk full)."""
 
     exit_code = 1
-
-
-def fmt_value(v: Any, unit: str = "") -> str:
-    """A number for display: ratios as percentages, three significant digits otherwise; None as a dash."""
-    if v is None:
-        return "—"
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if not math.isfinite(f):
-        return "—"
-    if unit == "ratio":
-        return f"{f * 100:.3g}%"
-    if abs(f) >= 1000:
-        return f"{f:,.0f}"
-    if f == int(f):
-        return f"{f:.0f}"
-    return f"{f:.3g}" if abs(f) >= 1 else f"{f:.2g}"
 
 
 def svg(spec: dict[str, Any]) -> Markup:
@@ -63,11 +48,13 @@ def svg(spec: dict[str, Any]) -> Markup:
                                y_label=str(spec.get("y_label", "count")), log_x=bool(spec.get("log_x")),
                                markers=spec.get("markers") or [])
     elif kind == "stacked_bars":
-        out = charts.stacked_bars(spec.get("categories") or [], spec.get("series") or [], title=title,
+        out = charts.stacked_bars([fmt_text(c) for c in spec.get("categories") or []], spec.get("series") or [],
+                                  title=title,
                                   unit=str(spec.get("unit", "")), x_label=str(spec.get("x_label", "")),
                                   y_label=str(spec.get("y_label", "")))
     elif kind == "waterfall":
-        out = charts.waterfall(spec.get("rows") or [], title=title, unit=str(spec.get("unit", "ms")),
+        rows = [{**r, "label": fmt_text(r.get("label", ""))} for r in spec.get("rows") or []]
+        out = charts.waterfall(rows, title=title, unit=str(spec.get("unit", "ms")),
                                y_label=str(spec.get("y_label", "item")))
     elif kind == "flamegraph":
         out = charts.flamegraph(spec.get("root") or {}, title=title, unit=str(spec.get("unit", "samples")))
@@ -101,13 +88,14 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              bytecode_cache=_bytecode_cache())
-    env.globals.update(svg=svg, fmt=fmt_value)
+    env.globals.update(svg=svg, fmt=fmt_value, fmt_cell=fmt_cell, is_num=is_numeric_cell)
     return env
 
 
-def render_html(analysis: Analysis) -> str:
-    """The report for ``analysis`` as one HTML document."""
-    view = build_view(analysis)
+def render_html(analysis: Analysis, sections: Sequence[Section] | None = None) -> str:
+    """The report for ``analysis`` as one HTML document (``sections``: shown instead of those built from the
+    analysis's tables, for previews and tests)."""
+    view = build_view(analysis, sections)
     css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
     has_flame = any(s["kind"] == "flamegraph" for g in view["section_groups"] for s in g["sections"])
     # our own static asset, never captured data; only when a flame graph needs it
@@ -115,10 +103,10 @@ def render_html(analysis: Analysis) -> str:
     return _env().get_template("report.html").render(v=view, css=css, flame_js=js)
 
 
-def write_report(analysis: Analysis, path: str | os.PathLike[str]) -> Path:
+def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None) -> Path:
     """Render and write the report; returns the path written. Raises ReportError with a one-line reason."""
     p = Path(path)
-    html = render_html(analysis)
+    html = render_html(analysis, sections)
     try:
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,33 @@
-"""Normalise report data into bounded, plain chart specs: contributed ``Section`` objects, histogram
-binning, flame-graph pruning, table cell formatting, environment flattening with secret redaction.
+"""Normalise report data into bounded, plain chart specs: report ``Section`` records (reports/sections/),
+histogram binning, flame-graph pruning, table cells, environment flattening with secret redaction.
 
-Everything returned is plain JSON data (dict/list/str/float/int/bool/None). A malformed section becomes an
-``unavailable`` spec with the reason, never an exception.
+Everything returned is plain JSON data (dict/list/str/float/int/bool/None); typed values stay typed as
+reports/formatting.py view data and become text only in the template. A section that cannot be shown
+becomes an ``unavailable`` spec with the reason, never an exception.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section
-
 from .charts import downsample
+from .formatting import fmt_text, view_value
+from .sections.model import (
+    FlameGraph,
+    Histogram,
+    LineChart,
+    Section,
+    StackedBars,
+    Table,
+    TextBlock,
+    Waterfall,
+)
 
 MAX_TABLE_ROWS = 200
 MAX_LINE_POINTS = 400
@@ -51,19 +61,6 @@ def finite(v: Any) -> float | None:
 def num(col: Any) -> np.ndarray:
     """A table column as floats; unreadable entries become NaN (and are then left out), never an error."""
     return np.asarray(pd.to_numeric(col, errors="coerce"), dtype=float)
-
-
-def cell(v: Any) -> str | float | int | None:
-    """A table cell as plain data: numbers rounded to 4 significant digits, everything else as text."""
-    if v is None or isinstance(v, bool):
-        return None if v is None else str(v).lower()
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    f = finite(v) if isinstance(v, (float, np.floating)) else None
-    if isinstance(v, (float, np.floating)):
-        return None if f is None else float(f"{f:.4g}")
-    s = str(v)
-    return s if len(s) <= 500 else s[:497] + "..."
 
 
 # -- histogram --------------------------------------------------------------------------------------
@@ -127,84 +124,84 @@ def _prune(root: dict[str, Any], cutoff: float, max_depth: int, budget: int) -> 
 
 # -- sections ----------------------------------------------------------------------------------------
 def section_view(s: Section) -> dict[str, Any]:
-    """A contributed Section as a bounded chart spec (or ``unavailable`` with why)."""
+    """A Section as a bounded chart spec of plain data (typed values as reports/formatting.py view data), or
+    ``unavailable`` with why."""
     base = {"id": str(s.id), "title": str(s.title), "group": str(s.group), "order": s.order}
-    try:
-        spec = _SECTION_BUILDERS[s.kind](dict(s.payload or {}))
-    except KeyError as e:
-        if s.kind not in _SECTION_BUILDERS:
-            spec = unavailable(s.title, f"unknown section kind {s.kind!r}")
-        else:
-            spec = unavailable(s.title, f"section payload is missing {e}")
-    except (TypeError, ValueError, AttributeError, IndexError) as e:
-        spec = unavailable(s.title, f"section payload is malformed ({type(e).__name__}: {e})")
+    build = _SECTION_BUILDERS.get(type(s.payload))
+    if build is None:
+        spec = unavailable(s.title, f"unknown section kind {s.kind!r}")
+    else:
+        try:
+            spec = build(s.payload)
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError) as e:
+            spec = unavailable(s.title, f"section payload is malformed ({type(e).__name__}: {e})")
     spec.setdefault("title", str(s.title))
     spec.update(base)
     return spec
 
 
-def _table(p: dict[str, Any]) -> dict[str, Any]:
-    cols = [str(c) for c in p["columns"]]
-    rows = [[cell(v) for v in r] for r in list(p["rows"])[:MAX_TABLE_ROWS]]
-    note = str(p.get("note", ""))
-    extra = len(p["rows"]) - len(rows)
+def _cell_view(v: Any) -> Any:
+    if isinstance(v, str):
+        return v if len(v) <= 500 else v[:497] + "..."
+    return view_value(v)
+
+
+def _table(p: Table) -> dict[str, Any]:
+    rows = [[_cell_view(v) for v in r] for r in p.rows[:MAX_TABLE_ROWS]]
+    note: Any = view_value(p.note)
+    extra = len(p.rows) - len(rows)
     if extra > 0:
-        note = (note + " " if note else "") + f"({extra} more rows not shown)"
-    return {"kind": "table", "columns": cols, "rows": rows, "note": note}
+        more = f"({extra} more rows not shown)"
+        note = {"parts": [*note["parts"], " " + more]} if isinstance(note, dict) else (
+            (note + " " if note else "") + more)
+    return {"kind": "table", "columns": list(p.columns), "rows": rows, "note": note}
 
 
-def _stacked(p: dict[str, Any]) -> dict[str, Any]:
-    cats = [str(c) for c in p["categories"]][:MAX_WATERFALL_ROWS]
-    series = [{"name": str(s["name"]), "values": [finite(v) or 0.0 for v in list(s["values"])[: len(cats)]]}
-              for s in p["series"]]
-    return {"kind": "stacked_bars", "categories": cats, "series": series, "unit": str(p.get("unit", "")),
-            "x_label": str(p.get("x_label", "")), "y_label": str(p.get("y_label", ""))}
+def _stacked(p: StackedBars) -> dict[str, Any]:
+    cats = [view_value(c) for c in p.categories][:MAX_WATERFALL_ROWS]
+    series = [{"name": str(s.name), "values": [finite(v) or 0.0 for v in s.values[: len(cats)]]} for s in p.series]
+    return {"kind": "stacked_bars", "categories": cats, "series": series, "unit": p.unit, "x_label": p.x_label,
+            "y_label": p.y_label}
 
 
-def _flame(p: dict[str, Any]) -> dict[str, Any]:
-    tree, dropped = prune_tree(p["root"])
+def _flame(p: FlameGraph) -> dict[str, Any]:
+    tree, dropped = prune_tree(dict(p.root))
     note = f"{dropped} small frames (under 0.2% of the total, or too deep) folded into their callers" if dropped else ""
-    return {"kind": "flamegraph", "root": tree, "unit": str(p.get("unit", "samples")), "note": note}
+    return {"kind": "flamegraph", "root": tree, "unit": p.unit, "note": note}
 
 
-def _waterfall(p: dict[str, Any]) -> dict[str, Any]:
-    rows = [{"label": str(r.get("label", "")),
-             "segments": [{"name": str(s["name"]), "start": float(s["start"]), "end": float(s["end"])}
-                          for s in r.get("segments") or []
-                          if finite(s.get("start")) is not None and finite(s.get("end")) is not None]}
-            for r in list(p["rows"])[:MAX_WATERFALL_ROWS]]
-    return {"kind": "waterfall", "rows": rows, "unit": str(p.get("unit", "ms")), "y_label": str(p.get("y_label", "request"))}
+def _waterfall(p: Waterfall) -> dict[str, Any]:
+    rows = [{"label": view_value(r.label),
+             "segments": [{"name": str(s.name), "start": float(s.start), "end": float(s.end)}
+                          for s in r.segments if finite(s.start) is not None and finite(s.end) is not None]}
+            for r in p.rows[:MAX_WATERFALL_ROWS]]
+    return {"kind": "waterfall", "rows": rows, "unit": p.unit, "y_label": "request"}
 
 
-def _line(p: dict[str, Any]) -> dict[str, Any]:
-    for s in p["series"]:
-        if not isinstance(s["points"], (list, tuple)) or any(not isinstance(pt, (list, tuple)) for pt in s["points"]):
-            raise TypeError(f"series {str(s.get('name', ''))[:80]!r}: points must be a list of [x, y] pairs")
-    series = [{"name": str(s.get("name", "")), "axis": "right" if s.get("axis") == "right" else "left",
-               "style": str(s.get("style", "line")),
-               "points": [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in downsample(s["points"], MAX_LINE_POINTS)]}
-              for s in p["series"]]
-    return {"kind": "line_chart", "series": series, "x_label": str(p.get("x_label", "")),
-            "y_label": str(p.get("y_label", "")), "y2_label": str(p.get("y2_label", ""))}
+def _line(p: LineChart) -> dict[str, Any]:
+    series = [{"name": s.name, "axis": s.axis, "style": "line",
+               "points": [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in downsample(list(s.points), MAX_LINE_POINTS)]}
+              for s in p.series]
+    return {"kind": "line_chart", "series": series, "x_label": p.x_label, "y_label": p.y_label,
+            "y2_label": p.y2_label}
 
 
-def _hist(p: dict[str, Any]) -> dict[str, Any]:
-    b = bin_values([v for v in (finite(x) for x in p["values"]) if v is not None], int(p.get("bins") or HIST_BINS))
-    unit = str(p.get("unit", ""))
-    x_label = str(p.get("x_label", ""))
-    if unit and unit not in x_label:
-        x_label = f"{x_label} ({unit})"
-    return {"kind": "histogram", "x_label": x_label, "y_label": str(p.get("y_label", "count")), **b}
+def _hist(p: Histogram) -> dict[str, Any]:
+    b = bin_values([v for v in (finite(x) for x in p.values) if v is not None], p.bins)
+    x_label = p.x_label
+    if p.unit and p.unit not in x_label:
+        x_label = f"{x_label} ({p.unit})"
+    return {"kind": "histogram", "x_label": x_label, "y_label": "count", **b}
 
 
-def _text(p: dict[str, Any]) -> dict[str, Any]:
-    text = str(p["text"])
-    return {"kind": "text", "text": text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + " [...]"}
+def _text(p: TextBlock) -> dict[str, Any]:
+    text = fmt_text(p.text)
+    return {"kind": "text", "text": view_value(p.text) if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + " [...]"}
 
 
-_SECTION_BUILDERS: dict[str, Any] = {
-    "table": _table, "stacked_bars": _stacked, "flamegraph": _flame, "waterfall": _waterfall,
-    "line_chart": _line, "histogram": _hist, "text": _text,
+_SECTION_BUILDERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+    Table: _table, StackedBars: _stacked, FlameGraph: _flame, Waterfall: _waterfall, LineChart: _line,
+    Histogram: _hist, TextBlock: _text,
 }
 
 

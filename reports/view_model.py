@@ -8,7 +8,7 @@ probe statuses, environment.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
 from diagnose.rules.verdict import ranked
 
+from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
 
@@ -37,11 +38,11 @@ GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "hos
                 "gpu": "GPU", "trace": "Kernel trace", "details": "Details"}
 
 
-def build_view(analysis: Analysis) -> dict[str, Any]:
-    """The whole report as plain data."""
+def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> dict[str, Any]:
+    """The whole report as plain data (``given``: sections shown instead of those built from the tables)."""
     a = analysis
     manifest = a.manifest or {}
-    sections = [section_view(s) for s in a.sections]
+    sections = [section_view(s) for s in (build_sections(a.tables, a.signals, a.run_window) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
     judged = [f for f in ranked(a.findings) if a.run_valid or f.family == "validity"]
@@ -141,6 +142,10 @@ def _verdict(a: Analysis) -> dict[str, Any]:
     if len(levels) > 1:
         keys: list[dict[str, Any]] = []
         by_level = [{"label": p.name, "key_numbers": _key_numbers(s, p.name, a.run_valid)} for p, s in levels]
+        shown = {k["signal"] for lv in by_level for k in lv["key_numbers"]}  # one column set for every level
+        for lv, (p, s) in zip(by_level, levels, strict=True):
+            lv["key_numbers"] = [{"signal": n, "label": lab, "value": _sig(s, n), "unit": u, "window": p.name}
+                                 for n, lab, u in KEY_NUMBERS if n in shown]
     else:
         keys = _key_numbers(a.signals, _run_label(a), a.run_valid)
         by_level = []

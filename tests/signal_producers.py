@@ -23,8 +23,8 @@ from diagnose.pipeline import open_input, run_window
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"
 TRACES = ROOT / "tests" / "data" / "traces"
-# normalize/trace.py passes through the signals trace/report.py computed (its table trace_signals)
-PASS_THROUGH = {"diagnose.normalize.trace": "diagnose.trace.report"}
+# normalize/trace.py passes through the signals trace/signals.py computed (its table trace_signals)
+PASS_THROUGH = {"diagnose.normalize.trace": "diagnose.trace.signals"}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import pytest
 
 from diagnose.analysis import Window
 from diagnose.normalize import gpu
+from diagnose.reports.sections.gpu import sections as gpu_sections
 from tests.fakes.fake_nvml import scenario
 from tests.test_nvml_probe import capture
 
@@ -65,14 +66,14 @@ def test_no_stream_no_signals(tmp_path: Path) -> None:
 
     BundleWriter(tmp_path / "e").finish()
     t = gpu.tables(open_bundle(tmp_path / "e"))
-    assert gpu.signals(t, RUN) == [] and gpu.sections(t) == []
+    assert gpu.signals(t, RUN) == [] and gpu_sections(t) == []
 
 
 def test_sections(tmp_path: Path) -> None:
     _, b = capture(tmp_path, scenario("throttled"), seconds=0.5)
-    secs = {s.id: s for s in gpu.sections(gpu.tables(b))}
-    row = secs["gpu_summary"].payload["rows"][0]
-    assert row[1] == "NVIDIA H100 80GB HBM3" and row[7] == 1410.0
-    assert "time fraction" in secs["gpu_summary"].payload["note"]
-    names = [s["name"] for s in secs["gpu_timeline"].payload["series"]]
+    secs = {s.id: s for s in gpu_sections(gpu.tables(b))}
+    row = secs["gpu_summary"].payload.rows[0]
+    assert row[1] == "NVIDIA H100 80GB HBM3" and row[7].value == 1410.0 and row[7].unit == "MHz"
+    assert "time fraction" in secs["gpu_summary"].payload.note
+    names = [s.name for s in secs["gpu_timeline"].payload.series]
     assert "GPU 0 SM clock MHz" in names

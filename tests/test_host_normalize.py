@@ -13,6 +13,8 @@ from diagnose.bundle import Bundle, BundleWriter, open_bundle
 from diagnose.normalize import host
 from diagnose.normalize.host_stacks import categorize, flame_tree
 from diagnose.probes.pyspy import parse_raw
+from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections.host import sections as host_sections
 
 DATA = Path(__file__).parent / "host_data"
 RUN = Window(0.0, math.inf)
@@ -175,14 +177,15 @@ def test_window_limits_signals(tmp_path: Path) -> None:
 def test_no_host_stream_no_signals(tmp_path: Path) -> None:
     BundleWriter(tmp_path / "e").finish()
     t = host.tables(open_bundle(tmp_path / "e"))
-    assert host.signals(t, RUN) == [] and host.sections(t) == []
+    assert host.signals(t, RUN) == [] and host_sections(t) == []
 
 
 def test_sections_from_synthetic(tmp_path: Path) -> None:
     b = write_bundle(tmp_path, {(2, 20): {"cpu": 1.0, "wait": 0.25}}, [
         {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SPIN, "count": 90}])
-    secs = {x.id: x for x in host.sections(host.tables(b))}
-    row = next(r for r in secs["host_processes"].payload["rows"] if r[0] == "engine_core")
-    assert row[3] == 1.0 and row[5] == "20.0%"
-    fg = secs["host_flamegraph"].payload["root"]
+    secs = {x.id: x for x in host_sections(host.tables(b))}
+    row = next(r for r in secs["host_processes"].payload.rows if r[0] == "engine_core")
+    assert row[3].value == 1.0 and row[3].unit == "cores" and fmt_text(row[5]) == "20.0%"
+    assert row[5].value == pytest.approx(0.2)
+    fg = secs["host_flamegraph"].payload.root
     assert fg["value"] == 90 and fg["children"][0]["name"].startswith("engine_core VLLM::EngineCore")

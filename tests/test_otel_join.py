@@ -14,6 +14,8 @@ from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.errors import InputError
 from diagnose.normalize import otel
+from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections.otel import sections as otel_sections
 
 MS = 1_000_000
 ALL = Window(-1e9, 1e9)
@@ -128,42 +130,43 @@ def test_observe_mode_shares_are_of_server_ttft(tmp_path: Path) -> None:
     server_ttft = sum(40 + 10 * i for i in range(5))
     assert s["ttft_queue_share_ratio"].value == pytest.approx(sum(10 + 10 * i for i in range(5)) / server_ttft)
     assert "of server TTFT" in s["ttft_queue_share_ratio"].description
-    secs = {x.id: x for x in otel.sections(t)}
-    assert [x["name"] for x in secs["otel_ttft_decomposition"].payload["series"]] == ["server frontend", "queue",
+    secs = {x.id: x for x in otel_sections(t)}
+    assert [x.name for x in secs["otel_ttft_decomposition"].payload.series] == ["server frontend", "queue",
                                                                                     "prefill"]
 
 
 def test_sections_bars_waterfall_and_unmatched(tmp_path: Path) -> None:
     t = otel.tables(open_bundle(_bundle(tmp_path, n=10, unmatched=1)))
-    secs = {x.id: x for x in otel.sections(t)}
+    secs = {x.id: x for x in otel_sections(t)}
     bars = secs["otel_ttft_decomposition"].payload
-    assert [c.split(" ")[0] for c in bars["categories"]] == ["P50", "P90", "P99"]
-    assert [x["name"] for x in bars["series"]] == ["client+network", "server frontend", "queue", "prefill"]
+    assert [fmt_text(c).split(" ")[0] for c in bars.categories] == ["P50", "P90", "P99"]
+    assert [x.name for x in bars.series] == ["client+network", "server frontend", "queue", "prefill"]
     # each bar is one real request: its parts add up to that request's client TTFT (nearest rank)
     for k, q in enumerate((50, 90, 99)):
         i = min(9, max(0, math.ceil(q / 100 * 10) - 1))
-        assert sum(x["values"][k] for x in bars["series"]) == pytest.approx(2 + 40 + 10 * i + 1)
+        assert sum(x.values[k] for x in bars.series) == pytest.approx(2 + 40 + 10 * i + 1)
     e2e = secs["otel_e2e_decomposition"].payload
-    assert [x["name"] for x in e2e["series"]][-1] == "decode"
+    assert [x.name for x in e2e.series][-1] == "decode"
     shares = secs["otel_ttft_shares"].payload
-    assert shares["columns"][-1] == "share of TTFT" and len(shares["rows"]) == 4
-    assert sum(r[-1] for r in shares["rows"]) == pytest.approx(1.0)
-    wf = secs["otel_slowest_waterfall"].payload["rows"]
-    assert wf[0]["label"] == "r9 (TTFT 133 ms, E2E 286 ms)" and len(wf) == 10
-    segs = wf[0]["segments"]
-    assert [g["name"] for g in segs] == ["client+network", "server frontend", "queue", "prefill", "decode",
+    assert shares.columns[-1] == "share of TTFT" and len(shares.rows) == 4
+    assert all(r[-1].unit == "ratio" for r in shares.rows)
+    assert sum(r[-1].value for r in shares.rows) == pytest.approx(1.0)
+    wf = secs["otel_slowest_waterfall"].payload.rows
+    assert fmt_text(wf[0].label) == "r9 (TTFT 133 ms, E2E 286 ms)" and len(wf) == 10
+    segs = wf[0].segments
+    assert [g.name for g in segs] == ["client+network", "server frontend", "queue", "prefill", "decode",
                                          "rest (output, streaming back)"]
-    assert segs[3]["end"] == pytest.approx(2 + 130)  # prefill ends at the server's first token
-    assert segs[-1]["end"] == pytest.approx(2 + 130 + 140 + 10 + 4)
-    assert all(a["end"] == pytest.approx(b["start"]) for a, b in zip(segs, segs[1:], strict=False))
-    assert "1 successful request(s) had no server span" in secs["otel_unmatched"].payload["text"]
+    assert segs[3].end == pytest.approx(2 + 130)  # prefill ends at the server's first token
+    assert segs[-1].end == pytest.approx(2 + 130 + 140 + 10 + 4)
+    assert all(a.end == pytest.approx(b.start) for a, b in zip(segs, segs[1:], strict=False))
+    assert "1 successful request(s) had no server span" in fmt_text(secs["otel_unmatched"].payload.text)
 
 
 def test_no_spans_means_no_tables_or_signals(tmp_path: Path) -> None:
     bw = BundleWriter(tmp_path / "b")
     bw.finish()
     t = otel.tables(open_bundle(bw.path))
-    assert t == {} and otel.signals(t, ALL) == [] and otel.sections(t) == []
+    assert t == {} and otel.signals(t, ALL) == [] and otel_sections(t) == []
 
 
 def _otlp(tid: str, start_ns: int, queue_s: float) -> dict[str, Any]:

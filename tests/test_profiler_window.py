@@ -16,7 +16,10 @@ from diagnose.model import ProbeStatus
 from diagnose.normalize import client, otel
 from diagnose.pipeline import analyze_bundle
 from diagnose.profiler_window import overlaps, profiler_windows
+from diagnose.reports.formatting import fmt_text
 from diagnose.reports.render import render_html
+from diagnose.reports.sections import build_sections
+from diagnose.reports.sections.otel import sections as otel_sections
 from diagnose.reports.view_model import build_view
 
 MS = 1_000_000
@@ -111,7 +114,7 @@ def test_the_report_says_how_many_requests_were_excluded(tmp_path: Path) -> None
     assert run["note"].startswith(note), run["note"]
     assert run["rows"][0]["values"]["max"] == pytest.approx(60)
     assert view["charts"]["ttft"]["n"] == 4  # the TTFT histogram leaves them out too
-    checks = {row[0]: row[1] for s in a.sections if s.id == "client_self_check" for row in s.payload["rows"]}
+    checks = {row[0]: row[1] for s in build_sections(a.tables) if s.id == "client_self_check" for row in s.payload.rows}
     assert checks["requests overlapping the profiler window, excluded from statistics"] == 3
     assert note in html.unescape(render_html(a))
     timeline = view["charts"]["timeline"]  # the window is shaded on the timeline, with its label
@@ -142,9 +145,9 @@ def test_otel_decomposition_leaves_out_the_profiled_requests(tmp_path: Path) -> 
     sig = {s.name: s.value for s in otel.signals(t, WHOLE)}
     assert sig["span_requests_count"] == 4
     assert sig["span_ttft_p99_ms"] < 60  # the kept requests' server TTFT is 48-58 ms
-    shares = {s.id: s for s in otel.sections(t)}["otel_ttft_shares"].payload
-    assert shares["note"].startswith("4 requests.")
-    assert "3 requests overlapping the profiler window excluded" in shares["note"]
+    shares = {s.id: s for s in otel_sections(t)}["otel_ttft_shares"].payload
+    assert fmt_text(shares.note).startswith("4 requests.")
+    assert "3 requests overlapping the profiler window excluded" in fmt_text(shares.note)
     t2 = otel.tables(open_bundle(_bundle(tmp_path, window=False, spans=True)))
     assert {s.name: s.value for s in otel.signals(t2, WHOLE)}["span_requests_count"] == 7
 

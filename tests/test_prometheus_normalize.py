@@ -14,6 +14,8 @@ from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import prometheus as prom
 from diagnose.probes.prometheus import parse_scrape
+from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections.prometheus import sections as prom_sections
 
 DATA = Path(__file__).parent / "data" / "metrics"
 REAL_BUNDLE = DATA / "vllm_cpu_maxseqs2_bundle"
@@ -93,14 +95,14 @@ def test_phase_window_only_counts_its_intervals() -> None:
 
 
 def test_sections_chart_and_histogram_table() -> None:
-    secs = {s.id: s for s in prom.sections(prom.tables(open_bundle(REAL_BUNDLE)))}
+    secs = {s.id: s for s in prom_sections(prom.tables(open_bundle(REAL_BUNDLE)))}
     chart = secs["server_load"]
     assert chart.kind == "line_chart"
-    names = [x["name"] for x in chart.payload["series"]]
+    names = [x.name for x in chart.payload.series]
     assert names == ["waiting requests", "running requests", "KV cache usage %"]
-    assert max(p[1] for p in chart.payload["series"][1]["points"]) == 2
+    assert max(p[1] for p in chart.payload.series[1].points) == 2
     table = secs["server_histograms"]
-    assert table.payload["rows"][0][0].startswith("server TTFT") and table.payload["rows"][0][1] == 120
+    assert table.payload.rows[0][0].startswith("server TTFT") and table.payload.rows[0][1] == 120
 
 
 # -- counters and histograms over hand-made sequences ---------------------------------------------
@@ -156,7 +158,7 @@ def test_missing_metrics_give_no_tables_and_no_signals(tmp_path: Path) -> None:
     bw.finish()
     tables = prom.tables(open_bundle(tmp_path / "b"))
     assert tables == {}
-    assert prom.signals(tables, ALL) == [] and prom.sections(tables) == []
+    assert prom.signals(tables, ALL) == [] and prom_sections(tables) == []
 
 
 def test_single_scrape_has_gauges_but_no_counter_or_histogram_signals(tmp_path: Path) -> None:
@@ -264,10 +266,10 @@ def test_ttft_cross_check_section_and_gap_with_the_client_table() -> None:
     client_mean = float(tables["requests"]["ttft_ms"].mean())
     assert gap == pytest.approx(client_mean - s["server_ttft_mean_ms"].value)
     assert 0 < gap < 200  # the client's TTFT contains the server's
-    sec = {x.id: x for x in prom.sections(tables)}["ttft_crosscheck"]
-    rows = {r[0]: r for r in sec.payload["rows"]}
+    sec = {x.id: x for x in prom_sections(tables)}["ttft_crosscheck"]
+    rows = {fmt_text(r[0]): r for r in sec.payload.rows}
     assert set(rows) == {"P50", "P90", "P99", "mean"}
     assert rows["P90"][4] == "yes" and rows["P99"][4] == "yes"
-    assert "120 client requests, 120 server TTFT observations" in sec.payload["note"]
+    assert "120 client requests, 120 server TTFT observations" in fmt_text(sec.payload.note)
     # without the client table there is nothing to compare
-    assert "ttft_crosscheck" not in {x.id for x in prom.sections(prom.tables(b))}
+    assert "ttft_crosscheck" not in {x.id for x in prom_sections(prom.tables(b))}

@@ -45,7 +45,8 @@ PROBE = r"""
   const verdict = document.querySelector("#verdict .headline");
   return {viewport: [innerWidth, innerHeight], scrollY: scrollY,
           verdict: verdict ? box(verdict) : null,
-          tiles: [...document.querySelectorAll("#verdict .key")].map(box)};
+          tiles: [...document.querySelectorAll("#verdict .key")].map(box),
+          levels: [...document.querySelectorAll("#verdict .lk")].map(box)};
 })()
 """
 
@@ -110,8 +111,15 @@ def test_report_in_a_browser(source: Path, browser: Browser, tmp_path: Path) -> 
         in_first_screen(tile, f"the headline tile {k['label']!r}")
         assert k["label"] in tile["text"], (tile["text"], k)
         assert any(ch.isdigit() for ch in tile["text"]), f"tile {k['label']!r} shows no number: {tile['text']!r}"
+    # a sweep: the headline is one row per level (never pooled), every cell in the first screen
+    per_level = [k for lv in view["verdict"]["by_level"] for k in lv["key_numbers"]]
+    assert len(got["levels"]) == len(per_level), (got["levels"], per_level)
+    for cell, k in zip(got["levels"], per_level, strict=True):
+        in_first_screen(cell, f"the headline cell {k['label']!r} of {k['window']}")
+        if k["value"] is not None:
+            assert any(ch.isdigit() for ch in cell["text"]), f"cell {k['label']!r} shows no number: {cell['text']!r}"
     if (source / "bundle").is_dir() or (source / "manifest.json").exists():
-        assert want, f"{source.name}: a capture's report shows no headline numbers"
+        assert want or per_level, f"{source.name}: a capture's report shows no headline numbers"
     shot = browser.screenshot(shots_dir(tmp_path) / f"{source.name.split('.')[0]}.png")
     assert png_size(shot) == VIEWPORT
 

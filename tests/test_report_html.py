@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.analysis import Analysis, Section
+from diagnose.analysis import Analysis
 from diagnose.errors import DiagnoseError
 from diagnose.reports import render_html, write_report
-from diagnose.reports.demo import synthetic_analysis
+from diagnose.reports.demo import demo_sections, synthetic_analysis
+from diagnose.reports.sections.model import Phrase, Quantity, Section, Table
 
 HOSTILE = "<script>alert(1)</script>"
 ATTR_HOSTILE = "\"'><img src=x onerror=alert(2)>"
@@ -68,10 +69,10 @@ def parse(html: str) -> Doc:
 @pytest.fixture(scope="module")
 def hostile_html() -> str:
     a = synthetic_analysis(per_level_s=4.0, hostile=HOSTILE)
-    a.sections.append(Section("evil", f"Section{ATTR_HOSTILE}", "table",
-                              {"columns": [ATTR_HOSTILE], "rows": [[ATTR_HOSTILE, 1.5]], "note": ATTR_HOSTILE},
-                              group=f"grp{ATTR_HOSTILE}"))
-    return render_html(a)
+    evil = Section("evil", f"Section{ATTR_HOSTILE}", Table(
+        (ATTR_HOSTILE, "value"), ((ATTR_HOSTILE, Quantity(1.5, "ms")),), Phrase((ATTR_HOSTILE, Quantity(2.0, "ms")))),
+        group=f"grp{ATTR_HOSTILE}")
+    return render_html(a, [*demo_sections(HOSTILE), evil])
 
 
 def test_no_external_urls(hostile_html: str) -> None:
@@ -152,7 +153,7 @@ def test_missing_tables_render_not_available_lines() -> None:
 def test_report_is_small_for_a_long_run(tmp_path: Path) -> None:
     a = synthetic_analysis(levels=(4, 16, 32), per_level_s=40.0, output_tokens=128)
     assert len(a.tables["itl"]) > 150_000
-    out = write_report(a, tmp_path / "r" / "report.html")
+    out = write_report(a, tmp_path / "r" / "report.html", demo_sections())
     size = out.stat().st_size
     assert size < 1_000_000, size
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

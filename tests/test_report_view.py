@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diagnose.analysis import Analysis, Section
+from diagnose.analysis import Analysis
 from diagnose.model import Finding, Signal, Window
-from diagnose.reports.demo import synthetic_analysis
+from diagnose.reports.demo import demo_sections, synthetic_analysis
+from diagnose.reports.sections.model import FlameGraph, LineChart, LineSeries, Section, Table
 from diagnose.reports.view_model import build_view
 
 
@@ -170,20 +171,30 @@ def test_environment_redacts_secrets(demo: Analysis) -> None:
 
 
 def test_sections_grouped_in_fixed_order(demo: Analysis) -> None:
-    groups = build_view(demo)["section_groups"]
+    groups = build_view(demo, demo_sections())["section_groups"]
     assert [g["group"] for g in groups] == ["latency", "server", "host", "trace"]
     kinds = {s["kind"] for g in groups for s in g["sections"]}
     assert kinds == {"stacked_bars", "waterfall", "line_chart", "table", "flamegraph", "histogram", "text"}
 
 
-def test_malformed_and_unknown_sections_become_unavailable() -> None:
-    a = Analysis(source="x", manifest={}, sections=[
-        Section("a", "Broken table", "table", {"rows": [[1]]}),
-        Section("b", "Odd", "sankey", {}),  # type: ignore[arg-type]
-        Section("c", "Bad line", "line_chart", {"series": [{"points": "nope"}]}),
-    ])
-    secs = {s["id"]: s for g in build_view(a)["section_groups"] for s in g["sections"]}
-    assert secs["a"]["kind"] == "unavailable" and "columns" in secs["a"]["reason"]
+def test_malformed_sections_are_refused_when_made() -> None:
+    with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
+        Table(("a", "b"), ((1,),))
+    with pytest.raises(TypeError, match="needs its unit"):
+        Table(("a",), ((1.5,),))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"points must be \(x, y\) pairs"):
+        LineChart((LineSeries("s", "nope"),))  # type: ignore[arg-type]
+
+
+def test_unknown_and_unreadable_sections_become_unavailable() -> None:
+    class Sankey:
+        kind = "sankey"
+
+    a = Analysis(source="x", manifest={})
+    secs = {s["id"]: s for g in build_view(a, [
+        Section("b", "Odd", Sankey()),  # type: ignore[arg-type]
+        Section("c", "Bad flame", FlameGraph({"name": "r", "value": 1.0, "children": "nope"})),
+    ])["section_groups"] for s in g["sections"]}
     assert secs["b"]["kind"] == "unavailable" and "sankey" in secs["b"]["reason"]
     assert secs["c"]["kind"] == "unavailable" and "malformed" in secs["c"]["reason"]
 
@@ -203,9 +214,9 @@ def test_large_series_are_bounded() -> None:
     n = 50_000
     pts = np.column_stack([np.arange(n) / 10, rng.random(n)])
     pts[12345, 1] = 99.0  # a spike that must survive downsampling
-    a = Analysis(source="x", manifest={}, sections=[Section("l", "Long", "line_chart", {
-        "series": [{"name": "s", "points": pts.tolist()}], "x_label": "t (s)", "y_label": "v"})])
-    sec = build_view(a)["section_groups"][0]["sections"][0]
+    a = Analysis(source="x", manifest={})
+    sec = build_view(a, [Section("l", "Long", LineChart((LineSeries("s", tuple((x, y) for x, y in pts.tolist())),),
+                                                        x_label="t (s)", y_label="v"))])["section_groups"][0]["sections"][0]
     assert len(sec["series"][0]["points"]) <= 400
     assert max(y for _, y in sec["series"][0]["points"]) == 99.0
 

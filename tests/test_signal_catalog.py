@@ -78,7 +78,7 @@ def test_producers_are_modules() -> None:
 def test_families_follow_the_code_that_emits_them() -> None:
     assert HOST_CATEGORIES == host_stacks.CATEGORIES
     hist = [(prefix.removeprefix("server_"), pcts, mean) for _sig, prefix, pcts, mean, _what in
-            prometheus._HISTOGRAM_SIGNALS]
+            prometheus.HISTOGRAM_SIGNALS]
     assert hist == [(stem, pcts, mean) for stem, pcts, mean, _what in SERVER_HISTOGRAMS]
     assert SLO_METRICS == derived.SLO_METRICS and PCTS == derived.PCTS
     assert {n: u for n, u, _what in ENGINE_SETTINGS} == prometheus.ENGINE_SETTINGS

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section, Window
+from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal
 from diagnose.profiler_window import overlaps, profiler_windows
@@ -301,45 +301,3 @@ def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None,
         a, b = s_lo.get(key), s_hi.get(key)
         if a is not None and b is not None and a.value > 0:
             out[name] = _sig(name, b.value / a.value, "ratio")
-
-
-# -- report sections -----------------------------------------------------------------------------------
-def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
-    req = tables.get("requests")
-    if req is None or req.empty:
-        return []
-    out: list[Section] = []
-    whole = Window(-math.inf, math.inf)
-    run = signals(tables, whole)
-    by = {s.name: s.value for s in run}
-    rows = [[label, None if by.get(k) is None else round(float(by[k]), 2), unit] for k, label, unit in (
-        ("client_loop_lag_p99_ms", "event-loop lag P99", "ms"), ("client_schedule_lag_p99_ms", "send lag P99", "ms"),
-        ("client_cpu_max_percent", "client CPU max", "% of one core"))]
-    if by.get("requests_excluded_profiler"):
-        rows.append(["requests overlapping the profiler window, excluded from statistics",
-                     int(by["requests_excluded_profiler"]), "requests"])
-    itl = tables.get("itl")
-    if itl is not None and not itl.empty:
-        tok = _finite(itl["tok"])
-        if tok.size:
-            rows.append(["content chunks carrying more than one token", round(float((tok > 1).mean()), 4), "ratio"])
-    errs = req[~req["ok"].astype(bool)]["error"].value_counts()
-    for cat, n in errs.items():
-        rows.append([f"requests failed: {cat}", int(n), "requests"])
-    note = ("Rule VAL001 judges the client a bottleneck from these figures (thresholds client_cpu_bound_percent, "
-            "client_cpu_bound_share, client_loop_lag_max_ms, client_schedule_lag_max_ms: "
-            "`diagnose rules thresholds`).")
-    out.append(Section("client_self_check", "Load client self-check", "table",
-                       {"columns": ["check", "value", "unit"], "rows": rows, "note": note}, group="details", order=40))
-    phases = tables.get("client_phases")
-    if phases is not None and len(phases) > 1:
-        prow = []
-        for p in phases.to_dict("records"):
-            s = {x.name: x.value for x in signals(tables, Window(p["start_s"], p["end_s"], int(p["phase"]), ""))}
-            prow.append([str(p.get("name")), *(None if s.get(k) is None else round(float(s[k]), 2) for k in (
-                "requests_measured", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "output_tps",
-                "request_rps", "error_rate_ratio"))])
-        out.append(Section("client_sweep", "Load levels (sweep)", "table", {
-            "columns": ["level", "requests", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms", "ITL P99 ms",
-                        "output tok/s", "req/s", "error rate"], "rows": prow, "note": ""}, group="latency", order=30))
-    return out

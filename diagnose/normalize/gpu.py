@@ -1,4 +1,5 @@
-"""GPU evidence (stream ``gpu_samples`` from probes/nvml.py) -> tables, signals and report sections.
+"""GPU evidence (stream ``gpu_samples`` from probes/nvml.py) -> tables and signals (report sections:
+reports/sections/gpu.py).
 
 Tables (t_s = seconds since the clock anchor):
 
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section, Window
+from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal, Source
 
@@ -165,43 +166,3 @@ def add_clock_drop(t: dict[str, pd.DataFrame], df: pd.DataFrame, add: Any) -> No
     if drops:
         add("gpu_sm_clock_drop_ratio", max(0.0, max(drops)), "ratio",
             "1 - lowest SM clock while busy / maximum SM clock")
-
-
-def sections(t: dict[str, pd.DataFrame]) -> list[Section]:
-    df = t.get("gpu_samples", pd.DataFrame(columns=_COLS["gpu_samples"]))
-    if df.empty:
-        return []
-    dev = t.get("gpu_devices", pd.DataFrame(columns=_COLS["gpu_devices"]))
-    names = dict(zip(dev["gpu"], dev["name"], strict=False)) if not dev.empty else {}
-    rows = []
-    for gpu, g in df.groupby("gpu"):
-        def m(col: str, scale: float = 100.0, agg: str = "mean", g: pd.DataFrame = g) -> Any:
-            v = g[col].dropna()
-            return round(float(getattr(v, agg)()) * scale, 1) if not v.empty else None
-        rows.append([int(gpu), names.get(gpu, ""), m("util_gpu_ratio"), m("sm_util_ratio"), m("dram_bw_util_ratio"),
-                     m("tensor_util_ratio"), m("mem_used_ratio", agg="max"), m("sm_clock_mhz", 1, "min"),
-                     m("power_w", 1, "max"), m("temp_c", 1, "max"),
-                     round(100 * float(g.loc[g["throttle_reasons"] >= 0, "throttle_active"].mean()), 1)
-                     if (g["throttle_reasons"] >= 0).any() else None])
-    table = Section("gpu_summary", "GPUs (NVML)", "table", {
-        "columns": ["gpu", "name", "util.gpu % (time)", "SM util %", "DRAM BW %", "tensor %", "mem used % max",
-                    "SM clock min MHz", "power max W", "temp max C", "throttled % of samples"],
-        "rows": rows,
-        "note": "util.gpu is the share of time at least one kernel ran (a time fraction, not how busy the SMs "
-                "were); SM util, DRAM BW and tensor come from GPM and are empty where the GPU lacks GPM."},
-        group="gpu", order=50)
-    series = [{"name": f"GPU {gpu} util.gpu %", "points": [[round(float(a), 3), round(100 * float(b), 1)]
-                                                            for a, b in zip(g["t_s"], g["util_gpu_ratio"], strict=False)
-                                                            if math.isfinite(b)], "axis": "left"}
-              for gpu, g in df.groupby("gpu")]
-    series += [{"name": f"GPU {gpu} DRAM BW %", "points": [[round(float(a), 3), round(100 * float(b), 1)]
-                                                            for a, b in zip(g["t_s"], g["dram_bw_util_ratio"],
-                                                                            strict=False) if math.isfinite(b)],
-                "axis": "left"} for gpu, g in df.groupby("gpu") if g["dram_bw_util_ratio"].notna().any()]
-    series += [{"name": f"GPU {gpu} SM clock MHz", "points": [[round(float(a), 3), float(b)] for a, b in
-                                                               zip(g["t_s"], g["sm_clock_mhz"], strict=False)
-                                                               if math.isfinite(b)], "axis": "right"}
-               for gpu, g in df.groupby("gpu")]
-    chart = Section("gpu_timeline", "GPU utilisation and clocks over time", "line_chart", {
-        "series": series, "x_label": "time (s)", "y_label": "%", "y2_label": "MHz"}, group="gpu", order=51)
-    return [table, chart]

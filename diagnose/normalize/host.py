@@ -1,4 +1,5 @@
-"""Host evidence (stream ``host_samples`` from probes/pyspy.py) -> tables, signals and report sections.
+"""Host evidence (stream ``host_samples`` from probes/pyspy.py) -> tables and signals (report sections:
+reports/sections/host.py).
 
 Tables (t_s = seconds since the clock anchor):
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from diagnose.analysis import Section, Window
+from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal, Source
 from diagnose.normalize.host_stacks import CATEGORIES, CATEGORY_TEXT, categorize
@@ -271,9 +272,3 @@ def _gil_signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
                    f"share of py-spy snapshots in which a thread held the GIL (process {int(held.idxmax())})"),
             Signal("host_gil_contention_ratio", float(contended.max()), "ratio", SOURCE,
                    "share of snapshots with the GIL held and two or more threads active in one process")]
-
-
-def sections(t: dict[str, pd.DataFrame]) -> list[Section]:
-    from diagnose.normalize.host_report import host_sections
-
-    return host_sections(t)

@@ -28,11 +28,10 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from diagnose.analysis import Section, Window
+from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.errors import InputError
 from diagnose.model import Signal
-from diagnose.normalize.otel_report import report_sections
 from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.requests import window_mask
 from diagnose.signal_catalog import SIGNALS
@@ -268,15 +267,3 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
                 out.append(_sig(f"{stem}_p50_ms", float(p50), "ms", f"server span {what} P50 (ms)"))
                 out.append(_sig(f"{stem}_p99_ms", float(p99), "ms", f"server span {what} P99 (ms)"))
     return out
-
-
-def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
-    rb = tables.get("request_breakdown")
-    if rb is None or rb.empty:
-        return []
-    keep = ~rb["warmup"].astype(bool)
-    n_profiled = 0
-    if "profiled" in rb.columns:
-        n_profiled = int((keep & rb["profiled"].astype(bool)).sum())
-        keep &= ~rb["profiled"].astype(bool)
-    return report_sections(rb[keep], joined(rb[keep]), excluded_profiled=n_profiled)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section, Window
+from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
 from diagnose.model import Signal, Source
@@ -273,7 +273,7 @@ def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> t
     return (float(h["sum"].sum()) / n, n) if n > 0 else None
 
 
-_HISTOGRAM_SIGNALS: tuple[tuple[str, str, tuple[int, ...], bool, str], ...] = (
+HISTOGRAM_SIGNALS: tuple[tuple[str, str, tuple[int, ...], bool, str], ...] = (
     # (table signal, output prefix, percentiles, mean, definition)
     ("ttft_seconds", "server_ttft", (50, 90, 99), True, "server TTFT (engine's own start point)"),
     ("queue_time_seconds", "server_queue_time", (50, 99), True, "server queue time"),
@@ -339,7 +339,7 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("prefix_cache_hit_ratio", hits / queries, "ratio", SOURCE,
                           f"prefix-cache hit tokens / queried tokens ({hits:.0f} / {queries:.0f})"))
     out.extend(_rate_signals(tables, window))
-    for sig, prefix, pcts, want_mean, what in _HISTOGRAM_SIGNALS:
+    for sig, prefix, pcts, want_mean, what in HISTOGRAM_SIGNALS:
         for p in pcts:
             est = hist_quantile(tables, sig, p / 100, window)
             if est is None:
@@ -406,9 +406,3 @@ def ttft_gap(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, in
     if not client or server is None:
         return None
     return (sum(client) / len(client) - server[0]) * 1e3, len(client)
-
-
-def sections(tables: dict[str, pd.DataFrame]) -> list[Section]:
-    from diagnose.normalize.prom_report import sections as _sections
-
-    return _sections(tables)

@@ -1,33 +1,51 @@
-"""analyze_trace: one trace file or a directory of per-rank traces -> tables, signals, report sections."""
+"""analyze_trace: one trace file or a directory of per-rank traces -> tables (docs/trace-analysis.md), and the
+signals computed from them (diagnose/trace/signals.py). Report sections are built from the same tables by
+reports/sections/trace.py.
+
+Besides the analyses' tables, every result has ``trace_summary`` (one row: ``files, ranks, events, gpu, steps,
+include_python, analysis_s``), ``trace_ranks`` (one row per rank: ``rank, file, events, time_unit,
+base_time_ns`` (the trace's ``baseTimeNanoseconds``, null when absent), ``start_us, end_us`` (first and last
+event)), ``trace_devices`` (``rank, device``) and ``trace_warnings`` (``message``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section
 from diagnose.errors import InputError
 from diagnose.model import Signal
 from diagnose.trace import launch, steps, timeline
 from diagnose.trace.classify import classify_kernels
 from diagnose.trace.multirank import collective_skew
 from diagnose.trace.parse import RankTrace, read_trace
+from diagnose.trace.signals import trace_signals
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
+SUMMARY_COLUMNS = ["files", "ranks", "events", "gpu", "steps", "include_python", "analysis_s"]
+RANK_COLUMNS = ["rank", "file", "events", "time_unit", "base_time_ns", "start_us", "end_us"]
+
+
 @dataclass
 class TraceAnalysis:
+    """The tables of one analysis; ``summary`` describes the input (files, metadata, event categories) for
+    the report's environment part."""
+
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    signals: list[Signal] = field(default_factory=list)
-    sections: list[Section] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def signals(self) -> list[Signal]:
+        return trace_signals(self.tables)
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -119,22 +137,15 @@ def analyze_trace(path: str | Path, *, include_python: bool = False) -> TraceAna
     files = trace_files(path)
     frontend = [f for f in files if "async_llm" in f.name]
     if frontend and len(frontend) < len(files):  # vLLM's profiler dir: API-server traces next to the workers
-        files = [f for f in files if f not in frontend]
-        a = analyze_files(files, include_python=include_python)
         msg = ("skipped the API-server trace(s) " + ", ".join(f.name for f in frontend)
                + " (vLLM frontend: no kernels, no engine steps); analyse one alone by passing its file")
-        a.warnings.append(msg)
-        for sec in a.sections:
-            if sec.id == "trace_overview":
-                sec.payload["text"] += f"\nWarning: {msg}"
-        return a
+        return analyze_files([f for f in files if f not in frontend], include_python=include_python, notes=[msg])
     return analyze_files(files, include_python=include_python)
 
 
-def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAnalysis:
-    """Analyse the given per-rank trace files together (one rank each)."""
-    from diagnose.trace.report import build_sections, build_signals
-
+def analyze_files(files: list[Path], *, include_python: bool = False, notes: Sequence[str] = ()) -> TraceAnalysis:
+    """Analyse the given per-rank trace files together (one rank each); ``notes`` are warnings about the
+    input from the caller, kept after the analysis's own."""
     t0 = time.perf_counter()
     warnings: list[str] = []
     results: list[dict[str, Any]] = []
@@ -182,6 +193,21 @@ def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAn
     if tables["trace_steps"].empty:
         warnings.append("no engine-step annotations found (vLLM execute_context_*, SGLang step[...], or "
                         "ProfilerStep#): per-step analysis skipped")
+    warnings.extend(notes)
+    spans = {r["rank"]: r["span_us"] for r in results if "span_us" in r}
+    tables["trace_ranks"] = pd.DataFrame([
+        {"rank": t["rank"], "file": str(t["path"]), "events": t["events"], "time_unit": t["unit"],
+         "base_time_ns": t["meta"].get("baseTimeNanoseconds") if isinstance(t["meta"].get("baseTimeNanoseconds"), int)
+         else None, "start_us": spans.get(t["rank"], (np.nan, np.nan))[0], "end_us": spans.get(t["rank"], (np.nan, np.nan))[1]}
+        for t in infos], columns=RANK_COLUMNS).astype({"base_time_ns": "Int64"})
+    tables["trace_devices"] = pd.DataFrame([{"rank": t["rank"], "device": str(d)} for t in infos
+                                            for d in t["meta"].get("devices", []) if d], columns=["rank", "device"])
+    tables["trace_warnings"] = pd.DataFrame({"message": pd.Series(warnings, dtype=object)})
+    analysis_s = round(time.perf_counter() - t0, 3)
+    tables["trace_summary"] = pd.DataFrame([{
+        "files": len(infos), "ranks": len({t["rank"] for t in infos}), "events": sum(t["events"] for t in infos),
+        "gpu": has_gpu, "steps": len(tables["trace_steps"]), "include_python": include_python,
+        "analysis_s": analysis_s}], columns=SUMMARY_COLUMNS)
     summary = {
         "files": [str(t["path"]) for t in infos], "ranks": sorted(t["rank"] for t in infos),
         "events": sum(t["events"] for t in infos), "gpu": has_gpu,
@@ -189,12 +215,9 @@ def analyze_files(files: list[Path], *, include_python: bool = False) -> TraceAn
         "time_unit": sorted({t["unit"] for t in infos}),
         "categories": _merge_counts([t["categories"] for t in infos]),
         "meta": {t["rank"]: t["meta"] for t in infos}, "include_python": include_python,
-        "steps": len(tables["trace_steps"]), "analysis_s": round(time.perf_counter() - t0, 3),
-        "span_us": {r["rank"]: r["span_us"] for r in results if "span_us" in r},
+        "steps": len(tables["trace_steps"]), "analysis_s": analysis_s, "span_us": spans,
     }
-    signals = build_signals(tables, summary)
-    return TraceAnalysis(tables=tables, signals=signals, sections=build_sections(tables, summary, warnings),
-                         warnings=warnings, summary=summary)
+    return TraceAnalysis(tables=tables, warnings=warnings, summary=summary)
 
 
 def _merge_counts(counts: list[dict[str, int]]) -> dict[str, int]:

@@ -18,6 +18,7 @@ import pytest
 from diagnose.analysis import Window
 from diagnose.bundle import open_bundle
 from diagnose.normalize import otel
+from diagnose.reports.sections.otel import sections as otel_sections
 from harness.engine import free_port
 
 pytestmark = pytest.mark.engine
@@ -88,7 +89,7 @@ def check_join(bundle_dir: Path) -> dict[str, float]:
         )
     ]
     assert sum(shares) == pytest.approx(1.0, abs=0.02)
-    secs = {s.id for s in otel.sections(t)}
+    secs = {s.id for s in otel_sections(t)}
     assert {"otel_ttft_decomposition", "otel_ttft_shares", "otel_slowest_waterfall"} <= secs
     return sig
 

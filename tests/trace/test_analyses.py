@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections.trace import sections as trace_sections
+from diagnose.reports.sections_view import section_view
 from diagnose.trace import analyze_trace
 from diagnose.trace.classify import kernel_class
 from diagnose.trace.parse import read_trace
@@ -155,7 +158,8 @@ def test_cpu_only_vllm_trace_reports_steps_and_says_so() -> None:
     assert summ.loc["decode", "steps"] == 22 and summ.loc["prefill", "steps"] == 2 and summ.loc["mixed", "steps"] == 1
     assert summ.loc["prefill", "tokens_mean"] == 200
     assert not a.tables["trace_cpu_ops"].empty
-    assert a.sections[0].kind == "text" and "CPU-only" in a.sections[0].payload["text"]
+    first = trace_sections(a.tables)[0]
+    assert first.kind == "text" and "CPU-only" in fmt_text(first.payload.text)
 
 
 def test_mixed_step_inflation_and_decode_memory_bound(tmp_path: Path) -> None:
@@ -192,12 +196,20 @@ def test_sections_are_plain_data() -> None:
     import json
 
     a = analyze_trace(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")
-    kinds = {s.kind for s in a.sections}
+    secs = trace_sections(a.tables)
+    kinds = {s.kind for s in secs}
     assert {"text", "table", "stacked_bars", "histogram"} <= kinds
-    json.dumps([s.payload for s in a.sections], allow_nan=False)  # NaN became None
-    for s in a.sections:
-        if s.kind == "table":
-            assert all(len(r) == len(s.payload["columns"]) for r in s.payload["rows"])
+    views = [section_view(s) for s in secs]
+    assert all(v["kind"] != "unavailable" for v in views)
+    json.dumps(views, allow_nan=False)  # NaN became None
+    for v in views:
+        if v["kind"] == "table":
+            assert all(len(r) == len(v["columns"]) for r in v["rows"])
+    # numbers carry the unit of their column
+    g = next(s for s in secs if s.id == "trace_gpu_time").payload
+    busy = g.rows[0][g.columns.index("busy_us")]
+    assert busy.unit == "us" and busy.value == pytest.approx(float(a.tables["trace_gpu_time"]["busy_us"].iloc[0]),
+                                                              abs=1e-4)
 
 
 def test_vllm_profiler_dir_skips_the_api_server_trace(tmp_path: Path) -> None:
@@ -209,6 +221,7 @@ def test_vllm_profiler_dir_skips_the_api_server_trace(tmp_path: Path) -> None:
     a = analyze_trace(tmp_path)
     assert a.summary["ranks"] == [0] and len(a.tables["trace_steps"]) == 27
     assert any("skipped the API-server trace" in w for w in a.warnings)
-    assert "skipped the API-server trace" in a.sections[0].payload["text"]
+    assert "skipped the API-server trace" in fmt_text(trace_sections(a.tables)[0].payload.text)
+    assert "skipped the API-server trace" in a.tables["trace_warnings"]["message"].iloc[-1]
     # alone, the frontend file is analysed as asked
     assert analyze_trace(tmp_path / "vm_22490.async_llm.1790857026.pt.trace.json.gz").summary["ranks"] == [0]

@@ -8,6 +8,9 @@ from pathlib import Path
 from diagnose.analysis import Window
 from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.normalize import trace as trace_norm
+from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections import build_sections
+from diagnose.reports.sections.trace import sections as trace_sections
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
 from diagnose.trace import analyze_trace
@@ -38,8 +41,14 @@ def test_normaliser_reads_worker_traces_from_a_bundle(tmp_path: Path) -> None:
     assert sig["trace_steps_count"].value == 27 and sig["trace_steps_count"].source == "trace"
     # a phase window: signals only when the traced span (baseTimeNanoseconds) lies inside it
     assert trace_norm.signals(tables, Window(0.0, 1.0, phase=0, label="p0")) == []
-    secs = trace_norm.sections(tables)
-    assert secs and secs[0].id == "trace_overview" and "CPU-only" in secs[0].payload["text"]
+    secs = trace_sections(tables)
+    assert secs and secs[0].id == "trace_overview" and "CPU-only" in fmt_text(secs[0].payload.text)
+    # the trace's own tables: a one-row summary, one row per rank, no joined strings
+    summ = tables["trace_summary"]
+    assert len(summ) == 1 and summ["files"].iloc[0] == 1 and summ["ranks"].iloc[0] == 1
+    assert summ["steps"].iloc[0] == 27 and not summ["gpu"].iloc[0]
+    assert tables["trace_ranks"]["rank"].tolist() == [0] and tables["trace_ranks"]["file"].str.contains("rank0").all()
+    assert len(tables["trace_span"]) == 1 and tables["trace_span"]["end_s"].iloc[0] > tables["trace_span"]["start_s"].iloc[0]
 
 
 def test_normaliser_turns_a_broken_trace_into_a_warning(tmp_path: Path) -> None:
@@ -49,7 +58,7 @@ def test_normaliser_turns_a_broken_trace_into_a_warning(tmp_path: Path) -> None:
     tables = trace_norm.tables(b)
     assert "truncated gzip" in tables["trace_warnings"]["message"][0]
     assert trace_norm.signals(tables, Window(0.0, 1.0)) == []
-    assert "truncated gzip" in trace_norm.sections(tables)[0].payload["text"]
+    assert "truncated gzip" in fmt_text(trace_sections(tables)[0].payload.text)
 
 
 def test_bundle_without_traces_gives_no_tables(tmp_path: Path) -> None:
@@ -78,7 +87,7 @@ def test_pipeline_end_to_end_with_a_gpu_trace(tmp_path: Path) -> None:
     a = analyze_bundle(p)
     assert a.signals["trace_gpu_busy_ratio"].source == "trace"
     assert "TRC004" in {f.rule_id for f in a.findings}
-    ids = {s.id for s in a.sections}
+    ids = {s.id for s in build_sections(a.tables)}
     assert {"trace_overview", "trace_gpu_time", "trace_kernel_classes", "trace_launch"} <= ids
     html = render_html(a)
     assert "Kernel classes" in html and "cudaDeviceSynchronize" in html

@@ -1,4 +1,5 @@
-"""Signals (source="trace") and plain-data report sections from the trace tables.
+"""Signals (source="trace") from the trace tables: a function of the tables only, so the bundle normaliser
+(diagnose/normalize/trace.py) and a lone trace compute them the same way.
 
 Every signal name, unit and definition is listed in docs/trace-analysis.md. A signal whose input is missing
 (no GPU events, no steps, one rank) is absent, never zero.
@@ -7,12 +8,12 @@ Every signal name, unit and definition is listed in docs/trace-analysis.md. A si
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from diagnose.analysis import Section
 from diagnose.model import Signal
 
 
@@ -29,7 +30,8 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else float("nan")
 
 
-def build_signals(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> list[Signal]:
+def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
+    """Every trace signal the tables support (docs/trace-analysis.md)."""
     out: list[Signal] = []
     g = tables.get("trace_gpu_time", pd.DataFrame())
     if not g.empty:
@@ -124,61 +126,3 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
     if len(mix) >= 2 and len(dec) >= 2:
         _sig(out, "trace_mixed_step_inflation_ratio", mix["dur_us"].median() / dec["dur_us"].median(), "ratio",
              "median mixed (prefill+decode) step duration over median pure decode step duration")
-
-
-def _cell(v: Any) -> Any:
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return None if not math.isfinite(f) else round(f, 4)
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    return v if isinstance(v, (int, str, bool)) or v is None else str(v)
-
-
-def table_payload(df: pd.DataFrame, note: str = "", limit: int = 50) -> dict[str, Any]:
-    df = df.head(limit)
-    return {"columns": [str(c) for c in df.columns],
-            "rows": [[_cell(v) for v in row] for row in df.itertuples(index=False, name=None)], "note": note}
-
-
-def build_sections(tables: dict[str, pd.DataFrame], summary: dict[str, Any], warnings: list[str]) -> list[Section]:
-    secs: list[Section] = []
-    lines = [f"Trace files: {len(summary['files'])}; ranks: {summary['ranks']}; events: {summary['events']:,}; "
-             f"devices: {', '.join(summary['devices']) or 'not recorded'}."]
-    if not summary["gpu"]:
-        lines.append("No GPU events: this is a CPU-only trace; CPU ops and engine steps are analysed.")
-    lines += [f"Warning: {w}" for w in warnings]
-    secs.append(Section("trace_overview", "Trace overview", "text", {"text": "\n".join(lines)}, "trace", 10))
-    g = tables.get("trace_gpu_time", pd.DataFrame())
-    if not g.empty:
-        secs.append(Section("trace_gpu_time_bars", "GPU time per rank", "stacked_bars", {
-            "categories": [f"rank {r}" for r in g["rank"]],
-            "series": [{"name": n, "values": [round(float(v) / 1e3, 3) for v in g[c]]}
-                       for n, c in (("compute", "compute_us"), ("communication (exposed)", "comm_exposed_us"),
-                                    ("memory (exposed)", "memory_exposed_us"), ("idle", "idle_us"))],
-            "unit": "ms", "x_label": "rank", "y_label": "ms"}, "trace", 20))
-        secs.append(Section("trace_gpu_time", "GPU busy, idle, compute and communication", "table",
-                            table_payload(g, "window = first to last GPU activity of the rank"), "trace", 21))
-    idle = tables.get("trace_idle", pd.DataFrame())
-    if not idle.empty:
-        secs.append(Section("trace_idle", "Idle attribution (all streams merged)", "table", table_payload(
-            idle, "host_wait: launched after the GPU went idle; launch_overhead: gap < 30 µs; other: waits, syncs"),
-            "trace", 22))
-    for key, title, order in (("trace_kernel_classes", "Kernel classes", 30), ("trace_top_kernels", "Top kernels",
-                                                                                31),
-                              ("trace_launch", "Launch overhead (graph-aware)", 40),
-                              ("trace_sync", "Host synchronisation and synchronous copies", 41),
-                              ("trace_transfers", "Memory transfers", 42),
-                              ("trace_step_summary", "Engine steps by type", 50),
-                              ("trace_rank_skew", "Ranks at collectives", 60), ("trace_cpu_ops", "Top CPU ops", 70)):
-        df = tables.get(key, pd.DataFrame())
-        if not df.empty:
-            secs.append(Section(key, title, "table", table_payload(df), "trace", order))
-    st = tables.get("trace_steps", pd.DataFrame())
-    if not st.empty:
-        secs.append(Section("trace_step_hist", "Engine-step duration", "histogram", {
-            "values": [round(float(v) / 1e3, 4) for v in st["dur_us"].to_numpy()[:20000]], "bins": 40,
-            "x_label": "step duration", "unit": "ms"}, "trace", 51))
-    return secs
