@@ -53,3 +53,16 @@ def test_nothing_judged_on_an_invalid_run_is_shown_as_a_result() -> None:
     verdict = html[html.index('id="verdict"'): html.index('id="findings"')]
     assert "within SLO" not in verdict
     assert "not judged: run invalid" in html
+
+
+def test_server_ttft_p50_has_one_value_on_the_page() -> None:
+    # regression: the queue-bound report showed server TTFT P50 as 1,459, 1,417 and 1,388 ms in three places
+    # (the cross-check used a window that took in the baseline)
+    a = analyze(SAMPLES / "vllm_cpu_queue_bound")
+    view = build_view(a)
+    xc = next(s for g in view["section_groups"] for s in g["sections"] if s["id"] == "ttft_crosscheck")
+    p50 = next(r for r in xc["rows"] if r[0]["parts"][1]["value"] == 50.0)
+    assert p50[2]["value"] == a.signals["server_ttft_p50_ms"].value
+    assert "rank ceil(q·n)" in xc["columns"][1]  # the client column's own definition, labelled
+    hist = next(s for g in view["section_groups"] for s in g["sections"] if s["id"] == "server_histograms")
+    assert "whole capture" in hist["title"]  # a different window, and it says so
