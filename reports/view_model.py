@@ -141,11 +141,12 @@ def _verdict(a: Analysis) -> dict[str, Any]:
     levels = _measured_phases(a)
     if len(levels) > 1:
         keys: list[dict[str, Any]] = []
-        by_level = [{"label": p.name, "key_numbers": _key_numbers(s, p.name, a.run_valid)} for p, s in levels]
-        shown = {k["signal"] for lv in by_level for k in lv["key_numbers"]}  # one column set for every level
-        for lv, (p, s) in zip(by_level, levels, strict=True):
-            lv["key_numbers"] = [{"signal": n, "label": lab, "value": _sig(s, n), "unit": u, "window": p.name}
-                                 for n, lab, u in KEY_NUMBERS if n in shown]
+        # one column set for every level: a number any level has, with None where a level lacks it
+        shown = {k["signal"] for p, s in levels for k in _key_numbers(s, p.name, a.run_valid)}
+        by_level: list[dict[str, Any]] = [
+            {"label": p.name, "key_numbers": [{"signal": n, "label": lab, "value": _sig(s, n), "unit": u,
+                                               "window": p.name} for n, lab, u in KEY_NUMBERS if n in shown]}
+            for p, s in levels]
     else:
         keys = _key_numbers(a.signals, _run_label(a), a.run_valid)
         by_level = []
