@@ -31,6 +31,7 @@ SIGNALS: dict[str, str] = {
     "requests_measured": "requests in the statistics (warm-up excluded)",
     "requests_total": "all requests sent",
     "requests_excluded_profiler": "requests overlapping the engine profiler's window, left out of the statistics",
+    "requests_excluded_client_stall": "requests touched by a short load-client stall, left out of the statistics",
     "profiler_window_s": "length of the engine profiler's window excluded from the statistics (s)",
     "prompt_tokens_mean": "mean prompt tokens per request",
     "output_tokens_mean": "mean output tokens per request",
