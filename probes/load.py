@@ -15,7 +15,8 @@ Loop stalls (issue 18; benchmarks/results/client_stall.md): nothing on the event
 during a capture. Every stream write (health samples and phase records too) is queued for one I/O thread
 (a write() can block for hundreds of ms when the kernel throttles writers or the journal commits), records
 are serialised on the loop a few per turn, more per turn (up to ``FLUSH_BUDGET_MS``) only when a backlog
-builds, and a phase's end drains the rest the same way instead of in one go. The collector's oldest
+builds, and a phase's end drains the rest the same way instead of in one go. At most ``SEND_BATCH`` requests
+are set up per turn (a closed loop's wave or a phase's start otherwise sets up hundreds in one). The collector's oldest
 generation never runs automatically during the capture (set-up objects are frozen first); it runs at phase
 boundaries, when no request is in flight. The health stream names the cause of any stall it sees
 (probes/load_monitor.py).
@@ -30,7 +31,7 @@ import os
 import random
 import secrets
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -51,7 +52,7 @@ STOP_GRACE_S = 5.0  # after an outside stop, in-flight requests get this long be
 FLUSH_SLICE = 4  # chunk records serialised per event-loop turn by the periodic flush (~0.1-0.3 ms at 256 tokens)
 FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until FLUSH_BUDGET_MS is spent
 FLUSH_BUDGET_MS = 0.5
-START_BATCH = 16  # closed-loop workers started per event-loop turn at the start of a phase
+SEND_BATCH = 16  # requests set up and sent per event-loop turn at most (the rest wait a turn: _send_gate)
 
 
 class LoadProbe:
@@ -109,6 +110,9 @@ class _LoadRun:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnose-load-io")
         self._io_last: Future[None] | None = None
         self._gc_deferred = False  # automatic oldest-generation collections are off (the capture runs)
+        self._turn_sends = 0  # requests sent in this loop turn (_send_gate)
+        self._turn_armed = False
+        self._gate_waiters: deque[asyncio.Future[None]] = deque()
         self.notes: dict[str, Any] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------------
@@ -216,7 +220,45 @@ class _LoadRun:
             body["prompt"] = text
         return orjson.dumps(body)
 
+    def _send_gate(self) -> asyncio.Future[None] | None:
+        """None when this request may be set up and sent in this loop turn, else a future that a later turn
+        resolves (FIFO, ``SEND_BATCH`` per turn).
+
+        A closed loop's wave (hundreds of requests ending in one read, each worker sending its next at once)
+        or a phase's start (every worker, each with a new connection) set up hundreds of requests in one
+        turn: 10-30 ms during which no socket is polled, so every chunk arriving meanwhile is stamped late.
+        A few per turn leave the polls in between; a deferred request waits a turn or two (under a
+        millisecond), which its schedule lag shows."""
+        if self._turn_sends < SEND_BATCH and not self._gate_waiters:
+            self._turn_sends += 1
+            self._arm_turn()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gate_waiters.append(fut)
+        self._arm_turn()
+        return fut
+
+    def _arm_turn(self) -> None:
+        if not self._turn_armed:
+            self._turn_armed = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_armed = False
+        self._turn_sends = 0
+        waiters = self._gate_waiters
+        while waiters and self._turn_sends < SEND_BATCH:
+            fut = waiters.popleft()
+            if not fut.done():  # a cancelled request no longer waits
+                self._turn_sends += 1
+                fut.set_result(None)
+        if waiters or self._turn_sends:
+            self._arm_turn()
+
     async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False) -> StreamResult:
+        gate = self._send_gate()
+        if gate is not None:
+            await gate
         seq = self.seq
         self.seq += 1
         rid = f"{self.token}-{seq}"
@@ -333,21 +375,7 @@ class _LoadRun:
                 res = await self._one(ph.index, warm, prev)
                 prev = res.end_ns or now_ns()
 
-        # Workers start START_BATCH per loop turn: 256 set up in one turn (prompt, body, a new connection
-        # each) held the loop for 20-30 ms at the start of every phase; a few per turn cost one extra turn
-        # each, well under a millisecond of the phase.
-        tasks: list[asyncio.Future[None]] = []
-        try:
-            for i in range(max(1, ph.concurrency or 1)):
-                if i and i % START_BATCH == 0:
-                    await asyncio.sleep(0)
-                tasks.append(asyncio.ensure_future(worker()))
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
 
     async def _open(self, ph: Phase, start: int, deadline: int | None) -> None:
         rate = float(ph.rate or 1.0)

@@ -9,8 +9,10 @@ Stall causes (docs/metrics.md, ``client_health``): the same record says what hel
 known. :class:`GcWatch` times every garbage collection through ``gc.callbacks`` (the longest pause of the
 0.1 s and its generation), the load probe notes its own on-loop work (record serialisation: the longest
 slice and how many records; end-of-phase bookkeeping) with :meth:`Monitor.note`, and a lag above
-``STALL_MS`` is given a ``stall_cause``: the noted work that can explain it, else ``unknown`` (the process
-was descheduled, or a callback of another probe ran long).
+``STALL_MS`` is given a ``stall_cause``: the noted work that can explain it (``gc_gen<N>``, ``flush``,
+``phase_end``); else, from the loop thread's own CPU time in the sample (``loop_cpu_ms``), ``busy`` (the loop
+ran: a long run of callbacks, the client's or another probe's) or ``off_cpu`` (it did not run: blocked in a
+system call or waiting for the GIL, or not scheduled at all).
 
 Progress: one line (rich) on stderr, refreshed twice a second from the event loop itself (no extra
 thread), shown only when stderr is a terminal unless forced.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import statistics
 import sys
 import time
@@ -120,6 +123,7 @@ class Monitor:
         self.stalls = 0  # samples with a lag above STALL_MS
         self.stall_causes: dict[str, int] = {}
         self._notes: dict[str, tuple[float, int]] = {}  # cause -> (longest ms, its size) this tick
+        self._thread_cpu0 = 0
         self._task: asyncio.Task[None] | None = None
 
     def note(self, cause: str, ms: float, size: int = 0) -> None:
@@ -143,7 +147,7 @@ class Monitor:
                 pass
             self._task = None
 
-    def _causes(self, lag: float) -> dict[str, Any]:
+    def _causes(self, lag: float, loop_cpu_ms: float = math.inf) -> dict[str, Any]:
         """The health record's cause fields for this tick (and resets the tick's notes)."""
         gc_ms, gc_gen, _gc_total, gc_n = self.gc.take()
         flush_ms, flush_n = self._notes.get("flush", (0.0, 0))
@@ -157,6 +161,10 @@ class Monitor:
             cands += [(ms, cause) for cause, (ms, _n) in self._notes.items()]
             best = max(cands) if cands else (0.0, "unknown")
             cause = best[1] if best[0] >= 0.5 * lag else "unknown"
+            if cause == "unknown":
+                # none of the noted work: did the loop's thread run meanwhile (a long run of callbacks: busy)
+                # or not (off_cpu: blocked in a system call or on the GIL, or not scheduled)?
+                cause = "busy" if loop_cpu_ms >= 0.5 * lag else "off_cpu"
             out["stall_cause"] = cause
             self.stalls += 1
             self.stall_causes[cause] = self.stall_causes.get(cause, 0) + 1
@@ -177,6 +185,7 @@ class Monitor:
             live = Live(Text(""), console=Console(stderr=True), auto_refresh=False, transient=False)
             live.start()
         wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
+        self._thread_cpu0 = time.thread_time_ns()  # this (the loop's) thread
         try:
             n = 0
             sub_ns = int(TICK_S / SUBTICKS * 1e9)
@@ -194,8 +203,12 @@ class Monitor:
                 self.cpu_percent.append(pct)
                 inflight = self.in_flight()
                 self.stats.in_flight = inflight
+                tcpu = time.thread_time_ns()
+                loop_cpu_ms = (tcpu - self._thread_cpu0) / 1e6
+                self._thread_cpu0 = tcpu
                 self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
-                            "cpu_percent": round(pct, 1), **self._causes(lag)})
+                            "cpu_percent": round(pct, 1), "loop_cpu_ms": round(loop_cpu_ms, 3),
+                            **self._causes(lag, loop_cpu_ms)})
                 self.on_tick()
                 n += 1
                 if live is not None and n % 5 == 0:
