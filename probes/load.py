@@ -15,10 +15,10 @@ Loop stalls (issue 18; benchmarks/results/client_stall.md): nothing on the event
 during a capture. Every stream write (health samples and phase records too) is queued for one I/O thread
 (a write() can block for hundreds of ms when the kernel throttles writers or the journal commits), records
 are serialised on the loop a few per turn, more per turn (up to ``FLUSH_BUDGET_MS``) only when a backlog
-builds, and a phase's end drains the rest the same way instead of in one go. At most ``SEND_BATCH`` requests
-are set up per turn (a closed loop's wave or a phase's start otherwise sets up hundreds in one). The collector's oldest
-generation never runs automatically during the capture (set-up objects are frozen first); it runs at phase
-boundaries, when no request is in flight. The health stream names the cause of any stall it sees
+builds, and a phase's end drains the rest the same way instead of in one go. At most ``SEND_BATCH``
+requests are set up per turn (a closed loop's wave or a phase's start otherwise sets up hundreds in one).
+The collector's oldest generation never runs automatically during the capture (set-up objects are frozen
+first); it runs at phase boundaries, when no request is in flight. The health stream names the cause of any stall it sees
 (probes/load_monitor.py).
 """
 
@@ -189,8 +189,8 @@ class _LoadRun:
         self._io_last = self._io.submit(w.write_serialized, serialize_records(records), len(records))
 
     def _write_health(self, record: dict[str, Any]) -> None:
-        """A health sample (or a phase record): queued for the I/O thread like every other write, so a disk
-        that blocks a write() never stalls the loop the sample measures."""
+        """A health sample: queued for the I/O thread like every other write, so a disk that blocks a write()
+        never stalls the loop the sample measures."""
         self._write(self.w_health, [record])
 
     def _status(self, interrupted: bool) -> ProbeStatus:

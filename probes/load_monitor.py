@@ -10,9 +10,10 @@ known. :class:`GcWatch` times every garbage collection through ``gc.callbacks`` 
 0.1 s and its generation), the load probe notes its own on-loop work (record serialisation: the longest
 slice and how many records; end-of-phase bookkeeping) with :meth:`Monitor.note`, and a lag above
 ``STALL_MS`` is given a ``stall_cause``: the noted work that can explain it (``gc_gen<N>``, ``flush``,
-``phase_end``); else, from the loop thread's own CPU time in the sample (``loop_cpu_ms``), ``busy`` (the loop
-ran: a long run of callbacks, the client's or another probe's) or ``off_cpu`` (it did not run: blocked in a
-system call or waiting for the GIL, or not scheduled at all).
+``phase_end``); else, from the loop thread's own CPU time in the sample (``loop_cpu_ms``), ``busy`` (at least
+the lag: it may have run callbacks, the client's or another probe's, all along) or ``off_cpu`` (less: the
+thread was off the CPU for part of the stall at least: blocked in a system call or waiting for the GIL, or
+not scheduled, e.g. another real-time task or the kernel's real-time throttling).
 
 Progress: one line (rich) on stderr, refreshed twice a second from the event loop itself (no extra
 thread), shown only when stderr is a terminal unless forced.
@@ -162,9 +163,10 @@ class Monitor:
             best = max(cands) if cands else (0.0, "unknown")
             cause = best[1] if best[0] >= 0.5 * lag else "unknown"
             if cause == "unknown":
-                # none of the noted work: did the loop's thread run meanwhile (a long run of callbacks: busy)
-                # or not (off_cpu: blocked in a system call or on the GIL, or not scheduled)?
-                cause = "busy" if loop_cpu_ms >= 0.5 * lag else "off_cpu"
+                # none of the noted work: could the loop's thread have run all along (its CPU time in the
+                # sample is at least the lag: a long run of callbacks, busy), or was it off the CPU for part
+                # of it at least (blocked in a system call or on the GIL, or not scheduled)?
+                cause = "busy" if loop_cpu_ms >= lag else "off_cpu"
             out["stall_cause"] = cause
             self.stalls += 1
             self.stall_causes[cause] = self.stall_causes.get(cause, 0) + 1
