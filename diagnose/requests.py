@@ -3,6 +3,7 @@
 A request is in the statistics of a window when it is
   * not a warm-up request,
   * not overlapping the engine profiler's window (column ``profiled``: the profiler slows the engine),
+  * not touched by a marked short stall of the load client (column ``client_stall``, normalize/client_stalls.py),
   * of the window: of its phase when the window is a phase, else sent inside [start_s, end_s] and not of a
     phase the window excludes (the baseline is a reference, never part of the run's figures).
 Latency statistics (TTFT, ITL, TPOT, E2E, throughput) use the successful ones (``ok``); the error rate uses
@@ -34,7 +35,7 @@ def window_mask(df: pd.DataFrame, window: Window, time_col: str = "sent_s",
     """Rows of ``df`` (any per-request table with ``phase``/``warmup``/``profiled`` columns where it has them)
     that are in ``window``'s statistics. ``keep_unphased``: rows without a phase (server spans that no client
     request matched) are kept by time in a phase window."""
-    keep: np.ndarray = ~_flag(df, "warmup") & ~_flag(df, "profiled")
+    keep: np.ndarray = ~_flag(df, "warmup") & ~_flag(df, "profiled") & ~_flag(df, "client_stall")
     in_time: np.ndarray = np.ones(len(df), dtype=bool)
     if time_col in df.columns:
         t = np.asarray(pd.to_numeric(df[time_col], errors="coerce"), dtype=float)
@@ -64,18 +65,20 @@ class Selection:
     counted: pd.DataFrame
     done: pd.DataFrame
     ok: pd.DataFrame
-    total: int  # in the window, warm-up excluded, profiled included
+    total: int  # in the window, warm-up excluded, profiled and stalled included
     profiled: int  # left out for overlapping the profiler window
+    stalled: int = 0  # left out for a short client stall (and not overlapping the profiler window)
 
 
 def select(requests: pd.DataFrame, window: Window) -> Selection:
     """The one rule: which of ``requests`` (the client's requests table) count in ``window``."""
-    not_profiled = window_mask(requests.assign(profiled=False), window)  # warm-up and window only
+    in_window = window_mask(requests.assign(profiled=False, client_stall=False), window)  # warm-up, window
+    not_profiled = window_mask(requests.assign(client_stall=False), window)
     counted = requests[window_mask(requests, window)]
     done = counted[counted["error"].fillna("") != "incomplete"] if "error" in counted.columns else counted
     ok = counted[_flag(counted, "ok")] if "ok" in counted.columns else counted
-    total = int(not_profiled.sum())
-    return Selection(counted=counted, done=done, ok=ok, total=total, profiled=total - len(counted))
+    total, kept = int(in_window.sum()), int(not_profiled.sum())
+    return Selection(counted=counted, done=done, ok=ok, total=total, profiled=total - kept, stalled=kept - len(counted))
 
 
 def finite(values: object) -> np.ndarray:

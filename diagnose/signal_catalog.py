@@ -117,6 +117,8 @@ _CLIENT: list[_Entry] = [
     ("requests_total", "requests", "all requests sent"),
     ("requests_excluded_profiler", "requests",
      "requests overlapping the engine profiler's window, left out of the statistics"),
+    ("requests_excluded_client_stall", "requests",
+     "requests touched by a short load-client stall, left out of the statistics"),
     ("profiler_window_s", "s", "length of the engine profiler's window excluded from the statistics (s)"),
     ("prompt_tokens_mean", "tokens", "mean prompt tokens per request"),
     ("output_tokens_mean", "tokens", "mean output tokens per request"),

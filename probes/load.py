@@ -10,6 +10,16 @@ each per finished request, flushed every 0.1 s and on cancellation; in-flight re
 ``error="incomplete"``), ``phases``, ``client_health``. Server options are negotiated once before the run:
 ``stream_options.include_usage`` (+ ``continuous_usage_stats``, exact tokens per chunk) and ``ignore_eos`` are
 dropped one by one when the server answers 400.
+
+Loop stalls (issue 18; benchmarks/results/client_stall.md): nothing on the event loop waits for the disk
+during a capture. Every stream write (health samples and phase records too) is queued for one I/O thread
+(a write() can block for hundreds of ms when the kernel throttles writers or the journal commits), records
+are serialised on the loop a few per turn, more per turn (up to ``FLUSH_BUDGET_MS``) only when a backlog
+builds, and a phase's end drains the rest the same way instead of in one go. At most ``SEND_BATCH``
+requests are set up per turn (a closed loop's wave or a phase's start otherwise sets up hundreds in one).
+The collector's oldest generation never runs automatically during the capture (set-up objects are frozen
+first); it runs at phase boundaries, when no request is in flight. The health stream names the cause of any stall it sees
+(probes/load_monitor.py).
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ import gc
 import os
 import random
 import secrets
-from collections import Counter
+import time
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -40,6 +51,9 @@ CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
 STOP_GRACE_S = 5.0  # after an outside stop, in-flight requests get this long before being cancelled
 FLUSH_SLICE = 4  # chunk records serialised per event-loop turn by the periodic flush (~0.1-0.3 ms at 256 tokens)
+FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until FLUSH_BUDGET_MS is spent
+FLUSH_BUDGET_MS = 0.5
+SEND_BATCH = 16  # requests set up and sent per event-loop turn at most (the rest wait a turn: _send_gate)
 
 
 class LoadProbe:
@@ -92,16 +106,20 @@ class _LoadRun:
         self.w_chunks = ctx.bundle.stream("chunks", "content-chunk arrival times and tokens per request")
         self.w_phases = ctx.bundle.stream("phases", "one record per workload phase (sweep level)")
         self.w_health = ctx.bundle.stream("client_health", "load client self-check samples every 0.1 s")
-        self.monitor = Monitor(self.stats, self.client.in_flight, self.w_health.write, self.flush_soon, progress)
+        self.monitor = Monitor(self.stats, self.client.in_flight, self._write_health, self.flush_soon, progress)
         self._flush_scheduled = False
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnose-load-io")
         self._io_last: Future[None] | None = None
+        self._gc_deferred = False  # automatic oldest-generation collections are off (the capture runs)
+        self._turn_sends = 0  # requests sent in this loop turn (_send_gate)
+        self._turn_armed = False
+        self._gate_waiters: deque[asyncio.Future[None]] = deque()
         self.notes: dict[str, Any] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Writes every buffered record now and waits until it is on disk (end of a phase or of the run,
-        cancellation)."""
+        """Writes every buffered record now and waits until it is on disk, blocking the loop (the last resort:
+        a cancelled drain; :meth:`drain` is the normal way)."""
         for buf, w in ((self._req_buf, self.w_requests), (self._chunk_buf, self.w_chunks)):
             if buf:
                 self._write(w, buf[:])
@@ -109,6 +127,21 @@ class _LoadRun:
         if self._io_last is not None:
             self._io_last.result()  # a write error (disk full) surfaces here
             self._io_last = None
+
+    async def drain(self, wait_io: bool = False) -> None:
+        """Serialises every buffered record in budgeted slices, one per loop turn (end of a phase), and with
+        ``wait_io`` waits (without blocking the loop) until the I/O thread has written them (end of the run).
+        Cancelled meanwhile, it falls back to :meth:`flush` so no record is lost."""
+        try:
+            while self._req_buf or self._chunk_buf:
+                self._slices(force_budget=True)
+                await asyncio.sleep(0)
+            if wait_io and self._io_last is not None:
+                fut, self._io_last = self._io_last, None
+                await asyncio.wrap_future(fut)  # a write error (disk full) surfaces here
+        except asyncio.CancelledError:
+            self.flush()
+            raise
 
     def flush_soon(self) -> None:
         """The periodic flush: serialised in slices of ``FLUSH_SLICE`` records per event-loop turn, written
@@ -118,24 +151,48 @@ class _LoadRun:
         serialisation takes 5-10 ms at concurrency 256; done in one go, that stall delays every chunk
         arriving meanwhile and was the TTFT error P99 (benchmarks/results/client_bench.md). Between slices
         the loop polls the sockets, so no stamp waits for more than one slice; the file write itself (which
-        can block for ms when the kernel throttles writers) runs on the I/O thread and releases the GIL."""
+        can block for ms when the kernel throttles writers) runs on the I/O thread and releases the GIL.
+        When records come faster than a slice per turn (thousands of requests per second, e.g. a server
+        that fails every request at once) a turn takes slices until ``FLUSH_BUDGET_MS`` is spent, so the
+        backlog stays bounded instead of piling up for one long flush at the end of the phase."""
         if not self._flush_scheduled and (self._req_buf or self._chunk_buf):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_slice)
 
     def _flush_slice(self) -> None:
         self._flush_scheduled = False
-        for buf, w, n in ((self._chunk_buf, self.w_chunks, FLUSH_SLICE),
-                          (self._req_buf, self.w_requests, FLUSH_SLICE * 4)):
-            if buf:
-                self._write(w, buf[:n])
-                del buf[:n]
+        self._slices(force_budget=False)
         self.flush_soon()
+
+    def _slices(self, force_budget: bool) -> None:
+        """One turn's share of the buffered records: one slice, or slices until the budget is spent when a
+        backlog built up (or ``force_budget``: the end-of-phase drain)."""
+        t0 = time.perf_counter_ns()
+        budget = force_budget or len(self._chunk_buf) + len(self._req_buf) > FLUSH_BACKLOG
+        deadline = t0 + int(FLUSH_BUDGET_MS * 1e6)
+        n = 0
+        while True:
+            for buf, w, k in ((self._chunk_buf, self.w_chunks, FLUSH_SLICE),
+                              (self._req_buf, self.w_requests, FLUSH_SLICE * 4)):
+                if buf:
+                    part = buf[:k]
+                    del buf[:k]
+                    self._write(w, part)
+                    n += len(part)
+            if not budget or not (self._chunk_buf or self._req_buf) or time.perf_counter_ns() >= deadline:
+                break
+        if n:
+            self.monitor.note("flush", (time.perf_counter_ns() - t0) / 1e6, n)
 
     def _write(self, w: StreamWriter, records: list[dict[str, Any]]) -> None:
         """Serialises here (orjson holds the GIL: on another thread it would stall this loop anyway) and
         queues the bytes for the single I/O thread, which keeps them in order."""
         self._io_last = self._io.submit(w.write_serialized, serialize_records(records), len(records))
+
+    def _write_health(self, record: dict[str, Any]) -> None:
+        """A health sample: queued for the I/O thread like every other write, so a disk that blocks a write()
+        never stalls the loop the sample measures."""
+        self._write(self.w_health, [record])
 
     def _status(self, interrupted: bool) -> ProbeStatus:
         ok, failed = self.counts["ok"], sum(v for k, v in self.counts.items() if k not in ("ok", "incomplete"))
@@ -164,7 +221,45 @@ class _LoadRun:
             body["prompt"] = text
         return orjson.dumps(body)
 
+    def _send_gate(self) -> asyncio.Future[None] | None:
+        """None when this request may be set up and sent in this loop turn, else a future that a later turn
+        resolves (FIFO, ``SEND_BATCH`` per turn).
+
+        A closed loop's wave (hundreds of requests ending in one read, each worker sending its next at once)
+        or a phase's start (every worker, each with a new connection) set up hundreds of requests in one
+        turn: 10-30 ms during which no socket is polled, so every chunk arriving meanwhile is stamped late.
+        A few per turn leave the polls in between; a deferred request waits a turn or two (under a
+        millisecond), which its schedule lag shows."""
+        if self._turn_sends < SEND_BATCH and not self._gate_waiters:
+            self._turn_sends += 1
+            self._arm_turn()
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gate_waiters.append(fut)
+        self._arm_turn()
+        return fut
+
+    def _arm_turn(self) -> None:
+        if not self._turn_armed:
+            self._turn_armed = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._turn_armed = False
+        self._turn_sends = 0
+        waiters = self._gate_waiters
+        while waiters and self._turn_sends < SEND_BATCH:
+            fut = waiters.popleft()
+            if not fut.done():  # a cancelled request no longer waits
+                self._turn_sends += 1
+                fut.set_result(None)
+        if waiters or self._turn_sends:
+            self._arm_turn()
+
     async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False) -> StreamResult:
+        gate = self._send_gate()
+        if gate is not None:
+            await gate
         seq = self.seq
         self.seq += 1
         rid = f"{self.token}-{seq}"
@@ -366,10 +461,22 @@ class _LoadRun:
             rec["end_ns"] = now_ns()
             rec["requests"] = self.seq - seq0
             rec["interrupted"] = outside or not task.done() or task.cancelled()
-            self.flush()
-            self.w_phases.write(rec)
             self.ctx.shared.setdefault("phases", []).append(rec)
+            await self._phase_end(rec)
         return not outside
+
+    async def _phase_end(self, rec: dict[str, Any]) -> None:
+        """End-of-phase bookkeeping, with no request of the phase in flight: the phase's records are
+        serialised a slice per loop turn (the I/O thread writes them; nothing here waits for the disk), then
+        the collector's oldest generation runs over what the phase left (set-up objects stay frozen, so it
+        scans only those) and the survivors are frozen too."""
+        await self.drain()
+        self._write(self.w_phases, [rec])
+        if self._gc_deferred:
+            t0 = time.perf_counter_ns()
+            gc.collect()
+            gc.freeze()
+            self.monitor.note("phase_end", (time.perf_counter_ns() - t0) / 1e6)
 
     # -- main -----------------------------------------------------------------------------------
     async def run(self) -> ProbeStatus:
@@ -390,9 +497,11 @@ class _LoadRun:
             # Full (oldest-generation) collections scan every live object and stall the loop for several
             # ms at high concurrency, which shows up as late first-chunk stamps (TTFT error P99 12.5 ms vs
             # 6 ms with the collector off, benchmarks/results/client_bench_summary.md). Young generations
-            # still collect short-lived cycles; the old generation is collected when the run ends.
+            # still collect short-lived cycles; the old generation is collected at phase boundaries
+            # (_phase_end) and when the run ends.
             gc_thresholds = gc.get_threshold()
             gc.set_threshold(gc_thresholds[0], gc_thresholds[1], 1_000_000)
+            self._gc_deferred = True
             self.monitor.start()
             for ph in self.spec.phases:
                 if self.stopping:
@@ -400,13 +509,17 @@ class _LoadRun:
                 if not await self._run_phase(ph):
                     interrupted = True
                     break
+            await self.monitor.stop()
+            self.notes["client_stalls"] = self.monitor.summary()
             return self._status(interrupted)
         finally:
             await self.monitor.stop()
             try:
-                self.flush()
+                await self.drain(wait_io=True)
+                self.flush()  # nothing left to write by now; raises a write error the drain did not see
             finally:
                 self._io.shutdown(wait=True)
+            self._gc_deferred = False
             gc.unfreeze()
             if gc_thresholds is not None:
                 gc.set_threshold(*gc_thresholds)

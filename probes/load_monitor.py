@@ -5,6 +5,16 @@ chunk that arrived meanwhile waited before it could be stamped). Each ``client_h
 ``TICK_S``) keeps the worst lag of its ten wakes, so a stall of a few ms is not missed between samples. CPU is
 this process's CPU time over wall time, in percent of one core.
 
+Stall causes (docs/metrics.md, ``client_health``): the same record says what held the loop where that is
+known. :class:`GcWatch` times every garbage collection through ``gc.callbacks`` (the longest pause of the
+0.1 s and its generation), the load probe notes its own on-loop work (record serialisation: the longest
+slice and how many records; end-of-phase bookkeeping) with :meth:`Monitor.note`, and a lag above
+``STALL_MS`` is given a ``stall_cause``: the noted work that can explain it (``gc_gen<N>``, ``flush``,
+``phase_end``); else, from the loop thread's own CPU time in the sample (``loop_cpu_ms``), ``busy`` (at least
+the lag: it may have run callbacks, the client's or another probe's, all along) or ``off_cpu`` (less: the
+thread was off the CPU for part of the stall at least: blocked in a system call or waiting for the GIL, or
+not scheduled, e.g. another real-time task or the kernel's real-time throttling).
+
 Progress: one line (rich) on stderr, refreshed twice a second from the event loop itself (no extra
 thread), shown only when stderr is a terminal unless forced.
 """
@@ -12,6 +22,8 @@ thread), shown only when stderr is a terminal unless forced.
 from __future__ import annotations
 
 import asyncio
+import gc
+import math
 import statistics
 import sys
 import time
@@ -23,6 +35,54 @@ from rich.text import Text
 
 TICK_S = 0.1
 SUBTICKS = 10  # the loop-lag timer wakes every 10 ms; each 0.1 s record keeps the worst lag of its 10 wakes
+STALL_MS = 5.0  # a loop lag above this gets a stall_cause in its health record
+
+
+class GcWatch:
+    """Times the collector's pauses (``gc.callbacks``); :meth:`take` returns the worst of the interval.
+
+    Runs on whichever thread collects (the GIL is held throughout a collection, so the pause is the loop's
+    too); the callback itself is two clock reads."""
+
+    def __init__(self) -> None:
+        self._t0 = 0
+        self.max_ms = 0.0
+        self.max_gen: int | None = None
+        self.total_ms = 0.0
+        self.count = 0
+        self.by_gen = [0, 0, 0]  # collections per generation over the whole run
+        self.worst_ms = [0.0, 0.0, 0.0]  # longest pause per generation over the whole run
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter_ns()
+            return
+        ms = (time.perf_counter_ns() - self._t0) / 1e6
+        gen = int(info.get("generation", 0))
+        self.total_ms += ms
+        self.count += 1
+        if 0 <= gen < 3:
+            self.by_gen[gen] += 1
+            self.worst_ms[gen] = max(self.worst_ms[gen], ms)
+        if ms >= self.max_ms:
+            self.max_ms, self.max_gen = ms, gen
+
+    def start(self) -> None:
+        if self._cb not in gc.callbacks:
+            gc.callbacks.append(self._cb)
+
+    def stop(self) -> None:
+        if self._cb in gc.callbacks:
+            gc.callbacks.remove(self._cb)
+
+    def take(self) -> tuple[float, int | None, float, int]:
+        """(longest pause ms, its generation, total ms, collections) since the last call; resets them."""
+        out = (self.max_ms, self.max_gen, self.total_ms, self.count)
+        self.max_ms, self.max_gen, self.total_ms, self.count = 0.0, None, 0.0, 0
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {"collections": list(self.by_gen), "max_pause_ms": [round(x, 3) for x in self.worst_ms]}
 
 
 class RunningStats:
@@ -60,12 +120,26 @@ class Monitor:
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.lag_ms: list[float] = []
         self.cpu_percent: list[float] = []
+        self.gc = GcWatch()
+        self.stalls = 0  # samples with a lag above STALL_MS
+        self.stall_causes: dict[str, int] = {}
+        self._notes: dict[str, tuple[float, int]] = {}  # cause -> (longest ms, its size) this tick
+        self._thread_cpu0 = 0
         self._task: asyncio.Task[None] | None = None
 
+    def note(self, cause: str, ms: float, size: int = 0) -> None:
+        """On-loop work the caller did (``flush``: serialising ``size`` records; ``phase_end``): kept per tick
+        so a stall can be attributed to it."""
+        old = self._notes.get(cause)
+        if old is None or ms > old[0]:
+            self._notes[cause] = (ms, size)
+
     def start(self) -> None:
+        self.gc.start()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        self.gc.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -73,6 +147,36 @@ class Monitor:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+    def _causes(self, lag: float, loop_cpu_ms: float = math.inf) -> dict[str, Any]:
+        """The health record's cause fields for this tick (and resets the tick's notes)."""
+        gc_ms, gc_gen, _gc_total, gc_n = self.gc.take()
+        flush_ms, flush_n = self._notes.get("flush", (0.0, 0))
+        out: dict[str, Any] = {"gc_pause_ms": round(gc_ms, 3), "gc_generation": gc_gen,
+                               "gc_collections": gc_n, "flush_max_ms": round(flush_ms, 3), "flush_records": flush_n,
+                               "stall_cause": None}
+        if lag > STALL_MS:
+            # the longest noted pause, if it explains at least half of the lag (a timer due during a pause
+            # of P ms wakes up to P ms late)
+            cands = [(gc_ms, f"gc_gen{gc_gen}")] if gc_gen is not None else []
+            cands += [(ms, cause) for cause, (ms, _n) in self._notes.items()]
+            best = max(cands) if cands else (0.0, "unknown")
+            cause = best[1] if best[0] >= 0.5 * lag else "unknown"
+            if cause == "unknown":
+                # none of the noted work: could the loop's thread have run all along (its CPU time in the
+                # sample is at least the lag: a long run of callbacks, busy), or was it off the CPU for part
+                # of it at least (blocked in a system call or on the GIL, or not scheduled)?
+                cause = "busy" if loop_cpu_ms >= lag else "off_cpu"
+            out["stall_cause"] = cause
+            self.stalls += 1
+            self.stall_causes[cause] = self.stall_causes.get(cause, 0) + 1
+        self._notes.clear()
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Run totals for the probe status: stalls by cause, collections and worst pause per generation."""
+        return {"stalls_over_ms": STALL_MS, "stalls": self.stalls, "stall_causes": dict(self.stall_causes),
+                "max_loop_lag_ms": round(max(self.lag_ms), 3) if self.lag_ms else None, "gc": self.gc.summary()}
 
     async def _run(self) -> None:
         live = None
@@ -83,6 +187,7 @@ class Monitor:
             live = Live(Text(""), console=Console(stderr=True), auto_refresh=False, transient=False)
             live.start()
         wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
+        self._thread_cpu0 = time.thread_time_ns()  # this (the loop's) thread
         try:
             n = 0
             sub_ns = int(TICK_S / SUBTICKS * 1e9)
@@ -100,8 +205,12 @@ class Monitor:
                 self.cpu_percent.append(pct)
                 inflight = self.in_flight()
                 self.stats.in_flight = inflight
+                tcpu = time.thread_time_ns()
+                loop_cpu_ms = (tcpu - self._thread_cpu0) / 1e6
+                self._thread_cpu0 = tcpu
                 self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
-                            "cpu_percent": round(pct, 1)})
+                            "cpu_percent": round(pct, 1), "loop_cpu_ms": round(loop_cpu_ms, 3),
+                            **self._causes(lag, loop_cpu_ms)})
                 self.on_tick()
                 n += 1
                 if live is not None and n % 5 == 0:

@@ -145,6 +145,12 @@ def synthetic_nvml_with_nvlink(tmp: Path) -> Path:
     return Path(b.path)
 
 
+def synthetic_short_client_stall(tmp: Path) -> Path:
+    from tests.test_client_stall import _bundle
+
+    return _bundle(tmp, [5.0], 500.0)
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -152,7 +158,7 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
     for t in trace_inputs():
         out.extend(from_trace(t))
     for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
-                              synthetic_nvml_with_nvlink)):
+                              synthetic_nvml_with_nvlink, synthetic_short_client_stall)):
         d = tmp / f"s{i}"
         d.mkdir()
         out.extend(from_bundle(make(d)))

@@ -27,6 +27,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal
+from diagnose.normalize import client_stalls
 from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.requests import PCTS, finite, percentiles, select
 from diagnose.signal_catalog import SIGNALS
@@ -111,6 +112,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                "in_flight": _f(h.get("in_flight")), "cpu_percent": _f(h.get("cpu_percent"))}
               for h in bundle.iter_records("client_health")]
     out["client_health"] = pd.DataFrame(health, columns=["t_s", "loop_lag_ms", "in_flight", "cpu_percent"])
+    client_stalls.mark(out, bundle)  # requests touched by one short client stall: left out, not the run
     phases = []
     for p in bundle.iter_records("phases"):
         if "start_ns" in p:
@@ -194,6 +196,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     if sel.total == 0:
         return out
     n_total, n_profiled, w, done, ok = sel.total, sel.profiled, sel.counted, sel.done, sel.ok
+    n_stalled = sel.stalled
     rids = set(ok["rid"])
     gaps = itl[itl["rid"].isin(rids)] if not itl.empty else itl
     sigs: list[Signal] = []
@@ -205,6 +208,8 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     span = _span(w, excluded)
     sigs.append(_sig("requests_total", n_total, "requests"))
     sigs.append(_sig("requests_measured", len(ok), "requests"))
+    if n_stalled:
+        sigs.append(_sig("requests_excluded_client_stall", n_stalled, "requests"))
     if n_profiled:
         sigs.append(_sig("requests_excluded_profiler", n_profiled, "requests"))
         if excluded is not None and not excluded.empty:
@@ -244,7 +249,8 @@ def _self_check(health: pd.DataFrame | None, window: Window, out: dict[str, Sign
     if health is None or health.empty:
         return
     h = health[(health["t_s"] >= window.start_s) & (health["t_s"] <= window.end_s)]
-    lag, cpu = _finite(h["loop_lag_ms"]), _finite(h["cpu_percent"])
+    # the samples of a marked short stall stay in the series but not in the P99 (its requests are left out)
+    lag, cpu = _finite(h["loop_lag_ms"][~client_stalls.touched(h)]), _finite(h["cpu_percent"])
     if lag.size:
         out["client_loop_lag_p99_ms"] = _sig("client_loop_lag_p99_ms", float(np.percentile(lag, 99)), "ms",
                                              list(zip(h["t_s"], h["loop_lag_ms"], strict=True))[:2000])

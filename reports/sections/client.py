@@ -10,6 +10,7 @@ import pandas as pd
 
 from diagnose.analysis import Window
 from diagnose.model import Signal
+from diagnose.normalize import client_stalls
 from diagnose.normalize.client import signals
 
 from .model import Cell, Quantity, Section, Table
@@ -38,6 +39,8 @@ def sections(tables: Tables, run_signals: Mapping[str, Signal] | None = None) ->
     if by.get("requests_excluded_profiler"):
         rows.append(("requests overlapping the profiler window, excluded from statistics",
                      int(by["requests_excluded_profiler"]), "requests"))
+    for check, value, unit in client_stalls.report_rows(dict(tables)):
+        rows.append((check, Quantity(float(value), unit, 1) if isinstance(value, float) else value, unit))
     itl = tables.get("itl")
     if itl is not None and not itl.empty:
         tok = pd.to_numeric(itl["tok"], errors="coerce").to_numpy(dtype=float)

@@ -1,0 +1,230 @@
+"""Issue 18: the load client's event loop must not stall, and a stall it sees is recorded with its cause.
+
+Mechanism, not speed (benchmarks/client_stall.py measures loop lag over 5-minute captures): nothing on the
+loop thread writes to a stream file during a capture (a write() that the kernel throttles blocked the loop
+for hundreds of ms), automatic full collections are off while requests stream and run at phase boundaries
+instead, the health stream names a GC pause as the cause of the stall it made, and the analysis leaves out
+the requests one short stall touched instead of declaring the whole run client-bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diagnose.analysis import Window
+from diagnose.bundle import BundleWriter, StreamWriter, open_bundle
+from diagnose.model import ProbeStatus
+from diagnose.normalize import client as norm
+from diagnose.probes.base import CaptureContext, Target
+from diagnose.probes.load import LoadProbe
+from diagnose.reports.sections.client import sections as client_sections
+from diagnose.rules.engine import evaluate
+from diagnose.rules.spec import load_rules, load_thresholds
+from diagnose.workload import WorkloadSpec, build_phases
+from tests.load_testserver import TestServer
+
+
+def _spec(concurrency: str = "4", duration_s: float | None = 1.5, **kw: Any) -> WorkloadSpec:
+    mode, phases = build_phases(concurrency, None)
+    base: dict[str, Any] = {"duration_s": duration_s, "num_requests": None, "input_tokens": 16,
+                            "output_tokens": 8, "warmup_requests": 0}
+    base.update(kw)
+    return WorkloadSpec(mode=mode, phases=phases, **base)
+
+
+async def _run(spec: WorkloadSpec, out: Path, during: Any = None) -> ProbeStatus:
+    srv = TestServer(itl_s=0.005)
+    url = await srv.start()
+    bw = BundleWriter(out)
+    ctx = CaptureContext(bundle=bw, target=Target(url=url), stop=asyncio.Event())
+    try:
+        task = asyncio.ensure_future(LoadProbe(spec, progress=False).run(ctx))
+        if during is not None:
+            await during()
+        status = await task
+    finally:
+        await srv.stop()
+    bw.set_probe_status(status)
+    bw.finish()
+    return status
+
+
+def test_no_stream_write_on_the_event_loop_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every record of the capture (health samples and phase records included) reaches its file from the I/O
+    thread: a write() blocked by the kernel (dirty-page throttling, a journal commit) stalls only that thread."""
+    writes: list[tuple[str, int]] = []
+    orig_write, orig_ser = StreamWriter.write, StreamWriter.write_serialized
+
+    def write(self: StreamWriter, record: dict[str, Any]) -> None:
+        writes.append((self.path.stem, threading.get_ident()))
+        orig_write(self, record)
+
+    def write_serialized(self: StreamWriter, data: bytes, n: int) -> None:
+        writes.append((self.path.stem, threading.get_ident()))
+        orig_ser(self, data, n)
+
+    monkeypatch.setattr(StreamWriter, "write", write)
+    monkeypatch.setattr(StreamWriter, "write_serialized", write_serialized)
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    status = asyncio.run(_run(_spec("4", None, num_requests=12), tmp_path / "b"))
+    assert status.state == "ok"
+    streams = {s for s, _ in writes}
+    assert {"requests", "chunks", "phases", "client_health"} <= streams
+    on_loop = sorted({s for s, t in writes if t == loop_thread})
+    assert on_loop == [], f"written from the event-loop thread: {on_loop}"
+    b = open_bundle(tmp_path / "b")
+    assert len(b.records("requests")) == 12 and len(b.records("phases")) == 1  # and nothing was lost
+
+
+def test_full_gc_deferred_during_capture_and_recorded_as_stall_cause(tmp_path: Path) -> None:
+    """While requests stream the oldest generation never collects by itself (set-up objects frozen); a full
+    collection that does run over a grown heap shows up in the health stream as the stall's cause, with its
+    pause and generation, and in the probe status's stall summary."""
+    seen: dict[str, Any] = {}
+    before = gc.get_threshold()
+
+    async def during() -> None:
+        while gc.get_threshold()[2] < 1_000_000:  # the capture is set up
+            await asyncio.sleep(0.01)
+        seen["threshold"] = gc.get_threshold()
+        seen["frozen"] = gc.get_freeze_count()
+        await asyncio.sleep(0.3)
+        # a large heap of live objects, built a slice per loop turn (so building it is no stall of its own)
+        heap: list[dict[str, Any]] = []
+        gc.disable()
+        try:
+            for k in range(40):
+                heap.extend({"i": i, "l": [i]} for i in range(k * 10_000, (k + 1) * 10_000))
+                await asyncio.sleep(0)
+        finally:
+            gc.enable()
+        gc.collect()  # a full collection over it: one long pause on the loop
+        seen["heap"] = len(heap)
+        del heap
+        await asyncio.sleep(0.5)
+
+    status = asyncio.run(_run(_spec("4", 3.0), tmp_path / "b", during))
+    assert status.state == "ok"
+    assert seen["threshold"][2] >= 1_000_000 and seen["frozen"] > 0
+    assert gc.get_threshold() == before  # restored after the capture
+    health = [h for h in open_bundle(tmp_path / "b").records("client_health") if h["loop_lag_ms"] is not None]
+    worst = max(health, key=lambda h: h.get("gc_pause_ms") or 0.0)
+    assert worst["gc_generation"] == 2 and worst["gc_pause_ms"] > 5.0
+    assert worst["loop_lag_ms"] > 5.0 and worst["stall_cause"] is not None  # the pause was a stall
+    assert all("flush_records" in h and "gc_collections" in h and "loop_cpu_ms" in h for h in health)
+    summary = status.detail["client_stalls"]
+    assert summary["stalls"] >= 1 and summary["gc"]["collections"][2] >= 1
+    assert summary["gc"]["max_pause_ms"][2] > 5.0
+
+
+def test_stall_cause_is_the_noted_work_that_explains_the_lag() -> None:
+    """The cause rule on its own (no timing): noted work of at least half the lag is the cause, the longest
+    wins; else the loop thread's CPU time in the sample tells busy (>= the lag) from off_cpu."""
+    from diagnose.probes.load_monitor import Monitor, RunningStats
+
+    m = Monitor(RunningStats(), lambda: 0, lambda _r: None, lambda: None, progress=False)
+    m.gc._cb("start", {"generation": 2})
+    m.gc._cb("stop", {"generation": 2})
+    m.gc.max_ms, m.gc.max_gen = 40.0, 2  # as if that collection had taken 40 ms
+    assert m._causes(45.0, 50.0)["stall_cause"] == "gc_gen2"
+    m.note("flush", 30.0, 500)
+    out = m._causes(35.0, 40.0)
+    assert out["stall_cause"] == "flush" and out["flush_records"] == 500 and out["gc_generation"] is None
+    m.note("flush", 1.0, 4)
+    assert m._causes(30.0, 40.0)["stall_cause"] == "busy"
+    assert m._causes(30.0, 2.0)["stall_cause"] == "off_cpu"
+    assert m._causes(3.0, 2.0)["stall_cause"] is None  # not a stall
+    s = m.summary()
+    assert s["stalls"] == 4 and s["stall_causes"] == {"gc_gen2": 1, "flush": 1, "busy": 1, "off_cpu": 1}
+    assert s["gc"]["collections"] == [0, 0, 1]
+
+
+def test_full_gc_runs_at_each_phase_boundary_only(tmp_path: Path) -> None:
+    """The deferred full collection runs once per phase end (no request of the phase in flight), not during
+    the phase: a sweep of two levels sees exactly two."""
+    status = asyncio.run(_run(_spec("1,2", None, num_requests=6), tmp_path / "b"))
+    assert status.state == "ok"
+    assert status.detail["client_stalls"]["gc"]["collections"][2] == 2
+    assert len(open_bundle(tmp_path / "b").records("phases")) == 2
+
+
+# -- analysis: a short stall marks the requests it touched --------------------------------------------
+def _bundle(tmp_path: Path, stalls_at: list[float], stall_ms: float) -> Path:
+    """An open-loop run at 20 req/s for 10 s (100 ms requests) whose client stalled at ``stalls_at`` (s)
+    for ``stall_ms``: requests due meanwhile were sent when the stall ended."""
+    out = tmp_path / "b"
+    bw = BundleWriter(out, workload={"mode": "rate", "warmup_requests": 0})
+    a = bw.anchor_mono_ns
+    ns = 1_000_000_000
+    req = bw.stream("requests")
+    for i in range(200):
+        intended = 0.05 * i
+        sent = intended
+        for s in stalls_at:
+            if s - stall_ms / 1e3 <= intended < s:
+                sent = s
+        req.write({"rid": f"r{i}", "phase": 0, "warmup": False, "intended_ns": a + int(intended * ns),
+                   "sent_ns": a + int(sent * ns), "first_token_ns": a + int((sent + 0.02) * ns),
+                   "end_ns": a + int((sent + 0.1) * ns), "ok": True, "error": None, "output_tokens_chunks": 8,
+                   "n_chunks": 8, "prompt_tokens": 16, "capped": False})
+    health = bw.stream("client_health")
+    for k in range(1, 101):
+        t = 0.1 * k
+        lag = next((stall_ms for s in stalls_at if s < t <= s + 0.1 + 1e-9), 0.5)  # the sample after it
+        health.write({"t_ns": a + int(t * ns), "loop_lag_ms": lag, "in_flight": 2, "cpu_percent": 10.0,
+                      "gc_pause_ms": lag * 0.95 if lag > 1 else 0.0, "gc_generation": 2 if lag > 1 else None,
+                      "flush_records": 0, "stall_cause": "gc_gen2" if lag > 1 else None})
+    bw.stream("phases").write({"phase": 0, "name": "r=20", "mode": "rate", "rate": 20, "role": "measure",
+                               "start_ns": a, "end_ns": a + 10 * ns})
+    bw.finish()
+    return out
+
+
+def _signals(path: Path) -> tuple[dict[str, float], dict[str, Any]]:
+    tables = norm.tables(open_bundle(path))
+    return {s.name: s.value for s in norm.signals(tables, Window(-1e18, 1e18))}, tables
+
+
+def _client_bound(tables: dict[str, Any]) -> bool:
+    """Whether rule VAL001 (the client-bound judgement) fires on these tables' run signals."""
+    sigs = {s.name: s for s in norm.signals(tables, Window(-1e18, 1e18))}
+    res = evaluate([s for s in load_rules() if s.id == "VAL001"], sigs, load_thresholds())
+    return any(f.rule_id == "VAL001" for f in res.findings)
+
+
+def test_one_short_stall_marks_its_requests_instead_of_invalidating_the_run(tmp_path: Path) -> None:
+    sig, tables = _signals(_bundle(tmp_path, [5.0], 500.0))
+    st = tables["client_stalls"]
+    assert len(st) == 1 and bool(st["marked"].iloc[0]) and st["cause"].iloc[0] == "gc_gen2"
+    n = int(tables["requests"]["client_stall"].sum())
+    assert 0 < n <= 20  # the requests due during the stall and those in flight across it
+    assert sig["requests_excluded_client_stall"] == n
+    assert sig["requests_measured"] == 200 - n
+    assert sig["client_schedule_lag_p99_ms"] < 10.0  # the late sends are the stall's, left out
+    assert sig["client_loop_lag_p99_ms"] < 10.0
+    assert not _client_bound(tables)
+    rows = {r[0]: r[1] for s in client_sections(tables) if s.id == "client_self_check" for r in s.payload.rows}
+    assert rows["longest client stall (cause: gc_gen2)"].value == 500.0
+    assert rows["requests touched by a client stall, excluded from statistics"] == n
+
+
+def test_many_stalls_still_make_the_run_client_bound(tmp_path: Path) -> None:
+    sig, tables = _signals(_bundle(tmp_path, [1.5, 3.5, 5.5, 7.5, 9.0], 300.0))
+    st = tables["client_stalls"]
+    assert len(st) == 5 and not st["marked"].any()
+    assert not tables["requests"]["client_stall"].any()
+    assert "requests_excluded_client_stall" not in sig
+    assert _client_bound(tables)
+
+
+def test_stall_rule_constants_are_consistent() -> None:
+    from diagnose.normalize import client_stalls
+
+    # a stall is exactly what the client-bound rule's loop-lag gate would count (rules/thresholds.yaml)
+    assert load_thresholds()["client_loop_lag_max_ms"] == client_stalls.STALL_LAG_MS
