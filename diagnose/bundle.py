@@ -224,6 +224,7 @@ class Bundle:
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     kind: str = "bundle"  # "bundle" (on disk) | "trace" | "spans" (a lone input adapted in memory)
+    thresholds: dict[str, float] = field(default_factory=dict)  # the analysis's (pipeline sets them); {}: defaults
 
     @property
     def source(self) -> Path:

@@ -161,6 +161,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     specs = load_rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
+    bundle.thresholds = dict(thresholds)  # the few table-stage judgements (client stalls) use the same numbers
     tables = normalize(bundle, mods)
     phases = bundle.phases()
     window = run_window(bundle, phases)

@@ -227,4 +227,16 @@ def test_stall_rule_constants_are_consistent() -> None:
     from diagnose.normalize import client_stalls
 
     # a stall is exactly what the client-bound rule's loop-lag gate would count (rules/thresholds.yaml)
-    assert load_thresholds()["client_loop_lag_max_ms"] == client_stalls.STALL_LAG_MS
+    assert client_stalls.LAG_KEY == "client_loop_lag_max_ms"
+    for key in (client_stalls.COUNT_KEY, client_stalls.SPAN_KEY, client_stalls.SHARE_KEY):
+        assert key in load_thresholds()
+
+
+def test_stall_marking_follows_threshold_overrides(tmp_path: Path) -> None:
+    # the stall rule's numbers are thresholds (rules/thresholds.yaml), so --threshold reaches them
+    from diagnose.pipeline import analyze
+
+    path = _bundle(tmp_path, [5.0], 500.0)
+    assert analyze(path).signals["requests_excluded_client_stall"].value > 0
+    strict = analyze(path, threshold_overrides={"client_stall_max_count": 0})
+    assert "requests_excluded_client_stall" not in strict.signals  # nothing marked: judged as a whole

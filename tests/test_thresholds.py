@@ -18,7 +18,9 @@ CLIENT_BOUND = ROOT / "sample_traces" / "vllm_cpu_client_bound" / "bundle"
 def test_every_threshold_is_used_by_a_rule() -> None:
     names = yaml.safe_load(THRESHOLDS_FILE.read_text())
     rules = "\n".join(p.read_text() for p in sorted(CATALOG_DIR.rglob("*.yaml")))
-    unused = [n for n in names if f"${n}" not in rules and f"thr.{n}" not in rules]
+    # the one table-stage judgement (which requests a short client stall touched) reads its thresholds by name
+    stalls = (ROOT / "diagnose" / "normalize" / "client_stalls.py").read_text()
+    unused = [n for n in names if f"${n}" not in rules and f"thr.{n}" not in rules and f'"{n}"' not in stalls]
     assert not unused, f"thresholds no rule uses: {unused}"
     for n in ("client_cpu_bound_percent", "client_cpu_bound_share", "client_loop_lag_max_ms",
               "client_schedule_lag_max_ms"):

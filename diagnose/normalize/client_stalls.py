@@ -1,14 +1,14 @@
 """Short load-client stalls: mark the requests one touched instead of judging the whole run invalid (issue 18).
 
 The load client's health stream (``client_health``, one sample per 0.1 s) keeps the worst event-loop lag of
-each sample; a sample whose ``loop_lag_ms`` is above ``STALL_LAG_MS`` is a *stall*: for that long the client
+each sample; a sample whose ``loop_lag_ms`` is above the threshold ``client_loop_lag_max_ms`` is a *stall*: for that long the client
 stamped no chunk and sent no request. The loop was blocked somewhere in the sample's 0.1 s plus the lag, so
 the stall's span is taken as ``[t - 0.1 s - lag, t]``. A request *touched* by it was scheduled (or sent)
 before the span ended and ended after it began: its send time, first-token time or chunk gaps may carry the
 client's delay instead of the server's.
 
-When the stalls are few and short (at most ``MAX_STALLS``, each at most ``MAX_STALL_S``) and touched at most
-``MAX_TOUCHED_RATIO`` of the run's requests, they are *marked*: the touched requests are left out of the
+When the stalls are few and short (at most ``client_stall_max_count``, each at most ``client_stall_max_s``) and touched at most
+``client_stall_max_touched_ratio`` of the run's requests, they are *marked*: the touched requests are left out of the
 latency and send-lag statistics (column ``client_stall`` of the ``requests`` table, signal
 ``requests_excluded_client_stall``) and the stall samples out of the loop-lag P99, so one stall does not make
 the run client-bound. Otherwise nothing is marked and the self-check judges the run as before (a client that
@@ -27,11 +27,23 @@ import pandas as pd
 
 from diagnose.bundle import Bundle
 
-STALL_LAG_MS = 10.0  # a health sample above this is a stall (= the client-bound loop-lag bound)
-TICK_S = 0.1  # one health sample covers this much time before its stamp
-MAX_STALLS = 3
-MAX_STALL_S = 5.0
-MAX_TOUCHED_RATIO = 0.1
+TICK_S = 0.1  # one health sample covers this much time before its stamp (the health stream's period)
+# the judgement numbers live in rules/thresholds.yaml (overridable with --threshold); the pipeline hands the
+# analysis's thresholds to the bundle (Bundle.thresholds); a bundle opened alone reads the file's values
+LAG_KEY = "client_loop_lag_max_ms"  # a stall = a sample over the client-bound loop-lag bound
+COUNT_KEY, SPAN_KEY, SHARE_KEY = "client_stall_max_count", "client_stall_max_s", "client_stall_max_touched_ratio"
+
+
+def _thresholds(bundle: Bundle) -> dict[str, float]:
+    if bundle.thresholds:
+        return dict(bundle.thresholds)
+    from diagnose.rules.spec import load_thresholds
+
+    return dict(load_thresholds())
+
+
+def stall_lag_ms(bundle: Bundle) -> float:
+    return float(_thresholds(bundle)[LAG_KEY])
 
 STALL_COLUMNS = ["start_s", "end_s", "lag_ms", "cause", "gc_pause_ms", "gc_generation", "flush_records",
                  "requests", "marked"]
@@ -42,14 +54,15 @@ def _num(v: Any) -> float:
 
 
 def stalls(bundle: Bundle) -> pd.DataFrame:
-    """Every health sample over ``STALL_LAG_MS``, as a span with its recorded cause (``requests`` and
+    """Every health sample over the threshold ``client_loop_lag_max_ms``, as a span with its recorded cause (``requests`` and
     ``marked`` are filled by :func:`mark`)."""
     anchor = bundle.anchor_mono_ns
+    limit = stall_lag_ms(bundle)
     rows = []
     for h in bundle.iter_records("client_health"):
         lag = _num(h.get("loop_lag_ms"))
         t = _num(h.get("t_ns"))
-        if not (math.isfinite(lag) and math.isfinite(t)) or lag <= STALL_LAG_MS:
+        if not (math.isfinite(lag) and math.isfinite(t)) or lag <= limit:
             continue
         end = (t - anchor) / 1e9
         rows.append({"start_s": end - TICK_S - lag / 1e3, "end_s": end, "lag_ms": lag,
@@ -91,12 +104,13 @@ def mark(tables: dict[str, pd.DataFrame], bundle: Bundle) -> None:
     st["requests"] = [int(_touched(req, st.iloc[[i]]).sum()) for i in range(len(st))]
     touched = _touched(req, st)
     measured = int((~req["warmup"].astype(bool)).sum()) if "warmup" in req.columns else len(req)
-    short = len(st) <= MAX_STALLS and float((st["end_s"] - st["start_s"]).max()) <= MAX_STALL_S + TICK_S
-    if short and touched.sum() <= MAX_TOUCHED_RATIO * max(1, measured):
+    thr = _thresholds(bundle)
+    short = len(st) <= thr[COUNT_KEY] and float((st["end_s"] - st["start_s"]).max()) <= thr[SPAN_KEY] + TICK_S
+    if short and touched.sum() <= thr[SHARE_KEY] * max(1, measured):
         st["marked"] = True
         req["client_stall"] = touched
         if health is not None:
-            health["client_stall"] = health["loop_lag_ms"].to_numpy(dtype=float) > STALL_LAG_MS
+            health["client_stall"] = health["loop_lag_ms"].to_numpy(dtype=float) > thr[LAG_KEY]
     tables["client_stalls"] = st
 
 
@@ -118,7 +132,7 @@ def report_rows(tables: dict[str, pd.DataFrame]) -> list[list[Any]]:
     req = tables.get("requests")
     n_touched = int(touched(req).sum()) if req is not None else 0
     rows: list[list[Any]] = [
-        [f"client stalls (event loop blocked > {STALL_LAG_MS:.0f} ms)" +
+        ["client stalls (event loop blocked > client_loop_lag_max_ms)" +
          (": short, their requests left out" if marked else ": too many or too long to leave out"), len(st), "stalls"],
         [f"longest client stall (cause: {worst['cause']})", round(float(worst["lag_ms"]), 1), "ms"]]
     if marked:
