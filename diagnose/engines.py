@@ -12,7 +12,6 @@ factor to the base unit (seconds, ratio 0-1, tokens, requests) and optional labe
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -205,6 +204,8 @@ _OWNED_BY = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "llama.
 async def _get(session: aiohttp.ClientSession, url: str, timeout_s: float,
                headers: dict[str, str] | None, as_json: bool = True) -> Any:
     """GET ``url``; the decoded JSON (or text), or None on any failure (detection is best effort)."""
+    import asyncio
+
     import aiohttp
 
     try:
@@ -297,6 +298,8 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             if eng is not None:
                 name = eng
                 evidence.append(f"/metrics prefix {ENGINE_PREFIXES[eng][0]}")
+    import asyncio  # here: the metric maps above are imported by analysis, which needs no event loop
+
     settings, where = await asyncio.to_thread(server_cmdline_settings, base)
     for k, v in settings.items():
         config.setdefault(k, int(v) if float(v).is_integer() else v)
