@@ -113,6 +113,8 @@ class Finding:
     sources: tuple[str, ...] = ()
     runbook: str = ""
     kind: str = "cause"  # "cause" | "symptom" (restates what is out of line; ranked after every cause)
+    explained_by: str = ""  # the rule id of the fired cause that explains this one (its `explains:` names it)
+    share: float | None = None  # the share of the symptom this cause explains (its rule's `share:` signal)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +223,15 @@ class Verdict:
     judged: bool = True
     partial: bool = False
     top_rule: str | None = None
+    # the top cause finding's best-supported candidate cause, what would refute it, the one experiment, and
+    # the share of the symptom it explains (empty when the verdict names no cause)
+    cause: str = ""
+    cause_status: str = ""
+    cause_evidence: str = ""
+    refute: str = ""
+    experiment: str = ""
+    share: float | None = None
+    explains: tuple[str, ...] = ()  # the fired findings shown as its consequences
 
     @property
     def text(self) -> str:

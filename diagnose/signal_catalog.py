@@ -152,9 +152,11 @@ _DERIVED: list[_Entry] = [
 ]
 
 _PROMETHEUS: list[_Entry] = [
-    ("queue_depth_mean", "requests", "requests waiting in the server queue, mean over scrapes"),
+    ("queue_depth_mean", "requests", "requests waiting in the server queue, time-weighted mean (Little's law "
+     "from the queue-time histogram sum; the gauge's mean over scrapes without one)"),
     ("queue_depth_max", "requests", "requests waiting, max"),
-    ("running_requests_mean", "requests", "requests in the running batch, mean"),
+    ("running_requests_mean", "requests", "requests in the running batch, time-weighted mean (Little's law from "
+     "the prefill + decode histogram sums; the gauge's mean over scrapes without them)"),
     ("running_requests_max", "requests", "requests in the running batch, max"),
     ("kv_usage_mean_ratio", "ratio", "KV-cache usage, mean (0-1)"),
     ("kv_usage_max_ratio", "ratio", "KV-cache usage, max (0-1)"),
@@ -167,7 +169,8 @@ _PROMETHEUS: list[_Entry] = [
     ("server_process_cpu_ratio", "cores", "API-server process CPU time per second (1.0 = one core busy)"),
     ("server_ttft_client_gap_mean_ms", "ms",
      "client mean TTFT - server mean TTFT: time outside the engine's TTFT interval (ms)"),
-    ("batch_tokens_per_step_mean", "tokens", "tokens per engine step, mean"),
+    ("batch_tokens_per_step_mean", "tokens", "tokens per output step, mean (a prompt counts whole in the step of "
+     "its first token: not a measure of prefill chunks or of the token budget)"),
     *[(name, unit, f"engine setting: {what}") for name, unit, what in ENGINE_SETTINGS],
 ]
 

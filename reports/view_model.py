@@ -155,7 +155,10 @@ def _verdict(a: Analysis) -> dict[str, Any]:
         return {"level": "ok", "headline": "No verdict", "detail": "", "key_numbers": keys, "by_level": by_level,
                 "partial": a.partial, "note": note}
     return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
-            "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note}
+            "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
+            "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
+            "refute": v.refute, "experiment": v.experiment, "share": finite(v.share) if v.share is not None else None,
+            "explains": list(v.explains)}
 
 
 def _run_label(a: Analysis) -> str:
@@ -183,7 +186,8 @@ def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
                 "expect": [{"signal": s, "direction": d, "arrow": ARROWS.get(d, d)} for s, d in c.experiment.expect],
             },
         } for c in f.causes],
-        "sources": list(f.sources), "runbook": f.runbook,
+        "sources": list(f.sources), "runbook": f.runbook, "kind": f.kind, "explained_by": f.explained_by,
+        "share": finite(f.share) if f.share is not None else None,
     }
 
 

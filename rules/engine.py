@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -90,9 +90,9 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
-def rank_key(f: Finding) -> tuple[bool, float, str]:
+def rank_key(f: Finding) -> tuple[bool, bool, float, str]:
     """Findings most important first: causes before symptoms, then by score."""
-    return (f.kind == "symptom", -f.score, f.rule_id)
+    return (bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
 
 
 def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
@@ -176,7 +176,16 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
         sources=sources,
         runbook=spec.runbook,
         kind=spec.kind,
+        share=_share(spec, signals),
     )
+
+
+def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> float | None:
+    for name in spec.share:
+        s = signals.get(name)
+        if s is not None and s.is_finite():
+            return round(float(s.value), 4)
+    return None
 
 
 def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], thresholds: Mapping[str, float],
@@ -225,8 +234,26 @@ def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], threshold
                 res.suppressed.append((rid, other))
                 del fired[rid]
                 break
+    link_explained(fired, by_id)
     res.findings = sorted(fired.values(), key=rank_key)
     return res
+
+
+def link_explained(fired: dict[str, Finding], by_id: Mapping[str, RuleSpec]) -> None:
+    """Mark each fired finding that a fired cause ``explains`` as explained by it (the strongest such cause;
+    an explained cause still explains its own consequences) and drop its experiments: they address the
+    consequence, and can worsen the cause (raising --max-num-seqs against queueing that KV preemption causes
+    adds preemption)."""
+    for f in sorted(fired.values(), key=rank_key):
+        spec = by_id.get(f.rule_id)
+        if spec is None:
+            continue
+        for target in spec.explains:
+            t = fired.get(target)
+            if t is None or t.explained_by or target == f.rule_id:
+                continue
+            causes = tuple(replace(c, experiment=None) for c in t.causes)
+            fired[target] = replace(t, explained_by=f.rule_id, causes=causes)
 
 
 def threshold_value(ref: Any, thresholds: Mapping[str, float]) -> float:

@@ -111,4 +111,12 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
             for name in sorted(c.thresholds):
                 if name not in thresholds:
                     problems.append(f"{cf}: case {c.name!r}: unknown threshold {name!r} (not in rules/thresholds.yaml)")
+    links = {rid: (load_raw(Path(path)) or {}) for rid, path in seen.items()}
+    for rid, raw in links.items():
+        for key in ("suppressed_by", "explains"):
+            for other in raw.get(key) or []:
+                if other not in seen:
+                    problems.append(f"{seen[rid]}: {key} names {other}, which is no rule")
+                elif other == rid:
+                    problems.append(f"{seen[rid]}: {key} names the rule itself")
     return problems

@@ -29,7 +29,7 @@ CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
-    "suppressed_by", "tags", "kind",
+    "suppressed_by", "tags", "kind", "explains", "share",
 }
 
 
@@ -52,12 +52,18 @@ class RuleSpec:
     description: str = ""
     suppressed_by: tuple[str, ...] = ()
     kind: str = "cause"
+    # the symptom / consequence rules this cause explains: when both fire, those are shown under this one
+    # ("explained by"), ranked after every unexplained finding, and their experiments are dropped (advice for a
+    # consequence, such as "raise --max-num-seqs" for queueing caused by KV preemption, can worsen the cause)
+    explains: tuple[str, ...] = ()
+    # the signals (ratios, first present wins) that say what share of the symptom this cause explains
+    share: tuple[str, ...] = ()
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all_signals(self) -> set[str]:
-        out = set(self.requires) | set(self.evidence) | referenced_signals(self.when)
+        out = set(self.requires) | set(self.evidence) | set(self.share) | referenced_signals(self.when)
         if self.impact and isinstance(self.impact.get("signal"), str):
             out.add(self.impact["signal"])
         for c in self.causes:
@@ -112,6 +118,15 @@ def spec_problems(raw: Any, path: str) -> list[str]:
                     probs.append(f"{path}: expected direction {d!r} for {sig} not one of up/down/flat")
     if raw.get("kind", "cause") not in KINDS:
         probs.append(f"{path}: kind must be one of {', '.join(KINDS)}")
+    for key in ("suppressed_by", "explains"):
+        ids = raw.get(key, [])
+        if not isinstance(ids, list) or not all(isinstance(i, str) and ID_RE.match(i) for i in ids):
+            probs.append(f"{path}: {key} must be a list of rule ids")
+    if raw.get("explains") and raw.get("kind", "cause") != "cause":
+        probs.append(f"{path}: only a cause rule explains others (kind: symptom has no explains)")
+    share = raw.get("share", [])
+    if not (isinstance(share, str) or (isinstance(share, list) and all(isinstance(x, str) for x in share))):
+        probs.append(f"{path}: share must be a signal name or a list of them")
     conf = raw.get("confidence", 0.6)
     if not isinstance(conf, (int, float)) or not 0 < conf <= 1:
         probs.append(f"{path}: confidence must be in (0, 1]")
@@ -137,6 +152,8 @@ def parse_spec(raw: dict[str, Any], path: str) -> RuleSpec:
         description=str(raw.get("description", "")),
         kind=str(raw.get("kind", "cause")),
         suppressed_by=tuple(raw.get("suppressed_by") or ()),
+        explains=tuple(raw.get("explains") or ()),
+        share=tuple([raw["share"]] if isinstance(raw.get("share"), str) else raw.get("share") or ()),
         path=path,
         raw=raw,
     )

@@ -8,6 +8,7 @@ names why instead of a cause.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from diagnose.model import Finding, Signal, Verdict, VerdictLevel
 from diagnose.rules.engine import rank_key
@@ -39,6 +40,32 @@ def key_numbers(signals: Mapping[str, Signal], where: str = "") -> str:
             f"{v('output_tps', '.0f')} output tok/s, {v('request_rps', '.2f')} req/s")
 
 
+class CauseFields(TypedDict, total=False):
+    cause: str
+    cause_status: str
+    cause_evidence: str
+    refute: str
+    experiment: str
+
+
+def best_cause(f: Finding) -> CauseFields:
+    """The finding's best-supported candidate cause (supported before open; never one its evidence rules
+    out), what would refute it and its experiment, as Verdict fields."""
+    for status in ("supported", "open"):
+        for c in f.causes:
+            if c.status != status:
+                continue
+            exp = ""
+            if c.experiment is not None:
+                moves = ", ".join(f"{sig} {d}" for sig, d in c.experiment.expect)
+                exp = c.experiment.change + (f" (expect {moves})" if moves else "")
+            return {"cause": c.cause, "cause_status": c.status, "cause_evidence": c.status_evidence,
+                    "refute": c.refute, "experiment": exp}
+    if f.causes:
+        return {"cause": "every candidate cause is ruled out by the evidence", "cause_status": "ruled out"}
+    return {}
+
+
 def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partial: bool = False,
            load_ran: bool = False) -> Verdict:
     """The verdict. ``load_ran``: the capture sent a workload (so measured requests are expected)."""
@@ -64,9 +91,11 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
             return Verdict(level, f"{prefix}Symptom without an identified cause: {f.title}",
                            f.hypothesis + " No cause rule fired: its candidate causes are listed below.",
                            partial=partial, top_rule=f.rule_id)
+        explained = tuple(x.rule_id for x in findings if x.explained_by == f.rule_id)
         return Verdict(level, f"{prefix}Most likely: {f.title}",
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"
-                                       if more else ""), partial=partial, top_rule=f.rule_id)
+                                       if more else ""), partial=partial, top_rule=f.rule_id,
+                       share=f.share, explains=explained, **best_cause(f))
     if not signals and findings:
         f = ranked(findings)[0]
         return Verdict("info", f"{prefix}Most likely: {f.title}", f.hypothesis, partial=partial, top_rule=f.rule_id)

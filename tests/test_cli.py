@@ -45,6 +45,14 @@ def test_rules_commands() -> None:
     assert p.returncode == 0 and "SCH001" in p.stdout and "LAT001" in p.stdout
     p = run("rules", "explain", "sch001")
     assert p.returncode == 0 and "experiment:" in p.stdout and "max-num-seqs" in p.stdout
+    # each threshold with its value (from rules/thresholds.yaml), the causes' conditions, and the links
+    import yaml
+
+    thr = yaml.safe_load((Path(__file__).parent.parent / "rules" / "thresholds.yaml").read_text())
+    assert f"queue_depth_min = {thr['queue_depth_min']['value']} requests" in p.stdout
+    assert "ruled out when:" in p.stdout and "Explains (" in p.stdout and "LAT001 high-ttft-normal-itl" in p.stdout
+    p = run("rules", "explain", "LAT001")
+    assert "Kind: symptom" in p.stdout and "Explained by" in p.stdout and "SCH001 queue-bound" in p.stdout
     assert "no rule" in one_line_error(run("rules", "explain", "NOPE999"))
     p = run("rules", "thresholds")
     assert p.returncode == 0 and "ttft_inflation_ratio" in p.stdout

@@ -57,7 +57,17 @@ def test_real_capture_signals_are_present_and_sane() -> None:
     # 8 clients against 2 slots: up to 6 wait, never more than 2 run
     assert 1 <= s["queue_depth_max"].value <= 6
     assert s["running_requests_max"].value == 2
-    assert len(s["queue_depth_mean"].series) == 13
+    # the means are time-weighted by Little's law (one point per scrape interval: 13 scrapes, 12 intervals),
+    # worked out here from the raw histogram sums independently of the normaliser
+    assert len(s["queue_depth_mean"].series) == 12
+    sums = tables["metrics_hist_sum"]
+    span = float((sums[sums["signal"] == "queue_time_seconds"].eval("t_s - t0_s")).sum())
+    for name, hists in (("queue_depth_mean", ["queue_time_seconds"]),
+                        ("running_requests_mean", ["prefill_time_seconds", "decode_time_seconds"])):
+        busy = float(sums[sums["signal"].isin(hists)]["sum"].sum())
+        assert s[name].value == pytest.approx(busy / span), name
+        assert "Little's law" in s[name].description
+    assert 0 < s["running_requests_mean"].value <= 2.0 + 1e-9  # never more than the 2 slots on average
     assert 0 <= s["kv_usage_max_ratio"].value < 0.05
     assert s["preemptions_total"].value == 0
     assert s["prefix_cache_hit_ratio"].value < 0.05  # unique prompts

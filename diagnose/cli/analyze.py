@@ -52,6 +52,10 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         "source": a.source,
         "verdict": verdict_line(a),
         "verdict_level": a.verdict.level if a.verdict else None,
+        "diagnosis": None if a.verdict is None or not a.verdict.cause else {
+            "top_rule": a.verdict.top_rule, "cause": a.verdict.cause, "cause_status": a.verdict.cause_status,
+            "cause_evidence": a.verdict.cause_evidence, "share": a.verdict.share, "refute": a.verdict.refute,
+            "experiment": a.verdict.experiment, "explains": list(a.verdict.explains)},
         "run_valid": a.run_valid,
         "partial": a.partial,
         "findings": [f.to_json() for f in a.findings],
@@ -110,8 +114,15 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
         for w in analysis.warnings:
             click.echo(f"warning: {w}", err=True)
         click.echo(verdict_line(analysis))
+        v = analysis.verdict
+        if v is not None and v.cause:
+            share = f", explains {v.share:.0%}" if v.share is not None else ""
+            click.echo(f"  cause ({v.cause_status}{share}): {v.cause}")
+            if v.experiment:
+                click.echo(f"  next experiment: {v.experiment}")
         for f in analysis.findings[:5]:
-            click.echo(f"  [{f.severity}] {f.rule_id} {f.title}")
+            tag = f" (consequence of {f.explained_by})" if f.explained_by else ""
+            click.echo(f"  [{f.severity}] {f.rule_id} {f.title}{tag}")
         if analysis.not_evaluated:
             click.echo(f"  ({len(analysis.not_evaluated)} rules not evaluated: missing evidence; see the report)")
         click.echo(f"report: {output}" + (f"  json: {json_out}" if json_out else ""))

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from diagnose.errors import InputError
+from diagnose.rules.conditions import referenced_thresholds
 from diagnose.rules.lint import lint
 from diagnose.rules.spec import load_rules, threshold_docs
 
@@ -49,6 +50,25 @@ def explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
     click.echo("\nFires when:\n" + yaml.safe_dump(spec.when, sort_keys=False).rstrip())
     if spec.requires:
         click.echo(f"\nRequires: {', '.join(spec.requires)}")
+    docs = threshold_docs()
+    used = sorted(referenced_thresholds(spec.raw))
+    if used:
+        click.echo("\nThresholds (rules/thresholds.yaml; --threshold NAME=VALUE overrides):")
+        for name in used:
+            d = docs.get(name, {})
+            unit = f" {d['unit']}" if d.get("unit") else ""
+            click.echo(f"  {name} = {d.get('value', '?')}{unit}" + (f"  ({d['description']})" if d.get("description") else ""))
+    click.echo(f"\nKind: {spec.kind}" + (" (restates what is out of line; ranked after every cause)"
+                                         if spec.kind == "symptom" else ""))
+    if spec.explains:
+        click.echo("Explains (shown as its consequences, their advice dropped, when both fire): "
+                   + ", ".join(f"{i} {specs[i].name}" if i in specs else i for i in spec.explains))
+    explained_by = sorted(s.id for s in specs.values() if spec.id in s.explains)
+    if explained_by:
+        click.echo("Explained by (the causes that link to it): "
+                   + ", ".join(f"{i} {specs[i].name}" for i in explained_by))
+    if spec.share:
+        click.echo(f"Share of the symptom it explains: {' or '.join(spec.share)} (first known)")
     click.echo("\nCandidate causes:")
     for c in spec.causes:
         click.echo(f"- {c['cause']}")
@@ -56,6 +76,9 @@ def explain(rule_id: str, rules_dirs: tuple[Path, ...]) -> None:
             click.echo(f"    confirm: {c['confirm']}")
         if c.get("refute"):
             click.echo(f"    refute:  {c['refute']}")
+        for key, label in (("supported_when", "supported when"), ("refuted_when", "ruled out when")):
+            if c.get(key):
+                click.echo(f"    {label}: {yaml.safe_dump(c[key], default_flow_style=True, width=10_000).strip()}")
         exp = c.get("experiment") or {}
         if exp:
             moves = ", ".join(f"{k} {v}" for k, v in (exp.get("expect") or {}).items())

@@ -273,6 +273,44 @@ def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> t
     return (float(h["sum"].sum()) / n, n) if n > 0 else None
 
 
+# Little's law: the mean number of requests in a stage over a window is the time they spent there, summed,
+# over the window's length. The per-request histograms' _sum series give that time for the requests that
+# finished in each scrape interval.
+LITTLES_SOURCES: dict[str, tuple[str, ...]] = {
+    "queue_depth": ("queue_time_seconds",),
+    "running_requests": ("prefill_time_seconds", "decode_time_seconds"),
+}
+
+
+def littles_mean(tables: dict[str, pd.DataFrame], hists: tuple[str, ...], window: Window
+                 ) -> tuple[float, tuple[tuple[float, float], ...], str] | None:
+    """(mean, per-interval series, how) of the requests in a stage over the window, from the histogram sums
+    of ``hists`` (all must be present): sum of their ``_sum`` increases / the scrape intervals' length.
+    None without them or without a completed request in the window."""
+    df = tables.get("metrics_hist_sum")
+    if df is None or df.empty:
+        return None
+    per: dict[float, list[float]] = {}
+    span: dict[float, float] = {}
+    n = 0.0
+    for h in hists:
+        rows = _overlapping(df[df["signal"] == h], window)
+        if rows.empty:
+            return None
+        n = max(n, float(rows["count"].sum()))
+        for t0, t, v in zip(rows["t0_s"], rows["t_s"], rows["sum"], strict=True):
+            per.setdefault(float(t), []).append(float(v))
+            span[float(t)] = float(t) - float(t0)
+    total = sum(span.values())
+    if n <= 0 or total <= 0:
+        return None
+    series = tuple((t, sum(per[t]) / span[t]) for t in sorted(per) if span[t] > 0)
+    mean = sum(sum(v) for v in per.values()) / total
+    what = (f"summed {' + '.join(h.replace('_seconds', '') for h in hists)} of the {n:.0f} requests that finished in "
+            f"{len(series)} scrape intervals / their {total:.1f} s")
+    return mean, series, what
+
+
 HISTOGRAM_SIGNALS: tuple[tuple[str, str, tuple[int, ...], bool, str], ...] = (
     # (table signal, output prefix, percentiles, mean, definition)
     ("ttft_seconds", "server_ttft", (50, 90, 99), True, "server TTFT (engine's own start point)"),
@@ -321,12 +359,20 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     for sig, name, unit in (("queue_depth", "queue_depth", ""), ("running_requests", "running_requests", ""),
                             ("kv_usage_ratio", "kv_usage", "_ratio")):
         pts = gauge_series(tables, sig, window)
+        little = littles_mean(tables, LITTLES_SOURCES[sig], window) if sig in LITTLES_SOURCES else None
+        if little is not None:
+            # the gauge is the scheduler's state at the step before the scrape (vLLM reads 0 running between
+            # steps while 14 wait); the histogram sums give the time-weighted mean over the window
+            lmean, lseries, lwhat = little
+            out.append(Signal(f"{name}_mean", lmean, "requests", SOURCE,
+                              f"{engine} {sig}, time-weighted mean by Little's law: {lwhat}", lseries))
         if pts:
             vals = [v for _, v in pts]
             series = tuple(pts)
             u = "ratio" if unit else "requests"
-            out.append(Signal(f"{name}_mean{unit}", sum(vals) / len(vals), u, SOURCE,
-                              f"{engine} {sig}, mean of {len(vals)} scrapes", series))
+            if little is None:
+                out.append(Signal(f"{name}_mean{unit}", sum(vals) / len(vals), u, SOURCE,
+                                  f"{engine} {sig}, mean of {len(vals)} scrapes", series))
             out.append(Signal(f"{name}_max{unit}", max(vals), u, SOURCE, f"{engine} {sig}, max over scrapes", series))
     for sig, name, unit in (("preemptions", "preemptions_total", "events"),
                             ("rejected_requests", "rejected_requests_total", "requests")):
@@ -364,7 +410,8 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     step = hist_mean(tables, "batch_tokens_per_step", window)
     if step is not None:
         out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
-                          f"prompt + generation tokens per engine step, mean of {step[1]:.0f} steps"))
+                          f"prompt + generation tokens per output step, mean of {step[1]:.0f} steps (vLLM counts a prompt "
+                          "whole in the step that gives its first token, so this does not show prefill chunks)"))
     gap = ttft_gap(tables, window)
     if gap is not None:
         out.append(Signal("server_ttft_client_gap_mean_ms", gap[0], "ms", SOURCE,

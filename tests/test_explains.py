@@ -1,0 +1,96 @@
+"""Consequences linked to their cause (a cause rule's ``explains:``), and the verdict that names the cause, the
+share of the symptom it explains, what would refute it and the one experiment (issue 10, failure class 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnose.model import Signal
+from diagnose.pipeline import analyze
+from diagnose.reports.render import render_html
+from diagnose.rules.engine import evaluate
+from diagnose.rules.lint import lint
+from diagnose.rules.spec import CATALOG_DIR, load_rules, load_thresholds
+from diagnose.rules.verdict import decide
+
+SAMPLES = Path(__file__).parent.parent / "sample_traces"
+
+
+def _sig(values: dict[str, float]) -> dict[str, Signal]:
+    return {n: Signal(n, v, "", "server") for n, v in values.items()}
+
+
+# KV-cache preemption (the real kv_pressure run's numbers) with the queueing it causes: both rules fire
+KV_PREEMPTION = {
+    "preemptions_total": 120.0, "requests_measured": 200.0, "kv_usage_max_ratio": 1.0, "kv_usage_mean_ratio": 0.93,
+    "queue_depth_mean": 12.0, "queue_depth_max": 20.0, "running_requests_mean": 9.0, "running_requests_max": 12.0,
+    "max_num_seqs": 256.0, "server_queue_share_of_ttft_ratio": 0.9, "server_queue_time_p50_ms": 4000.0,
+    "server_ttft_p50_ms": 4400.0, "output_tokens_mean": 512.0, "itl_p99_ms": 60.0, "ttft_p99_ms": 9000.0,
+    "e2e_p99_ms": 40000.0,
+}
+
+
+def test_queueing_caused_by_preemption_is_its_consequence_and_loses_its_advice() -> None:
+    specs = [s for s in load_rules() if s.id in ("SCH001", "SCH005")]
+    res = evaluate(specs, _sig(KV_PREEMPTION), load_thresholds())
+    ids = [f.rule_id for f in res.findings]
+    assert ids == ["SCH005", "SCH001"], ids  # the consequence ranks after its cause whatever its score
+    queue = res.findings[1]
+    assert queue.explained_by == "SCH005"
+    # "raise --max-num-seqs" would admit more requests into a full KV cache: more preemption
+    assert all(c.experiment is None for c in queue.causes)
+    assert res.findings[0].explained_by == "" and any(c.experiment for c in res.findings[0].causes)
+    v = decide(res.findings, _sig(KV_PREEMPTION))
+    assert v.top_rule == "SCH005" and v.explains == ("SCH001",)
+
+
+def test_without_the_cause_the_consequence_keeps_its_own_advice() -> None:
+    specs = [s for s in load_rules() if s.id == "SCH001"]
+    res = evaluate(specs, _sig(KV_PREEMPTION), load_thresholds())
+    assert [f.rule_id for f in res.findings] == ["SCH001"]
+    assert res.findings[0].explained_by == "" and any(c.experiment for c in res.findings[0].causes)
+
+
+def test_the_verdict_names_cause_share_refutation_and_experiment() -> None:
+    a = analyze(SAMPLES / "vllm_cpu_queue_bound")
+    v = a.verdict
+    assert v is not None and v.top_rule == "SCH001"
+    assert v.cause.startswith("the batch-size cap") and v.cause_status == "supported"
+    assert "max_num_seqs" in v.cause_evidence
+    assert v.share is not None and 0.5 < v.share <= 1.0  # queue time's share of server TTFT
+    assert v.refute and v.experiment.startswith("raise --max-num-seqs") and "ttft_p50_ms down" in v.experiment
+    html = render_html(a)
+    assert "The experiment to run" in html and "Would refute it" in html
+    lat = next(f for f in a.findings if f.rule_id == "LAT001")
+    assert lat.explained_by == "SCH001"
+    assert "Consequence of SCH001" in html
+
+
+def test_a_verdict_never_offers_a_ruled_out_cause() -> None:
+    specs = [s for s in load_rules() if s.id == "SCH001"]
+    sig = _sig({"queue_depth_mean": 12.0, "server_queue_share_of_ttft_ratio": 0.9, "running_requests_mean": 0.5,
+                "max_num_seqs": 256.0, "kv_usage_max_ratio": 0.01})
+    res = evaluate(specs, sig, load_thresholds())
+    v = decide(res.findings, sig)
+    statuses = {c.cause: c.status for c in res.findings[0].causes}
+    assert statuses[v.cause] != "ruled out"
+    assert v.cause == "offered load above capacity (no cap helps)"  # cap and KV both ruled out: the open one
+
+
+def test_lint_rejects_an_explains_link_to_no_rule(tmp_path: Path) -> None:
+    src = (CATALOG_DIR / "scheduler" / "SCH007.yaml").read_text()
+    (tmp_path / "USR901.yaml").write_text(
+        src.replace("id: SCH007", "id: USR901").replace("explains: [LAT002]", "explains: [LAT999]"))
+    (tmp_path / "cases").mkdir()
+    problems = lint([tmp_path], [tmp_path / "cases", Path(__file__).parent / "rules" / "cases"])
+    assert any("explains names LAT999, which is no rule" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("bad", ["explains: LAT001", "explains: [lat001]"])
+def test_explains_must_be_a_list_of_rule_ids(tmp_path: Path, bad: str) -> None:
+    src = (CATALOG_DIR / "scheduler" / "SCH007.yaml").read_text()
+    (tmp_path / "USR902.yaml").write_text(src.replace("id: SCH007", "id: USR902").replace("explains: [LAT002]", bad))
+    problems = lint([tmp_path], [tmp_path / "cases"])
+    assert any("explains must be a list of rule ids" in p for p in problems), problems
