@@ -115,6 +115,7 @@ class Finding:
     kind: str = "cause"  # "cause" | "symptom" (restates what is out of line; ranked after every cause)
     explained_by: str = ""  # the rule id of the fired cause that explains this one (its `explains:` names it)
     share: float | None = None  # the share of the symptom this cause explains (its rule's `share:` signal)
+    held_back: str = ""  # the rule id of the validity finding that holds this one back (its evidence is suspect)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

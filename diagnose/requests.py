@@ -13,6 +13,7 @@ linear interpolation. docs/metrics.md states the same in words.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,3 +95,30 @@ def percentiles(values: object, pcts: Sequence[tuple[str, float]] = PCTS) -> dic
         return {}
     q = np.percentile(arr, [p for _, p in pcts])
     return {name: float(v) for (name, _), v in zip(pcts, q, strict=True)}
+
+
+def span_s(kept: pd.DataFrame, excluded: pd.DataFrame | None) -> float:
+    """Last end - first send of the kept requests; with excluded windows (the profiler's), the sum of that
+    over the stretches of kept requests between them, so the excluded time is not in the denominator."""
+    if kept.empty:
+        return math.nan
+    if excluded is None or excluded.empty:
+        return float(kept["end_s"].max() - kept["sent_s"].min())
+    ends = np.sort(excluded["end_s"].to_numpy(dtype=float))
+    # a kept request overlaps no window: the windows before it are those that ended before its send
+    seg = np.searchsorted(ends, kept["sent_s"].to_numpy(dtype=float), side="left")
+    g = kept.assign(_seg=seg).groupby("_seg")
+    return float((g["end_s"].max() - g["sent_s"].min()).sum())
+
+
+def in_flight_mean(kept: pd.DataFrame, excluded: pd.DataFrame | None = None) -> float | None:
+    """Requests the client had in flight, time-weighted over the window (Little's law): the summed send-to-end
+    time of the window's counted requests / the window's span (``span_s``). None without a finished one."""
+    if kept.empty or not {"sent_s", "end_s"} <= set(kept.columns):
+        return None
+    dur = (kept["end_s"] - kept["sent_s"]).to_numpy(dtype=float)
+    dur = dur[np.isfinite(dur)]
+    span = span_s(kept[np.isfinite(kept["end_s"].to_numpy(dtype=float))], excluded)
+    if not dur.size or not math.isfinite(span) or span <= 0:
+        return None
+    return float(dur.sum() / span)

@@ -114,6 +114,10 @@ _CLIENT: list[_Entry] = [
     ("goodput_rps", "req/s", "requests per second that met every SLO term"),
     ("goodput_ratio", "ratio", "share of requests that met every SLO term"),
     ("requests_measured", "requests", "requests in the statistics (warm-up excluded)"),
+    ("ttft_p50_itl_ratio", "ratio", "TTFT P50 / ITL P50: how many decode steps' time the first token takes"),
+    ("workload_open_loop", "flag", "1: the window's measured phases send at a rate (open loop); 0: at a concurrency"),
+    ("arrival_gap_cv_ratio", "ratio", "open loop: coefficient of variation of the gaps between sends (Poisson 1)"),
+    ("client_in_flight_mean", "requests", "requests the client had in flight, time-weighted (summed send-to-end time / the window's span)"),
     ("requests_total", "requests", "all requests sent"),
     ("requests_excluded_profiler", "requests",
      "requests overlapping the engine profiler's window, left out of the statistics"),
@@ -146,7 +150,8 @@ _DERIVED: list[_Entry] = [
     ("ttft_vs_baseline_ratio", "ratio", "TTFT P50 at the highest load / baseline"),
     ("itl_vs_baseline_ratio", "ratio", "ITL P50 at the highest load / baseline"),
     ("tps_vs_baseline_ratio", "ratio", "output tok/s at the highest load / baseline"),
-    ("load_vs_baseline_ratio", "ratio", "offered load at the highest level / baseline"),
+    ("load_vs_baseline_ratio", "ratio", "offered load at the highest level / baseline, like with like (requests "
+     "in flight when a rate is compared with a concurrency)"),
     ("tail_slo_ratio_top", "ratio", "worst SLO term / limit at the highest load level"),
     ("tail_slo_ratio_bottom", "ratio", "worst SLO term / limit at the lowest load level"),
 ]
@@ -155,6 +160,9 @@ _PROMETHEUS: list[_Entry] = [
     ("queue_depth_mean", "requests", "requests waiting in the server queue, time-weighted mean (Little's law "
      "from the queue-time histogram sum; the gauge's mean over scrapes without one)"),
     ("queue_depth_max", "requests", "requests waiting, max"),
+    ("api_server_in_flight_mean", "requests", "requests in flight outside the engine's queue and batch (client in "
+     "flight - engine waiting - engine running, all by Little's law): API server and network"),
+    ("api_server_in_flight_share_ratio", "ratio", "share of the client's in-flight requests outside the engine"),
     ("running_requests_mean", "requests", "requests in the running batch, time-weighted mean (Little's law from "
      "the prefill + decode histogram sums; the gauge's mean over scrapes without them)"),
     ("running_requests_max", "requests", "requests in the running batch, max"),

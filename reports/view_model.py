@@ -187,6 +187,7 @@ def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
             },
         } for c in f.causes],
         "sources": list(f.sources), "runbook": f.runbook, "kind": f.kind, "explained_by": f.explained_by,
+        "held_back": f.held_back,
         "share": finite(f.share) if f.share is not None else None,
     }
 

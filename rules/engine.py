@@ -90,9 +90,9 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
-def rank_key(f: Finding) -> tuple[bool, bool, float, str]:
-    """Findings most important first: causes before symptoms, then by score."""
-    return (bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
+def rank_key(f: Finding) -> tuple[bool, bool, bool, float, str]:
+    """Findings most important first: held-back and explained ones last, causes before symptoms, then score."""
+    return (bool(f.held_back), bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
 
 
 def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
@@ -235,8 +235,24 @@ def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], threshold
                 del fired[rid]
                 break
     link_explained(fired, by_id)
+    hold_back(fired, by_id, signals)
     res.findings = sorted(fired.values(), key=rank_key)
     return res
+
+
+def hold_back(fired: dict[str, Finding], by_id: Mapping[str, RuleSpec], signals: Mapping[str, Signal]) -> None:
+    """A fired rule with ``holds_back: [sources]`` (VAL006: the client near its limit) holds back every other
+    finding whose firing condition reads only signals of those sources: that evidence could be the client's own
+    delay, so the finding is ranked last and never the verdict."""
+    holders = [(rid, set(by_id[rid].holds_back)) for rid in sorted(fired) if rid in by_id and by_id[rid].holds_back]
+    for holder, sources in holders:
+        for rid, f in list(fired.items()):
+            spec = by_id.get(rid)
+            if rid == holder or spec is None or f.family == "validity" or f.held_back:
+                continue
+            read = {signals[n].source for n in referenced_signals(spec.when) if n in signals}
+            if read and read <= sources:
+                fired[rid] = replace(f, held_back=holder)
 
 
 def link_explained(fired: dict[str, Finding], by_id: Mapping[str, RuleSpec]) -> None:

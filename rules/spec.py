@@ -29,7 +29,7 @@ CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
-    "suppressed_by", "tags", "kind", "explains", "share",
+    "suppressed_by", "tags", "kind", "explains", "share", "holds_back",
 }
 
 
@@ -58,6 +58,9 @@ class RuleSpec:
     explains: tuple[str, ...] = ()
     # the signals (ratios, first present wins) that say what share of the symptom this cause explains
     share: tuple[str, ...] = ()
+    # when this (validity) rule fires, a finding whose firing condition reads only signals of these sources is
+    # held back: not judged, ranked last, and the report says why (a client near its limit could explain it)
+    holds_back: tuple[str, ...] = ()
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -124,6 +127,9 @@ def spec_problems(raw: Any, path: str) -> list[str]:
             probs.append(f"{path}: {key} must be a list of rule ids")
     if raw.get("explains") and raw.get("kind", "cause") != "cause":
         probs.append(f"{path}: only a cause rule explains others (kind: symptom has no explains)")
+    hb = raw.get("holds_back", [])
+    if not isinstance(hb, list) or not all(isinstance(x, str) for x in hb):
+        probs.append(f"{path}: holds_back must be a list of sources (client, server, ...)")
     share = raw.get("share", [])
     if not (isinstance(share, str) or (isinstance(share, list) and all(isinstance(x, str) for x in share))):
         probs.append(f"{path}: share must be a signal name or a list of them")
@@ -153,6 +159,7 @@ def parse_spec(raw: dict[str, Any], path: str) -> RuleSpec:
         kind=str(raw.get("kind", "cause")),
         suppressed_by=tuple(raw.get("suppressed_by") or ()),
         explains=tuple(raw.get("explains") or ()),
+        holds_back=tuple(raw.get("holds_back") or ()),
         share=tuple([raw["share"]] if isinstance(raw.get("share"), str) else raw.get("share") or ()),
         path=path,
         raw=raw,

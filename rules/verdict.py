@@ -82,7 +82,7 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
         return Verdict("invalid", prefix + "Run invalid: no request was measured",
                        "The capture sent a workload but no request finished successfully inside the measured "
                        "window, so there is nothing to judge.", judged=False, partial=partial)
-    top = ranked([f for f in findings if f.severity in ALARM])
+    top = ranked([f for f in findings if f.severity in ALARM and not f.held_back])
     if top:
         f = top[0]
         more = len(top) - 1

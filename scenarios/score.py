@@ -31,7 +31,8 @@ class ScenarioResult:
 
     @property
     def serious(self) -> list[dict[str, Any]]:
-        return [f for f in self.findings if f.get("severity") != "info"]
+        # held-back findings (VAL006: the client's delay could explain them) are not asserted
+        return [f for f in self.findings if f.get("severity") != "info" and not f.get("held_back")]
 
     @property
     def top1(self) -> str:

@@ -94,3 +94,24 @@ def test_explains_must_be_a_list_of_rule_ids(tmp_path: Path, bad: str) -> None:
     (tmp_path / "USR902.yaml").write_text(src.replace("id: SCH007", "id: USR902").replace("explains: [LAT002]", bad))
     problems = lint([tmp_path], [tmp_path / "cases"])
     assert any("explains must be a list of rule ids" in p for p in problems), problems
+
+
+def test_a_client_near_its_limit_holds_back_findings_that_rest_on_client_timings_alone() -> None:
+    """Failure class 7: loop lag P99 9 ms under the 10 ms gate against a 14 ms ITL. The saturation symptom
+    (its condition reads only client-derived ratios) is held back; the queue finding, read from the server's
+    own histograms, stands and stays the verdict."""
+    specs = [s for s in load_rules() if s.id in ("VAL006", "LAT003", "SCH001")]
+    sig = {n: Signal(n, v, "", src) for n, v, src in (
+        ("client_loop_lag_p99_ms", 9.0, "client"), ("itl_p50_ms", 14.0, "client"), ("ttft_p50_ms", 900.0, "client"),
+        ("load_vs_baseline_ratio", 16.0, "derived"), ("ttft_vs_baseline_ratio", 12.0, "derived"),
+        ("itl_vs_baseline_ratio", 2.5, "derived"), ("tps_vs_baseline_ratio", 2.0, "derived"),
+        ("queue_depth_mean", 8.0, "server"), ("server_queue_share_of_ttft_ratio", 0.8, "server"))}
+    res = evaluate(specs, sig, load_thresholds())
+    by = {f.rule_id: f for f in res.findings}
+    assert set(by) == {"VAL006", "LAT003", "SCH001"}
+    assert by["LAT003"].held_back == "VAL006" and by["SCH001"].held_back == ""
+    assert res.findings[-1].rule_id == "LAT003"
+    assert decide(res.findings, sig).top_rule == "SCH001"
+    # without the client's lag nothing is held back
+    sig["client_loop_lag_p99_ms"] = Signal("client_loop_lag_p99_ms", 1.0, "ms", "client")
+    assert not any(f.held_back for f in evaluate(specs, sig, load_thresholds()).findings)

@@ -122,6 +122,7 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
                 click.echo(f"  next experiment: {v.experiment}")
         for f in analysis.findings[:5]:
             tag = f" (consequence of {f.explained_by})" if f.explained_by else ""
+            tag += f" (held back by {f.held_back})" if f.held_back else ""
             click.echo(f"  [{f.severity}] {f.rule_id} {f.title}{tag}")
         if analysis.not_evaluated:
             click.echo(f"  ({len(analysis.not_evaluated)} rules not evaluated: missing evidence; see the report)")

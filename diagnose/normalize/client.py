@@ -29,7 +29,7 @@ from diagnose.bundle import Bundle
 from diagnose.model import Signal
 from diagnose.normalize import client_stalls
 from diagnose.profiler_window import overlaps, profiler_windows
-from diagnose.requests import PCTS, finite, percentiles, select
+from diagnose.requests import PCTS, finite, in_flight_mean, percentiles, select, span_s
 from diagnose.signal_catalog import SIGNALS
 
 COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the rest of their phase
@@ -175,20 +175,6 @@ def _profiled(df: pd.DataFrame) -> pd.Series:
     return df["profiled"].fillna(False).astype(bool)
 
 
-def _span(kept: pd.DataFrame, excluded: pd.DataFrame | None) -> float:
-    """Last end - first send of the kept requests; with excluded windows (the profiler's), the sum of that
-    over the stretches of kept requests between them, so the excluded time is not in the denominator."""
-    if kept.empty:
-        return math.nan
-    if excluded is None or excluded.empty:
-        return float(kept["end_s"].max() - kept["sent_s"].min())
-    ends = np.sort(excluded["end_s"].to_numpy(dtype=float))
-    # a kept request overlaps no window: the windows before it are those that ended before its send
-    seg = np.searchsorted(ends, kept["sent_s"].to_numpy(dtype=float), side="left")
-    g = kept.assign(_seg=seg).groupby("_seg")
-    return float((g["end_s"].max() - g["sent_s"].min()).sum())
-
-
 def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
                  slo: pd.DataFrame | None, excluded: pd.DataFrame | None = None) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
@@ -205,7 +191,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     sigs += _pct_signals("tpot", ok["tpot_ms"], PCTS[:4])
     sigs += _pct_signals("e2e", ok["e2e_ms"])
     sigs += _pct_signals("itl_req_mean", ok["itl_mean_ms"], (("p50", 50), ("p99", 99)))
-    span = _span(w, excluded)
+    span = span_s(w, excluded)
     sigs.append(_sig("requests_total", n_total, "requests"))
     sigs.append(_sig("requests_measured", len(ok), "requests"))
     if n_stalled:
@@ -220,6 +206,12 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     if len(done):
         sigs.append(_sig("error_rate_ratio", (~done["ok"].astype(bool)).sum() / len(done), "ratio"))
         sigs.append(_sig("http_429_ratio", (done["error"] == "http_429").sum() / len(done), "ratio"))
+    named = {x.name: x.value for x in sigs}
+    if named.get("itl_p50_ms", 0) > 0 and "ttft_p50_ms" in named:
+        sigs.append(_sig("ttft_p50_itl_ratio", named["ttft_p50_ms"] / named["itl_p50_ms"], "ratio"))
+    flight = in_flight_mean(w, excluded)
+    if flight is not None:
+        sigs.append(_sig("client_in_flight_mean", flight, "requests"))
     if span > 0 and len(ok):
         sigs.append(_sig("output_tps", float(_finite(ok["output_tokens"]).sum()) / span, "tok/s"))
         sigs.append(_sig("request_rps", len(ok) / span, "req/s"))
@@ -271,10 +263,41 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if wl is not None and out:  # workload facts the rules read (from the manifest's workload spec)
         for name, value in zip(wl["name"], wl["value"], strict=True):
             out[name] = _sig(name, float(value), "requests" if name == "warmup_requests" else "ratio")
+    _arrivals(req, tables.get("client_phases"), window, out)
     _self_check(tables.get("client_health"), window, out)
     if window.phase is None:
         _run_only(req, itl, tables.get("client_phases"), window, out, tables.get("client_excluded"))
     return list(out.values())
+
+
+def _arrivals(req: pd.DataFrame, phases: pd.DataFrame | None, window: Window, out: dict[str, Signal]) -> None:
+    """``workload_open_loop`` (1: every measured phase of the window sends at a rate, 0: a closed loop at a
+    concurrency) and, for an open loop, ``arrival_gap_cv_ratio``: the coefficient of variation of the gaps
+    between the window's sends (Poisson 1; gamma arrivals of burstiness b about 1/sqrt(b)). A closed loop
+    sends when a request ends, so it has no arrival bursts of its own."""
+    if phases is None or phases.empty or "phase" not in phases.columns:
+        return
+    rows = phases[phases["role"] != "baseline"] if "role" in phases.columns else phases
+    if window.phase is not None:
+        rows = phases[phases["phase"] == window.phase]
+    modes = {str(m) for m in rows.get("mode", pd.Series(dtype=str)).dropna()}
+    if not modes or not modes <= {"rate", "concurrency"}:
+        return
+    open_loop = modes == {"rate"}
+    out["workload_open_loop"] = _sig("workload_open_loop", 1.0 if open_loop else 0.0, "flag")
+    if not open_loop:
+        return
+    sel = select(req, window).counted
+    gaps: list[np.ndarray] = []
+    for _ph, g in sel.groupby("phase"):
+        t = np.sort(g["sent_s"].to_numpy(dtype=float))
+        t = t[np.isfinite(t)]
+        if t.size >= 3:
+            gaps.append(np.diff(t))
+    if gaps:
+        d = np.concatenate(gaps)
+        if d.size >= 10 and d.mean() > 0:
+            out["arrival_gap_cv_ratio"] = _sig("arrival_gap_cv_ratio", float(d.std() / d.mean()), "ratio")
 
 
 def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None, window: Window,

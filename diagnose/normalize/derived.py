@@ -84,8 +84,16 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
         if b is not None:
             out[name] = _sig(name, b, "ms")
     lb, lt = _load(base), _load(top)
+    if base.level_kind != top.level_kind:
+        # an open loop at N req/s against a concurrency-1 baseline: compare like with like, the requests each
+        # phase actually kept in flight (time-weighted, Little's law), never a rate against a concurrency
+        lb, lt = _val(bs, "client_in_flight_mean"), _val(ts, "client_in_flight_mean")
     if lb and lt and math.isfinite(lb) and lb > 0:
-        out["load_vs_baseline_ratio"] = _sig("load_vs_baseline_ratio", lt / lb)
+        how = ("requests in flight (time-weighted)" if base.level_kind != top.level_kind
+               else f"offered {top.level_kind or 'load'}")
+        sig = _sig("load_vs_baseline_ratio", lt / lb)
+        out["load_vs_baseline_ratio"] = Signal(sig.name, sig.value, sig.unit, sig.source,
+                                               f"{sig.description}: {how} at {top.name} / at {base.name}")
     if slo:
         rt, rb = worst_slo_ratio(ts, slo), worst_slo_ratio(bs, slo)
         if rt is not None:

@@ -38,7 +38,7 @@ from diagnose.normalize.prom_hist import (
     histogram_quantile,
     parse_le,
 )
-from diagnose.requests import finite, select
+from diagnose.requests import finite, in_flight_mean, select
 
 SOURCE: Source = "server"
 METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "kind", "unit", "agg", "metric"]
@@ -412,6 +412,18 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
                           f"prompt + generation tokens per output step, mean of {step[1]:.0f} steps (vLLM counts a prompt "
                           "whole in the step that gives its first token, so this does not show prefill chunks)"))
+    layers = in_flight_layers(tables, window)
+    if layers is not None:
+        client, waiting, running = layers
+        outside = client - waiting - running
+        how = (f"client in flight {client:.1f} - engine waiting {waiting:.1f} - engine running {running:.1f}, all "
+               "time-weighted (Little's law)")
+        out.append(Signal("api_server_in_flight_mean", outside, "requests", SOURCE,
+                          f"requests in flight outside the engine's queue and batch (API server: HTTP, tokenise, "
+                          f"detokenise, stream; and the network): {how}"))
+        if client > 0:
+            out.append(Signal("api_server_in_flight_share_ratio", max(0.0, outside) / client, "ratio", SOURCE,
+                              f"share of the client's in-flight requests that are outside the engine: {how}"))
     gap = ttft_gap(tables, window)
     if gap is not None:
         out.append(Signal("server_ttft_client_gap_mean_ms", gap[0], "ms", SOURCE,
@@ -436,6 +448,20 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
     return out
+
+
+def in_flight_layers(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, float, float] | None:
+    """(client in flight, engine waiting, engine running), each time-weighted over the window by Little's law:
+    the cross-layer check of where in-flight requests are. None unless all three are measured."""
+    req = tables.get("requests")
+    if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
+        return None
+    client = in_flight_mean(select(req, window).counted, tables.get("client_excluded"))
+    waiting = littles_mean(tables, LITTLES_SOURCES["queue_depth"], window)
+    running = littles_mean(tables, LITTLES_SOURCES["running_requests"], window)
+    if client is None or waiting is None or running is None:
+        return None
+    return client, waiting[0], running[0]
 
 
 def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:
