@@ -233,6 +233,7 @@ class Verdict:
     experiment: str = ""
     share: float | None = None
     explains: tuple[str, ...] = ()  # the fired findings shown as its consequences
+    symptom: str = ""  # what is out of line and by how much: the title of the strongest symptom finding
 
     @property
     def text(self) -> str:

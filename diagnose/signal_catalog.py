@@ -163,6 +163,10 @@ _PROMETHEUS: list[_Entry] = [
     ("api_server_in_flight_mean", "requests", "requests in flight outside the engine's queue and batch (client in "
      "flight - engine waiting - engine running, all by Little's law): API server and network"),
     ("api_server_in_flight_share_ratio", "ratio", "share of the client's in-flight requests outside the engine"),
+    ("server_ttft_split_queue_ratio", "ratio", "queue time's share of the client's mean TTFT (server histogram sums)"),
+    ("server_ttft_split_prefill_ratio", "ratio", "prefill's share of the client's mean TTFT (server histogram sums)"),
+    ("server_ttft_split_outside_ratio", "ratio", "the rest of the client's mean TTFT: API server, network, client "
+     "(1 - queue - prefill shares)"),
     ("running_requests_mean", "requests", "requests in the running batch, time-weighted mean (Little's law from "
      "the prefill + decode histogram sums; the gauge's mean over scrapes without them)"),
     ("running_requests_max", "requests", "requests in the running batch, max"),

@@ -135,6 +135,32 @@ def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
     return [(p, s) for p, s in zip(a.phases, a.phase_signals, strict=False) if not p.is_baseline]
 
 
+ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("TTFT, joined spans", (("ttft_queue_share_ratio", "queue"), ("ttft_prefill_share_ratio", "prefill"),
+                            ("ttft_frontend_share_ratio", "frontend"),
+                            ("ttft_client_network_share_ratio", "client + network"))),
+    ("TTFT, server histograms", (("server_ttft_split_queue_ratio", "queue"),
+                                 ("server_ttft_split_prefill_ratio", "prefill"),
+                                 ("server_ttft_split_outside_ratio", "API server + network + client"))),
+    ("requests in flight", (("api_server_in_flight_mean", "API server + network"),
+                            ("queue_depth_mean", "engine waiting"), ("running_requests_mean", "engine running"))),
+)
+
+
+def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
+    """Where the time went, from the signals (nothing computed here): TTFT split by joined spans when present,
+    else by the server's histograms, and the in-flight requests split by layer."""
+    rows: list[dict[str, Any]] = []
+    for label, parts in ATTRIBUTION:
+        if label == "TTFT, server histograms" and rows and rows[0]["label"] == "TTFT, joined spans":
+            continue
+        got = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
+               for n, lab in parts if n in signals and signals[n].is_finite()]
+        if len(got) == len(parts) or (label.startswith("TTFT, joined") and len(got) >= 3):
+            rows.append({"label": label, "parts": got})
+    return rows
+
+
 def _verdict(a: Analysis) -> dict[str, Any]:
     """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep."""
     v = a.verdict
@@ -155,6 +181,7 @@ def _verdict(a: Analysis) -> dict[str, Any]:
         return {"level": "ok", "headline": "No verdict", "detail": "", "key_numbers": keys, "by_level": by_level,
                 "partial": a.partial, "note": note}
     return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
+            "attribution": _attribution(a.signals) if v.judged else [], "symptom": v.symptom,
             "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
             "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
             "refute": v.refute, "experiment": v.experiment, "share": finite(v.share) if v.share is not None else None,

@@ -1,7 +1,8 @@
 """Held-back scenario variants: randomised members of the suite's families, generated from a seed, run and
 scored but never used to change a rule (scenarios/README.md, "Held-back split").
 
-    python -m scenarios.heldout --seed 20261201 -o scenarios/heldout.yaml
+    python -m scenarios.heldout --seed 7 -o scenarios/tune.yaml          # the split rules are tuned on
+    python -m scenarios.heldout --seed 20261202 -o scenarios/heldout.yaml  # held back: run once, never tuned on
     python -m scenarios.suite --scenarios scenarios/heldout.yaml
 """
 
@@ -17,32 +18,60 @@ import yaml
 DEFAULTS = yaml.safe_load((Path(__file__).parent / "scenarios.yaml").read_text())["defaults"]
 
 
+def _v(name: str, description: str, expect: str | None, attach: list[str], engine: list[str] | None = None,
+       **extra: Any) -> dict[str, Any]:
+    v: dict[str, Any] = {"name": name, "description": description, "attach": attach,
+                         "expect": {"top": expect, "top3": [expect] if expect else []}}
+    if engine:
+        v["engine"] = {"args": engine}
+    v.update(extra)
+    return v
+
+
 def variants(seed: int) -> list[dict[str, Any]]:
+    """One randomised variant of each labelled family (issue 10's list), from ``seed``."""
     r = random.Random(seed)
     out: list[dict[str, Any]] = []
     c, n_in = r.choice([1, 2, 3]), r.choice([64, 128, 256])
-    out.append({"name": f"heldout_healthy_c{c}_in{n_in}", "description": "default engine, light load",
-                "attach": ["--concurrency", str(c), "--input-tokens", str(n_in)], "expect": {"top": None, "top3": []}})
+    out.append(_v(f"healthy_c{c}_in{n_in}", "default engine, light load", None,
+                  ["--concurrency", str(c), "--input-tokens", str(n_in)]))
+    c = r.choice([6, 8])
+    out.append(_v(f"healthy_high_load_c{c}_slo", f"default engine at c={c}, a generous SLO that holds", None,
+                  ["--concurrency", str(c), "--slo", "ttft_p99=3000ms,itl_p99=300ms"]))
+    n_out, c = r.choice([256, 384]), r.choice([2, 4])
+    out.append(_v(f"healthy_long_outputs_o{n_out}_c{c}", f"{n_out}-token outputs at c={c}, nothing injected", None,
+                  ["--concurrency", str(c), "--output-tokens", str(n_out), "--timeout", "120s"]))
     seqs, c = r.choice([2, 3, 4]), r.choice([12, 16, 24])
-    out.append({"name": f"heldout_queue_bound_s{seqs}_c{c}", "description": f"--max-num-seqs {seqs} at c={c}",
-                "engine": {"args": ["--max-num-seqs", str(seqs)]}, "attach": ["--concurrency", str(c)],
-                "expect": {"top": "SCH001", "top3": ["SCH001", "SCH003"]}})
+    out.append(_v(f"queue_bound_s{seqs}_c{c}", f"--max-num-seqs {seqs} at c={c}", "SCH001",
+                  ["--concurrency", str(c)], ["--max-num-seqs", str(seqs)]))
     n_in, budget, c = r.choice([1024, 1536]), r.choice([256, 384]), r.choice([4, 8])
-    out.append({"name": f"heldout_prefill_heavy_in{n_in}_b{budget}_c{c}",
-                "description": f"{n_in}-token prompts, --max-num-batched-tokens {budget}, c={c}",
-                "engine": {"args": ["--max-num-batched-tokens", str(budget), "--max-num-seqs", "16"]},
-                "attach": ["--concurrency", str(c), "--input-tokens", str(n_in), "--output-tokens", "16"],
-                "expect": {"top": "SCH004", "top3": ["SCH004"]}})
+    slo = r.choice([None, "ttft_p99=300ms"])
+    out.append(_v(f"prefill_heavy_in{n_in}_b{budget}_c{c}" + ("_slo" if slo else ""),
+                  f"{n_in}-token prompts, --max-num-batched-tokens {budget}, c={c}" + (f", SLO {slo}" if slo else ""),
+                  "SCH004", ["--concurrency", str(c), "--input-tokens", str(n_in), "--output-tokens", "16",
+                             *(["--slo", slo] if slo else [])],
+                  ["--max-num-batched-tokens", str(budget), "--max-num-seqs", "16"]))
     share, n_in, c = r.choice([0.6, 0.75, 0.9]), r.choice([768, 1024]), r.choice([2, 4])
-    out.append({"name": f"heldout_prefix_cache_miss_p{int(share * 100)}_in{n_in}_c{c}",
-                "description": f"{share:.0%} shared prefix of {n_in}-token prompts, prefix caching off, c={c}",
-                "engine": {"args": ["--no-enable-prefix-caching"]},
-                "attach": ["--concurrency", str(c), "--input-tokens", str(n_in), "--output-tokens", "32",
-                           "--shared-prefix", str(share)], "expect": {"top": "SCH006", "top3": ["SCH006"]}})
+    out.append(_v(f"prefix_cache_miss_p{int(share * 100)}_in{n_in}_c{c}",
+                  f"{share:.0%} shared prefix of {n_in}-token prompts, prefix caching off, c={c}", "SCH006",
+                  ["--concurrency", str(c), "--input-tokens", str(n_in), "--output-tokens", "32",
+                   "--shared-prefix", str(share)], ["--no-enable-prefix-caching"]))
+    rate, b = r.choice([4, 6, 8]), r.choice([0.1, 0.15, 0.2])
+    out.append(_v(f"bursty_r{rate}_b{b}", f"gamma arrivals (burstiness {b}) at a mean {rate} req/s", "SCH008",
+                  ["--rate", str(rate), "--arrival", "gamma", "--burstiness", str(b), "--output-tokens", "64"]))
+    blocks = r.choice([17, 24])
+    out.append(_v(f"kv_pressure_blocks{blocks}", f"{blocks} KV blocks, 512 output tokens at c=32", "SCH005",
+                  ["--concurrency", "32", "--output-tokens", "512", "--timeout", "120s"],
+                  ["--num-gpu-blocks-override", str(blocks)], timeout_s=300))
+    c, n_out = r.choice([96, 128]), r.choice([2, 4])
+    out.append(_v(f"frontend_bound_c{c}_o{n_out}", f"c={c} with {n_out}-token outputs and 32-token prompts",
+                  "LAT008", ["--concurrency", str(c), "--input-tokens", "32", "--output-tokens", str(n_out)]))
     procs, c = r.choice([2, 3]), r.choice([2, 4])
-    out.append({"name": f"heldout_host_contention_h{procs}_c{c}", "description": f"{procs} hogs on the worker's core",
-                "hog": {"target": "worker", "procs": procs, "nice_offset": -2}, "attach": ["--concurrency", str(c)],
-                "expect": {"top": "HST005", "top3": ["HST005"]}})
+    out.append(_v(f"host_contention_h{procs}_c{c}", f"{procs} busy processes on the worker's core, c={c}", "HST005",
+                  ["--concurrency", str(c)], hog={"target": "worker", "procs": procs, "nice_offset": -2}))
+    procs = r.choice([2, 3])
+    out.append(_v(f"client_bound_h{procs}", f"the client on a core shared with {procs} busy processes", "VAL001",
+                  ["--concurrency", "16"], hog={"target": "client", "procs": procs}))
     return out
 
 

@@ -115,3 +115,16 @@ def test_a_client_near_its_limit_holds_back_findings_that_rest_on_client_timings
     # without the client's lag nothing is held back
     sig["client_loop_lag_p99_ms"] = Signal("client_loop_lag_p99_ms", 1.0, "ms", "client")
     assert not any(f.held_back for f in evaluate(specs, sig, load_thresholds()).findings)
+
+
+def test_the_verdict_shows_where_the_time_went_with_shares_that_add_up() -> None:
+    from diagnose.reports.view_model import build_view
+
+    a = analyze(SAMPLES / "vllm_cpu_prefill_heavy")
+    rows = {r["label"]: r["parts"] for r in build_view(a)["verdict"]["attribution"]}
+    ttft = rows["TTFT, server histograms"]
+    assert [p["label"] for p in ttft] == ["queue", "prefill", "API server + network + client"]
+    assert sum(p["value"] for p in ttft) == pytest.approx(1.0)
+    flight = {p["label"]: p["value"] for p in rows["requests in flight"]}
+    assert flight["engine waiting"] == pytest.approx(a.signals["queue_depth_mean"].value)
+    assert "Where the time went" in render_html(a)

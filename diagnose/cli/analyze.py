@@ -55,7 +55,7 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         "diagnosis": None if a.verdict is None or not a.verdict.cause else {
             "top_rule": a.verdict.top_rule, "cause": a.verdict.cause, "cause_status": a.verdict.cause_status,
             "cause_evidence": a.verdict.cause_evidence, "share": a.verdict.share, "refute": a.verdict.refute,
-            "experiment": a.verdict.experiment, "explains": list(a.verdict.explains)},
+            "experiment": a.verdict.experiment, "explains": list(a.verdict.explains), "symptom": a.verdict.symptom},
         "run_valid": a.run_valid,
         "partial": a.partial,
         "findings": [f.to_json() for f in a.findings],
@@ -115,6 +115,8 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
             click.echo(f"warning: {w}", err=True)
         click.echo(verdict_line(analysis))
         v = analysis.verdict
+        if v is not None and v.symptom:
+            click.echo(f"  symptom: {v.symptom}")
         if v is not None and v.cause:
             share = f", explains {v.share:.0%}" if v.share is not None else ""
             click.echo(f"  cause ({v.cause_status}{share}): {v.cause}")

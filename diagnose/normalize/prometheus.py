@@ -412,15 +412,29 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
                           f"prompt + generation tokens per output step, mean of {step[1]:.0f} steps (vLLM counts a prompt "
                           "whole in the step that gives its first token, so this does not show prefill chunks)"))
+    client_ttft = client_ttft_s(tables, window)
+    queue, prefill = hist_mean(tables, "queue_time_seconds", window), hist_mean(tables, "prefill_time_seconds", window)
+    if client_ttft and queue is not None and prefill is not None:
+        total = sum(client_ttft) / len(client_ttft)
+        if total > 0:
+            note = (f"of the client's mean TTFT ({total * 1e3:.0f} ms, {len(client_ttft)} requests), from the server's "
+                    "histogram sums (exact means over the requests finished in the window's scrape intervals)")
+            q, pf = min(1.0, queue[0] / total), min(1.0, prefill[0] / total)
+            out.append(Signal("server_ttft_split_queue_ratio", q, "ratio", SOURCE, f"queue time's share {note}"))
+            out.append(Signal("server_ttft_split_prefill_ratio", pf, "ratio", SOURCE, f"prefill's share {note}"))
+            out.append(Signal("server_ttft_split_outside_ratio", max(0.0, 1.0 - q - pf), "ratio", SOURCE,
+                              f"the rest (API server, network, client): 1 - queue - prefill, {note}"))
     layers = in_flight_layers(tables, window)
     if layers is not None:
         client, waiting, running = layers
         outside = client - waiting - running
         how = (f"client in flight {client:.1f} - engine waiting {waiting:.1f} - engine running {running:.1f}, all "
                "time-weighted (Little's law)")
-        out.append(Signal("api_server_in_flight_mean", outside, "requests", SOURCE,
+        out.append(Signal("api_server_in_flight_mean", max(0.0, outside), "requests", SOURCE,
                           f"requests in flight outside the engine's queue and batch (API server: HTTP, tokenise, "
-                          f"detokenise, stream; and the network): {how}"))
+                          f"detokenise, stream; and the network): {how}" + (
+                              f"; the difference is {outside:.2f}, below zero by the error of the histogram sums "
+                              "(counted when requests finish), shown as 0" if outside < 0 else "")))
         if client > 0:
             out.append(Signal("api_server_in_flight_share_ratio", max(0.0, outside) / client, "ratio", SOURCE,
                               f"share of the client's in-flight requests that are outside the engine: {how}"))
