@@ -434,7 +434,7 @@ def _competitor_signals(fo: pd.DataFrame, v: Any, where: str) -> list[Signal]:
         out.append(Signal("host_competitor_core_ratio", 0.0, "ratio", SOURCE,
                           f"no process outside the engine used {core} that {_who(v)} needed"))
         return out
-    c = fo.iloc[0]
+    c = next(fo.itertuples(index=False))
     own = ", this capture's own process" if c.own else ""
     out.append(Signal("host_competitor_core_ratio", float(c.core_ratio), "ratio", SOURCE,
                       f"process {int(c.pid)} ({c.name}{own}) took {c.core_ratio:.0%} of {core} that {_who(v)} needed"
