@@ -110,7 +110,7 @@ def read_thread_cpu(pid: int) -> list[dict[str, Any]]:
 
 def read_all_processes() -> dict[int, tuple[str, int, float, int]]:
     """pid -> (name, ppid, cumulative CPU seconds user + system, last core) of every visible process, from
-    ``/proc/<pid>/stat`` (one read each: about 5x cheaper than psutil.process_iter for the same fields,
+    ``/proc/<pid>/stat`` (one read each: 0.15x the CPU of psutil.process_iter for the same fields,
     benchmarks/results/host_foreign_scan.md). The name is the kernel's 15-character ``comm``."""
     out: dict[int, tuple[str, int, float, int]] = {}
     try:

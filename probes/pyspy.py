@@ -15,7 +15,7 @@ capture:
   GIL, which are active).
 * every ``foreign_interval_s`` reads ``/proc/<pid>/stat`` of every process on the machine and records the
   ``foreign_top_n`` busiest outside the engine's tree (name and last core only, never a command line), so a
-  finding can name the process that took the engine's cores (measured: 2.3 ms of CPU per scan of 72
+  finding can name the process that took the engine's cores (measured: 1.7 ms of CPU per scan of 68
   processes, benchmarks/results/host_foreign_scan.md).
 
 Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
