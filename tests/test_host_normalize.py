@@ -319,7 +319,7 @@ def test_real_samples_working_thread_wait_discriminates(sample: str, low: float,
     assert low <= s["host_work_wait_ratio"].value < high
     assert low <= s["host_worker_wait_ratio"].value < high
     assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(s["host_work_wait_ratio"].value)
-    assert s["host_poll_loop_wait_ratio"].value > 0.3  # 0.38 healthy, 0.62 contended
+    assert s["host_poll_loop_wait_ratio"].value > 0.3  # 0.38 healthy, 0.94 contended (gloo threads included)
     assert "VLLM::EngineCore" in s["host_poll_loop_wait_ratio"].description
     assert "of worker process" in s["host_victim_wait_ratio"].description
     assert "(VLLM::Worker)" in s["host_victim_wait_ratio"].description

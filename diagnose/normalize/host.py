@@ -20,9 +20,9 @@ Tables (t_s = seconds since the clock anchor):
 Who decides contention (``thread_wait``): each engine thread over a window is ``work`` (it does the model
 work or serves the API), ``poll_loop`` (a loop that polls or yields the CPU by design: every thread of vLLM's
 ``EngineCore`` process, whose busy loop calls sched_yield so that its run-queue wait is high on an idle
-machine too, and any thread whose py-spy samples are mostly ``spin_wait``/``waiting``) or ``idle`` (runnable
-under 5% of the time, or on a CPU under 2% of a core: background pollers such as ZMQ or gloo threads, whose
-few wake-ups wait long and say nothing). Only ``work`` threads decide contention; the victim is the work
+machine too, threads named as a messaging library's pollers (``ZMQbg/*``, ``gloo_tcp_loop``), and any thread
+whose py-spy samples are mostly ``spin_wait``/``waiting``) or ``idle`` (runnable under 5% of the time, or
+on a CPU under 2% of a core: background threads whose few wake-ups wait long and say nothing). Only ``work`` threads decide contention; the victim is the work
 thread that lost the most time waiting, and the competitor the process outside the engine that used the most
 of the victim's core.
 
@@ -35,6 +35,7 @@ in windows of ``window_s`` (default 30 s): a signal window takes the stack windo
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -53,7 +54,10 @@ WORK_THREAD_MIN_CORES = 0.02
 # a thread whose py-spy samples are at least this share spin_wait + waiting is a poll/yield loop (real vLLM:
 # EngineCore main thread 0.72-0.82, worker main thread 0.20-0.30)
 POLL_LOOP_MIN_SHARE = 0.5
-POLL_ROLES = {"engine_core": "vLLM EngineCore: its busy loop yields the CPU by design"}
+# threads known by name to be pollers of a messaging library (ZMQ's I/O threads, gloo's TCP loops): they wake
+# briefly and often, so the little they run waits long; they never do the model's or the API's work
+POLL_THREADS = re.compile(r"^(ZMQbg/|gloo_tcp_loop|pt_gloo_runloop)")
+POLL_ROLES = {"engine_core": "vLLM EngineCore process: its busy loop yields the CPU by design, its other threads poll sockets"}
 _COLS = {
     "host_processes": ["pid", "ppid", "role", "name"],
     "host_threads": ["t0_s", "t_s", "pid", "tid", "role", "comm", "cpu_ratio", "run_ratio", "wait_ratio",
@@ -295,8 +299,11 @@ def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataF
         role = str(g["role"].iloc[0])
         lshare = float(loop.get((pid, tid), 0.0)) if (pid, tid) in sampled else math.nan
         runnable, run_ratio = (run + wait) / dur, run / dur
+        thread = str(names.get((pid, tid)) or g["comm"].iloc[0])
         if role in POLL_ROLES:
             kind, why = "poll_loop", POLL_ROLES[role]
+        elif POLL_THREADS.match(thread) or POLL_THREADS.match(str(g["comm"].iloc[0])):
+            kind, why = "poll_loop", "a messaging library's polling thread (by name)"
         elif lshare >= POLL_LOOP_MIN_SHARE:
             kind, why = "poll_loop", f"{lshare:.0%} of its py-spy samples spin or wait"
         elif runnable < BUSY_THREAD_MIN_RATIO:
@@ -306,7 +313,7 @@ def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataF
         else:
             kind, why = "work", ""
         rows.append({"pid": pid, "tid": tid, "role": role, "process": pname.get(pid, ""),
-                     "thread": str(names.get((pid, tid)) or g["comm"].iloc[0]), "cpu_s": cpu, "run_s": run,
+                     "thread": thread, "cpu_s": cpu, "run_s": run,
                      "wait_s": wait, "dur_s": dur, "run_ratio": run_ratio, "runnable_ratio": runnable,
                      "wait_share": wait / (run + wait) if run + wait > 0 else math.nan, "core": core,
                      "loop_share": lshare, "kind": kind, "why": why})
@@ -374,10 +381,13 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
         loops = tw[(tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO)]
         lw = _share(loops)
         if lw is not None:
+            top = loops.sort_values("runnable_ratio", ascending=False)
+            more = f"; and {len(top) - 3} more" if len(top) > 3 else ""
             out.append(Signal("host_poll_loop_wait_ratio", lw, "ratio", SOURCE,
                               "run-queue wait / (run + wait) of the engine's poll/yield loops (not judged: "
                               "they yield the CPU by design): " + "; ".join(
-                                  f"{_who(r)} {r.wait_share:.0%}" for r in loops.itertuples(index=False))))
+                                  f"{_who(r)} {r.wait_share:.0%}" for r in top.head(3).itertuples(index=False))
+                              + more))
         for role, name in (("worker", "host_worker_wait_ratio"), ("api_server", "host_api_server_wait_ratio")):
             pr = pw[pw["role"] == role]
             if not pr.empty:

@@ -7,7 +7,14 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from diagnose.normalize.host import category_cpu, foreign_on_core, thread_categories, thread_wait, victim
+from diagnose.normalize.host import (
+    BUSY_THREAD_MIN_RATIO,
+    category_cpu,
+    foreign_on_core,
+    thread_categories,
+    thread_wait,
+    victim,
+)
 from diagnose.normalize.host_stacks import CATEGORY_TEXT, flame_tree
 
 from .model import Cell, FlameGraph, Phrase, Quantity, Section, Table, TextBlock
@@ -102,7 +109,8 @@ def _core(c: int) -> Cell:
 
 def _wait_table(t: Tables) -> Section | None:
     tw = thread_wait(dict(t))
-    tw = tw[tw["kind"] != "idle"].assign(loop=lambda d: d["kind"] != "work")
+    shown = (tw["kind"] == "work") | ((tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO))
+    tw = tw[shown].assign(loop=lambda d: d["kind"] != "work")
     tw = tw.sort_values(["loop", "wait_s"], ascending=[True, False]).head(12)  # working threads first
     if tw.empty:
         return None
@@ -118,7 +126,7 @@ def _wait_table(t: Tables) -> Section | None:
         "Run-queue wait = time a thread was ready to run but had no CPU (schedstat). Only working threads decide "
         "CPU contention (host_work_wait_ratio, HST005): vLLM's EngineCore busy loop and threads whose py-spy "
         "samples are mostly spin-wait or waiting yield the CPU by design, so their wait is high on an idle machine "
-        "too. Threads on a CPU under 2% of a core (ZMQ, gloo pollers) are left out. Core = the core the thread ran "
+        "too. Threads on a CPU under 2% of a core (ZMQ, gloo pollers) and loops runnable under 5% of the time are left out. Core = the core the thread ran "
         "on most often (- where the probe did not record it)."), group="host", order=43)
 
 
