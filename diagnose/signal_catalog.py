@@ -204,10 +204,35 @@ _HOST: list[_Entry] = [
     ("host_thread_busy_max_ratio", "ratio", "busiest engine thread's CPU share of one core, spin-wait included"),
     ("host_thread_saturated_max_ratio", "ratio", "busiest engine Python thread's on-CPU share of one core"),
     ("host_engine_cpu_cores_mean", "cores", "CPU used by all engine processes (cores)"),
-    ("host_run_queue_wait_ratio", "ratio", "run-queue wait / (run + wait) of runnable engine threads (schedstat)"),
+    # run-queue wait (schedstat: time runnable but not on a CPU) as wait / (run + wait). Who counts
+    # (normalize/host.py thread_wait): "working" threads are engine threads on a CPU >= 2% of a core and
+    # runnable >= 5% of the time that are not poll/yield loops; poll/yield loops are every thread of vLLM's
+    # EngineCore process (its busy loop calls sched_yield, so its wait is high on an idle machine too: failure
+    # class 6 of issue 10) and any thread with >= 50% of its py-spy samples in spin_wait/waiting.
+    ("host_run_queue_wait_ratio", "ratio",
+     "run-queue wait / (run + wait) of every engine thread runnable >= 5% of the time, poll loops included "
+     "(for comparison only: no rule judges it)"),
+    ("host_work_wait_ratio", "ratio",
+     "run-queue wait / (run + wait) of the engine's working threads (worker compute threads, API-server threads; "
+     "poll/yield loops and background pollers excluded): the CPU contention the engine's work suffered"),
+    ("host_worker_wait_ratio", "ratio", "run-queue wait / (run + wait) of a worker process's working threads "
+     "(the worst worker process)"),
+    ("host_api_server_wait_ratio", "ratio", "run-queue wait / (run + wait) of the API server process's working "
+     "threads"),
+    ("host_poll_loop_wait_ratio", "ratio", "run-queue wait / (run + wait) of the engine's poll/yield loops "
+     "(EngineCore busy loop, spin-wait threads): high by design, never judged"),
+    ("host_victim_wait_ratio", "ratio", "run-queue wait / (run + wait) of the working thread that lost the most "
+     "time waiting; its description names the thread, its process and its core"),
+    ("host_foreign_cpu_cores", "cores", "CPU used by the busiest processes outside the engine's process tree "
+     "(the probe's top 5 per scan above 5% of a core; diagnose's own processes included and marked)"),
+    ("host_competitor_core_ratio", "ratio", "share of the victim thread's core used by the busiest process outside "
+     "the engine (all its CPU when the victim's core is unknown); 0 when the probe scanned and found none; its "
+     "description names the process (pid, name)"),
     ("host_cpu_steal_ratio", "ratio", "CPU time stolen by the hypervisor, share of all CPU time"),
     ("host_cpu_busy_ratio", "ratio", "whole machine CPU busy share (all processes)"),
-    ("host_cpu_steal_or_contention_ratio", "ratio", "run-queue wait / (run + wait) of engine threads, or steal"),
+    ("host_cpu_steal_or_contention_ratio", "ratio",
+     "max of host_work_wait_ratio (run-queue wait of the engine's working threads, poll/yield loops excluded) "
+     "and host_cpu_steal_ratio: time the engine's work was ready to run but had no CPU"),
     ("host_gil_held_ratio", "ratio", "share of py-spy dump snapshots in which an engine thread held the GIL"),
     ("host_gil_contention_ratio", "ratio", "share of py-spy dump snapshots with threads waiting for the GIL"),
 ]

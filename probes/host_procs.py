@@ -2,13 +2,16 @@
 
 ``engine_tree`` finds the engine's Python processes under the server process and names their serving role;
 ``read_thread_cpu`` reads each thread's CPU time and run-queue wait (``/proc/<pid>/task/<tid>/stat`` and
-``schedstat``: the direct CPU-contention signal); ``read_system_cpu`` reads ``/proc/stat`` (steal).
+``schedstat``: the direct CPU-contention signal, and the core it last ran on); ``read_system_cpu`` reads
+``/proc/stat`` (steal); ``ForeignCpu`` samples the processes outside the engine that use the most CPU (name
+and last core only, never a command line: command lines can hold secrets).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -100,8 +103,93 @@ def read_thread_cpu(pid: int) -> list[dict[str, Any]]:
         rest = stat[stat.rfind(")") + 2:].split()
         rows.append({"tid": int(t), "comm": comm, "state": rest[0],
                      "utime_s": int(rest[11]) / _CLK_TCK, "stime_s": int(rest[12]) / _CLK_TCK,
-                     "run_ns": int(sched[0]), "wait_ns": int(sched[1]), "slices": int(sched[2])})
+                     "run_ns": int(sched[0]), "wait_ns": int(sched[1]), "slices": int(sched[2]),
+                     "cpu": int(rest[36]) if len(rest) > 36 else -1})
     return rows
+
+
+def read_all_processes() -> dict[int, tuple[str, int, float, int]]:
+    """pid -> (name, ppid, cumulative CPU seconds user + system, last core) of every visible process, from
+    ``/proc/<pid>/stat`` (one read each: 0.15x the CPU of psutil.process_iter for the same fields,
+    benchmarks/results/host_foreign_scan.md). The name is the kernel's 15-character ``comm``."""
+    out: dict[int, tuple[str, int, float, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in entries:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # exited while we looked, or not ours to read
+        end = stat.rfind(b")")
+        rest = stat[end + 2:].split()
+        if len(rest) < 37:
+            continue
+        name = stat[stat.find(b"(") + 1:end].decode("utf-8", "replace")
+        out[int(d)] = (name, int(rest[1]), (int(rest[11]) + int(rest[12])) / _CLK_TCK, int(rest[36]))
+    return out
+
+
+def descendants(roots: Collection[int], ppid_of: dict[int, int]) -> set[int]:
+    """``roots`` and every process below them, from a pid -> ppid map."""
+    kids: dict[int, list[int]] = {}
+    for pid, ppid in ppid_of.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        todo.extend(kids.get(pid, ()))
+    return out
+
+
+@dataclass
+class ForeignCpu:
+    """The busiest processes outside the engine's tree, for naming who competes for the engine's cores.
+
+    Each ``sample`` reads every process's CPU counters (``read_all_processes``) and returns, for the
+    interval since the previous sample, one ``foreign_scan`` record and a ``foreign_cpu`` record for each of
+    the ``top_n`` processes outside the engine's tree that used at least ``min_cores`` of a core: pid, name,
+    CPU seconds and the core it last ran on. Processes of this capture itself (diagnose, its py-spy
+    children) carry ``own: true``: the load generator competing with the engine is a finding too."""
+
+    engine_root: int
+    top_n: int = 5
+    min_cores: float = 0.05
+    own_root: int = field(default_factory=os.getpid)
+    _prev: tuple[int, dict[int, tuple[str, int, float, int]]] | None = None
+
+    def sample(self, t_ns: int) -> list[dict[str, Any]]:
+        now = read_all_processes()
+        prev, self._prev = self._prev, (t_ns, now)
+        if prev is None or t_ns <= prev[0]:
+            return []
+        dt = (t_ns - prev[0]) / 1e9
+        ppid_of = {pid: v[1] for pid, v in now.items()}
+        engine = descendants([self.engine_root], ppid_of)
+        own = descendants([self.own_root], ppid_of) - engine
+        used = []
+        for pid, (name, _, cpu_s, core) in now.items():
+            before = prev[1].get(pid)
+            if pid in engine or before is None or before[0] != name or before[2] > cpu_s:
+                continue  # engine, new since the last scan, or a reused pid
+            d = max(0.0, cpu_s - before[2])
+            if d / dt >= self.min_cores:
+                used.append((d, pid, name, core))
+        used.sort(reverse=True)
+        t0 = prev[0]
+        recs: list[dict[str, Any]] = [{"kind": "foreign_scan", "t0_ns": t0, "t_ns": t_ns, "processes": len(now),
+                                       "engine_processes": len(engine), "top_n": self.top_n,
+                                       "min_cores": self.min_cores}]
+        recs += [{"kind": "foreign_cpu", "t0_ns": t0, "t_ns": t_ns, "pid": pid, "name": name, "cpu_s": round(d, 4),
+                  "cpu": core, "own": pid in own} for d, pid, name, core in used[:self.top_n]]
+        return recs
 
 
 def read_system_cpu() -> dict[str, Any] | None:

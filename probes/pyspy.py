@@ -13,13 +13,21 @@ capture:
   every 30 s) and the system's ``/proc/stat`` (steal);
 * takes a ``py-spy dump --json`` snapshot of each process every ``dump_interval_s`` (which thread holds the
   GIL, which are active).
+* every ``foreign_interval_s`` reads ``/proc/<pid>/stat`` of every process on the machine and records the
+  ``foreign_top_n`` busiest outside the engine's tree (name and last core only, never a command line), so a
+  finding can name the process that took the engine's cores (measured: 1.7 ms of CPU per scan of 68
+  processes, benchmarks/results/host_foreign_scan.md).
 
 Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
   process:    {kind, t_ns, pid, ppid, role, name}           role: api_server | engine_core | worker | other
-  thread_cpu: {kind, t_ns, pid, tid, comm, state, utime_s, stime_s, run_ns, wait_ns, slices}  (cumulative)
+  thread_cpu: {kind, t_ns, pid, tid, comm, state, utime_s, stime_s, run_ns, wait_ns, slices, cpu}
+                                                             (cumulative; cpu = core it last ran on)
   system_cpu: {kind, t_ns, ncpu, user, nice, system, idle, iowait, irq, softirq, steal}       (ticks, cumulative)
   stack:      {kind, pid, tid, thread, frames: ["func (file)", ... root first], count, start_ns, end_ns}
   dump:       {kind, t_ns, pid, threads: [{tid, name, active, gil, leaf}]}
+  foreign_scan: {kind, t0_ns, t_ns, processes, engine_processes, top_n, min_cores}   one per scan interval
+  foreign_cpu:  {kind, t0_ns, t_ns, pid, name, cpu_s, cpu, own}  a busy process outside the engine over the
+                interval (cpu = core it last ran on; own = this capture's own process or its children)
   exit:       {kind, t_ns, pid}                              a sampled process disappeared
   pyspy_cost: {kind, pid, mode (record | dump), cpu_s, wall_s, samples, rate_hz, nonblocking, returncode,
                windows}                                      py-spy's own CPU (os.wait4 rusage)
@@ -48,6 +56,7 @@ import psutil
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.host_procs import (
+    ForeignCpu,
     ProcInfo,
     alive,
     engine_tree,
@@ -114,7 +123,7 @@ class PySpyProbe:
     def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = DEFAULT_RATE_HZ,
                  nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 15.0,
                  binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 30.0,
-                 rate: float | None = None) -> None:
+                 rate: float | None = None, foreign_interval_s: float = 5.0, foreign_top_n: int = 5) -> None:
         self.pid = pid
         self.port = port
         self.rate_hz = float(rate if rate is not None else rate_hz)  # ``rate``: the CLI's name for it
@@ -124,6 +133,9 @@ class PySpyProbe:
         self.binary = binary
         self.stop_timeout_s = stop_timeout_s
         self.window_s = max(1.0, window_s)
+        self.foreign_interval_s = foreign_interval_s
+        self.foreign_top_n = foreign_top_n
+        self._foreign: ForeignCpu | None = None
         self._halt = threading.Event()
         self._recorders: list[_Recorder] = []
         self._dump_cpu_s = 0.0
@@ -179,6 +191,8 @@ class PySpyProbe:
                             "name": p.name} for p in procs])
         self._recorders = [_Recorder(p, ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")) for p in procs]
         loops = [asyncio.create_task(asyncio.to_thread(self._record_loop, ctx, r, stream)) for r in self._recorders]
+        if self.foreign_interval_s > 0:
+            self._foreign = ForeignCpu(root, top_n=self.foreign_top_n)
         sampler = asyncio.create_task(self._sample_loop(ctx, procs, stream))
         try:
             await ctx.stop.wait()
@@ -187,6 +201,8 @@ class PySpyProbe:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+            if self._foreign is not None:  # the last interval up to the stop
+                stream.write_many(self._foreign.sample(ctx.now_ns()))
             for r in self._recorders:
                 if r.popen is not None:
                     with contextlib.suppress(OSError):
@@ -241,8 +257,12 @@ class PySpyProbe:
 
     async def _sample_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         next_dump = time.monotonic() + min(1.0, self.dump_interval_s)
+        next_foreign = time.monotonic()
         while True:
             await asyncio.to_thread(self._sample_cpu, ctx, procs, stream)
+            if self._foreign is not None and time.monotonic() >= next_foreign:
+                next_foreign = time.monotonic() + self.foreign_interval_s
+                stream.write_many(await asyncio.to_thread(self._foreign.sample, ctx.now_ns()))
             if self.dump_interval_s > 0 and time.monotonic() >= next_dump:
                 next_dump = time.monotonic() + self.dump_interval_s
                 await asyncio.to_thread(self._dump_all, ctx, procs, stream)

@@ -3,7 +3,7 @@
 Inputs: every sample bundle in sample_traces/, every trace in tests/data/traces (the lone-trace path), and a
 few small synthetic inputs for the paths no shipped sample takes (a sweep with every SLO term, a bundle with
 OTLP spans joined to requests, every engine setting in the manifest, a trace with mixed steps, an NVML
-capture with NVLink counters from the fake NVML library). Used by tests/test_signal_catalog.py.
+capture with NVLink counters from the fake NVML library, host samples with a scan of other processes). Used by tests/test_signal_catalog.py.
 """
 
 from __future__ import annotations
@@ -151,6 +151,14 @@ def synthetic_short_client_stall(tmp: Path) -> Path:
     return _bundle(tmp, [5.0], 500.0)
 
 
+def synthetic_host_with_foreign_scan(tmp: Path) -> Path:
+    """Host samples with the probe's scan of processes outside the engine (no shipped sample has one yet)."""
+    from tests.test_host_normalize import engine_loop_and_worker
+
+    engine_loop_and_worker(tmp, 0.28, 0.72, foreign=[{"pid": 777, "name": "python3", "cores": 0.95, "core": 0}])
+    return tmp / "b"
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -158,7 +166,8 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
     for t in trace_inputs():
         out.extend(from_trace(t))
     for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
-                              synthetic_nvml_with_nvlink, synthetic_short_client_stall)):
+                              synthetic_nvml_with_nvlink, synthetic_short_client_stall,
+                              synthetic_host_with_foreign_scan)):
         d = tmp / f"s{i}"
         d.mkdir()
         out.extend(from_bundle(make(d)))

@@ -41,7 +41,10 @@ def test_a_missing_setting_says_unknown_not_na() -> None:
 
 
 def test_nothing_judged_on_an_invalid_run_is_shown_as_a_result() -> None:
-    a = analyze(SAMPLES / "vllm_cpu_client_bound")
+    # HST005 used to fire here on EngineCore's yield loop (issue 10, failure class 6); the engine's working
+    # threads wait 38%, under the 50% gate: a lower gate makes it fire, so that it must be held back
+    assert "HST005" not in {f.rule_id for f in analyze(SAMPLES / "vllm_cpu_client_bound").findings}
+    a = analyze(SAMPLES / "vllm_cpu_client_bound", threshold_overrides={"host_contention_max": 0.3})
     assert not a.run_valid and a.verdict is not None and a.verdict.level == "invalid"
     view = build_view(a)
     assert view["verdict"]["headline"].startswith("Run invalid: the load client was the bottleneck")

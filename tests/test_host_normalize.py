@@ -15,8 +15,11 @@ from diagnose.normalize.host_stacks import categorize, flame_tree
 from diagnose.probes.pyspy import parse_raw
 from diagnose.reports.formatting import fmt_text
 from diagnose.reports.sections.host import sections as host_sections
+from diagnose.rules.engine import evaluate
+from diagnose.rules.spec import load_rules, load_thresholds
 
 DATA = Path(__file__).parent / "host_data"
+SAMPLES = Path(__file__).parent.parent / "sample_traces"
 RUN = Window(0.0, math.inf)
 
 
@@ -77,8 +80,11 @@ def test_flame_tree_sums_and_prunes() -> None:
 
 # -- synthetic host_samples bundles --------------------------------------------------------------
 def write_bundle(tmp_path: Path, threads: dict[tuple[int, int], dict[str, float]], stacks: list[dict[str, Any]],
-                 seconds: int = 10, steal_per_s: int = 0) -> Bundle:
-    """threads[(pid, tid)] = {"cpu": cores, "wait": run-queue wait per second}; one /proc sample per second."""
+                 seconds: int = 10, steal_per_s: int = 0,
+                 foreign: list[dict[str, Any]] | None = None) -> Bundle:
+    """threads[(pid, tid)] = {"cpu": cores, "wait": run-queue wait per second, "core": last core (optional)}; one
+    /proc sample per second. ``foreign`` (processes outside the engine: {pid, name, cores, core, own}) makes
+    the probe's scans of other processes, one per 5 s; None: the probe did not scan."""
     bw = BundleWriter(tmp_path / "b")
     a = bw.anchor_mono_ns
     s = bw.stream("host_samples")
@@ -93,7 +99,14 @@ def write_bundle(tmp_path: Path, threads: dict[tuple[int, int], dict[str, float]
             cpu_s = v["cpu"] * i
             s.write({"kind": "thread_cpu", "t_ns": t, "pid": pid, "tid": tid, "comm": f"t{tid}", "state": "R",
                      "utime_s": cpu_s, "stime_s": 0.0, "run_ns": int(cpu_s * 1e9),
-                     "wait_ns": int(v.get("wait", 0.0) * i * 1e9), "slices": i})
+                     "wait_ns": int(v.get("wait", 0.0) * i * 1e9), "slices": i,
+                     **({"cpu": int(v["core"])} if "core" in v else {})})
+        if foreign is not None and i and i % 5 == 0:
+            t0 = t - 5_000_000_000
+            s.write({"kind": "foreign_scan", "t0_ns": t0, "t_ns": t, "processes": 80, "engine_processes": 3,
+                     "top_n": 5, "min_cores": 0.05})
+            s.write_many([{"kind": "foreign_cpu", "t0_ns": t0, "t_ns": t, "pid": f["pid"], "name": f["name"],
+                           "cpu_s": f["cores"] * 5, "cpu": f["core"], "own": f.get("own", False)} for f in foreign])
     for st in stacks:
         s.write({"kind": "stack", "start_ns": a, "end_ns": a + seconds * 1_000_000_000, **st})
     bw.finish()
@@ -140,11 +153,14 @@ def test_native_worker_threads_count_as_model_forward(tmp_path: Path) -> None:
 
 
 def test_contention_fires_under_run_queue_wait(tmp_path: Path) -> None:
+    # the worker (3) waits half its runnable time; EngineCore (2) is a yield loop: it does not decide contention
     b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.5, "wait": 0.5}, (2, 20): {"cpu": 0.9, "wait": 0.1}}, [])
     s = sigs(b)
-    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.6 / 2.0)
-    assert s["host_run_queue_wait_ratio"].value == pytest.approx(0.3)
-    assert all(v == pytest.approx(0.3) for _, v in s["host_cpu_steal_or_contention_ratio"].series)
+    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.5)
+    assert s["host_work_wait_ratio"].value == pytest.approx(0.5)
+    assert s["host_run_queue_wait_ratio"].value == pytest.approx(0.6 / 2.0)  # every thread, loops included
+    assert s["host_poll_loop_wait_ratio"].value == pytest.approx(0.1)
+    assert all(v == pytest.approx(0.5) for _, v in s["host_cpu_steal_or_contention_ratio"].series)
 
 
 def test_starved_thread_counts_even_with_little_cpu(tmp_path: Path) -> None:
@@ -189,3 +205,138 @@ def test_sections_from_synthetic(tmp_path: Path) -> None:
     assert row[5].value == pytest.approx(0.2)
     fg = secs["host_flamegraph"].payload.root
     assert fg["value"] == 90 and fg["children"][0]["name"].startswith("engine_core VLLM::EngineCore")
+
+
+# -- who decides contention: working threads, not poll/yield loops (issue 10, failure class 6) ----------
+HST005 = [r for r in load_rules() if r.id == "HST005"]
+
+
+def hst005_fires(s: dict[str, Any]) -> bool:
+    return any(f.rule_id == "HST005" for f in evaluate(HST005, s, load_thresholds()).findings)
+
+
+def engine_loop_and_worker(tmp_path: Path, worker_cpu: float, worker_wait: float,
+                           foreign: list[dict[str, Any]] | None = None) -> Bundle:
+    """EngineCore's busy loop (2, 20) runs 15% of a core and waits 85% (it yields by design); the worker's
+    main thread (3, 30) on core 0; the API server's loop (1, 10)."""
+    return write_bundle(tmp_path, {(2, 20): {"cpu": 0.15, "wait": 0.85, "core": 1},
+                                   (3, 30): {"cpu": worker_cpu, "wait": worker_wait, "core": 0},
+                                   (1, 10): {"cpu": 0.1, "wait": 0.03, "core": 1}}, [
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SPIN, "count": 80},
+        {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SCHED, "count": 20},
+        {"pid": 3, "tid": 30, "thread": "MainThread", "frames": FWD, "count": 70},
+        {"pid": 3, "tid": 30, "thread": "MainThread", "frames": SPIN, "count": 30}], foreign=foreign)
+
+
+def test_failure_class_6_engine_core_loop_does_not_decide_contention(tmp_path: Path) -> None:
+    # the numbers of the issue-10 runs: the loop waits 0.85 on an idle machine, the worker 0.31, nothing else busy.
+    # The old signal (every runnable thread, the loop included) gave (0.85 + 0.31 + 0.03) / 2.13 = 0.56: HST005 fired.
+    s = sigs(engine_loop_and_worker(tmp_path, 0.69, 0.31, foreign=[]))
+    assert s["host_run_queue_wait_ratio"].value == pytest.approx(1.19 / 2.13)
+    assert s["host_poll_loop_wait_ratio"].value == pytest.approx(0.85)
+    assert s["host_worker_wait_ratio"].value == pytest.approx(0.31)
+    assert s["host_work_wait_ratio"].value == pytest.approx(0.34 / 1.13)
+    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(0.34 / 1.13)
+    assert s["host_competitor_core_ratio"].value == 0.0
+    assert "no process outside the engine used core 0" in s["host_competitor_core_ratio"].description
+    assert not hst005_fires(s)
+
+
+def test_competitor_on_the_workers_core_is_named(tmp_path: Path) -> None:
+    foreign = [{"pid": 777, "name": "python3", "cores": 0.95, "core": 0},
+               {"pid": 888, "name": "backup", "cores": 0.6, "core": 1},
+               {"pid": 999, "name": "diagnose", "cores": 0.1, "core": 0, "own": True}]
+    s = sigs(engine_loop_and_worker(tmp_path, 0.28, 0.72, foreign=foreign))
+    assert s["host_worker_wait_ratio"].value == pytest.approx(0.72)
+    v = s["host_victim_wait_ratio"]
+    assert v.value == pytest.approx(0.72)
+    assert "thread 'MainThread' (tid 30) of worker process 3 (VLLM::Worker)" in v.description
+    assert "waited 72% of its runnable time for a CPU on core 0" in v.description
+    c = s["host_competitor_core_ratio"]
+    assert c.value == pytest.approx(0.95)  # the backup job is busier than diagnose but on core 1
+    assert c.description.startswith("process 777 (python3) took 95% of core 0 that thread 'MainThread' (tid 30)")
+    assert s["host_foreign_cpu_cores"].value == pytest.approx(1.65)
+    assert "999 (diagnose, this capture)" in s["host_foreign_cpu_cores"].description
+    assert hst005_fires(s)
+    f = next(f for f in evaluate(HST005, s, load_thresholds()).findings)
+    status = {c.cause.split()[0]: c.status for c in f.causes}
+    assert status == {"another": "supported", "more": "open"}
+    notes = {e.signal: e.note for e in f.evidence}
+    assert "process 777 (python3)" in notes["host_competitor_core_ratio"]
+    secs = {x.id: x for x in host_sections(host.tables(engine_loop_and_worker(tmp_path / "again", 0.28, 0.72,
+                                                                                foreign=foreign)))}
+    rows = secs["host_foreign"].payload.rows
+    # busiest on the worker's core first: the backup job uses more CPU than diagnose, but on core 1
+    assert [r[0] for r in rows] == [777, 999, 888] and rows[1][1] == "diagnose (this capture)"
+    assert fmt_text(rows[0][4]) == "95.0%" and fmt_text(rows[2][4]) == "0.0%"
+    wait = secs["host_wait"].payload.rows
+    assert wait[0][3] == "MainThread" and wait[0][5] == 0 and str(wait[0][9]).startswith("working")
+    assert any(r[0] == "engine_core" and str(r[9]).startswith("poll/yield loop") for r in wait)
+
+
+def test_contention_with_nothing_else_busy_rules_out_another_process(tmp_path: Path) -> None:
+    s = sigs(engine_loop_and_worker(tmp_path, 0.28, 0.72, foreign=[{"pid": 5, "name": "sshd", "cores": 0.06,
+                                                                     "core": 1}]))
+    assert s["host_competitor_core_ratio"].value == 0.0  # busy, but not on the worker's core
+    f = next(f for f in evaluate(HST005, s, load_thresholds()).findings)
+    status = {c.cause.split()[0]: (c.status, c.status_evidence) for c in f.causes}
+    assert status["another"] == ("ruled out", "host_competitor_core_ratio = 0 ratio")
+    assert status["more"][0] == "supported"
+
+
+def test_no_scan_no_competitor_signal(tmp_path: Path) -> None:
+    s = sigs(engine_loop_and_worker(tmp_path, 0.28, 0.72))  # an older probe: no scan of other processes
+    assert "host_competitor_core_ratio" not in s and "host_foreign_cpu_cores" not in s
+    assert "on core 0" in s["host_victim_wait_ratio"].description
+
+
+def test_spin_wait_stacks_make_a_poll_loop(tmp_path: Path) -> None:
+    # a thread of an unknown role whose samples are mostly spin-wait does not decide contention
+    b = write_bundle(tmp_path, {(9, 90): {"cpu": 0.2, "wait": 0.8}, (3, 30): {"cpu": 0.9, "wait": 0.1}}, [
+        {"pid": 9, "tid": 90, "thread": "poller", "frames": SPIN, "count": 60},
+        {"pid": 9, "tid": 90, "thread": "poller", "frames": FWD, "count": 40}])
+    tw = host.thread_wait(host.tables(b)).set_index("tid")
+    assert tw.loc[90, "kind"] == "poll_loop" and tw.loc[90, "loop_share"] == pytest.approx(0.6)
+    assert tw.loc[30, "kind"] == "work"
+    assert sigs(b)["host_work_wait_ratio"].value == pytest.approx(0.1)
+
+
+def test_background_pollers_are_left_out(tmp_path: Path) -> None:
+    # gloo/ZMQ threads: on a CPU 0.1% of a core, "waiting" 42% of the time (real contention sample)
+    b = write_bundle(tmp_path, {(3, 30): {"cpu": 0.8, "wait": 0.1}, (3, 31): {"cpu": 0.001, "wait": 0.42}}, [])
+    tw = host.thread_wait(host.tables(b)).set_index("tid")
+    assert tw.loc[31, "kind"] == "idle" and "background poller" in tw.loc[31, "why"]
+    assert sigs(b)["host_work_wait_ratio"].value == pytest.approx(0.1 / 0.9)
+
+
+@pytest.mark.parametrize(("sample", "low", "high"), [("vllm_cpu_healthy", 0.0, 0.2),
+                                                    ("vllm_cpu_host_contention", 0.7, 1.0)])
+def test_real_samples_working_thread_wait_discriminates(sample: str, low: float, high: float) -> None:
+    """Real vLLM CPU bundles: the working threads' wait is low in the healthy run and high with the hog on the
+    worker's core, while the EngineCore loop waits in both (it yields by design)."""
+    t = host.tables(open_bundle(SAMPLES / sample / "bundle"))
+    s = {x.name: x for x in host.signals(t, RUN)}
+    assert low <= s["host_work_wait_ratio"].value < high
+    assert low <= s["host_worker_wait_ratio"].value < high
+    assert s["host_cpu_steal_or_contention_ratio"].value == pytest.approx(s["host_work_wait_ratio"].value)
+    assert s["host_poll_loop_wait_ratio"].value > 0.3  # 0.38 healthy, 0.94 contended (gloo threads included)
+    assert "VLLM::EngineCore" in s["host_poll_loop_wait_ratio"].description
+    assert "of worker process" in s["host_victim_wait_ratio"].description
+    assert "(VLLM::Worker)" in s["host_victim_wait_ratio"].description
+    tw = t and host.thread_wait(t)
+    kinds = dict(zip(zip(tw["role"], tw["thread"], strict=False), tw["kind"], strict=False))
+    assert kinds[("engine_core", "MainThread")] == "poll_loop"
+    assert kinds[("worker", "MainThread")] == "work" and kinds[("api_server", "MainThread")] == "work"
+    assert "gloo_tcp_loop" not in set(tw[tw["kind"] == "work"]["thread"])
+
+
+def test_real_contention_sample_names_the_victim() -> None:
+    t = host.tables(open_bundle(SAMPLES / "vllm_cpu_host_contention" / "bundle"))
+    s = {x.name: x for x in host.signals(t, RUN)}
+    assert s["host_victim_wait_ratio"].description.startswith(
+        "thread 'MainThread' (tid 20852) of worker process 20852 (VLLM::Worker) waited 78% of its runnable time")
+    assert s["host_run_queue_wait_ratio"].value > 0.9  # the old all-thread figure
+    assert hst005_fires(s)
+    secs = {x.id: x for x in host_sections(t)}
+    assert "host_foreign" not in secs  # this probe version did not scan other processes
+    assert secs["host_wait"].payload.rows[0][2:5] == ("VLLM::Worker", "MainThread", 20852)

@@ -71,6 +71,8 @@ def test_samples_threads_and_categorises(tmp_path: Path, target: tuple[subproces
     assert cats[("spinner", "spin_wait")] > 0.9 * cats.loc["spinner"].sum()
     assert cats[("cruncher", "model_forward")] > 0
     assert not t["host_threads"].empty and not t["host_dumps"].empty
+    assert len(t["host_foreign_scans"]) >= 1  # the scan of other processes ran (its last interval ends at the stop)
+    assert (t["host_threads"]["core"] >= 0).all()  # each thread's core is recorded
     s = {x.name: x for x in host.signals(t, Window(0.0, math.inf))}
     # the spinner burns CPU, but in spin-wait: it is never the "saturated" (useful work) thread
     assert s["host_thread_busy_max_ratio"].value > 0.05  # the machine is shared: keep it loose

@@ -6,12 +6,25 @@ Tables (t_s = seconds since the clock anchor):
 * ``host_processes``: ``pid, ppid, role, name``.
 * ``host_threads``: one row per thread per /proc sampling interval: ``t0_s, t_s, pid, tid, role, comm,
   cpu_ratio`` (cores used over the interval), ``run_ratio``, ``wait_ratio`` (schedstat run / run-queue wait
-  per wall second), ``cpu_s, run_s, wait_s`` (seconds in the interval).
+  per wall second), ``cpu_s, run_s, wait_s`` (seconds in the interval), ``core`` (the core it last ran on
+  at the interval's end; -1 where the probe did not record it).
+* ``host_foreign``: the busiest processes outside the engine, one row per process per scan interval:
+  ``t0_s, t_s, pid, name, cpu_s, cpu_ratio, core, own`` (own: this capture's own processes).
+* ``host_foreign_scans``: ``t0_s, t_s, processes`` (one row per scan; present when the probe scanned).
 * ``host_system``: ``t0_s, t_s, steal_ratio, busy_ratio`` (whole machine, from /proc/stat).
 * ``host_stacks``: ``t0_s, t_s`` (the py-spy window), ``pid, tid, role, thread, stack`` (frames
   ";"-joined, root first), ``leaf, category, samples`` (py-spy active samples in that window).
 * ``host_dumps``: ``t_s, pid, tid, name, active, gil`` (py-spy dump snapshots).
 * ``host_pyspy_cost``: ``pid, mode, cpu_s, wall_s, samples, rate_hz, nonblocking``.
+
+Who decides contention (``thread_wait``): each engine thread over a window is ``work`` (it does the model
+work or serves the API), ``poll_loop`` (a loop that polls or yields the CPU by design: every thread of vLLM's
+``EngineCore`` process, whose busy loop calls sched_yield so that its run-queue wait is high on an idle
+machine too, threads named as a messaging library's pollers (``ZMQbg/*``, ``gloo_tcp_loop``), and any thread
+whose py-spy samples are mostly ``spin_wait``/``waiting``) or ``idle`` (runnable under 5% of the time, or
+on a CPU under 2% of a core: background threads whose few wake-ups wait long and say nothing). Only ``work`` threads decide contention; the victim is the work
+thread that lost the most time waiting, and the competitor the process outside the engine that used the most
+of the victim's core.
 
 CPU by category: each thread's CPU seconds (from /proc) are split over categories by the shares of its
 py-spy samples; threads without Python stacks (OpenMP/BLAS pools) count as ``native`` (``model_forward``
@@ -21,6 +34,8 @@ in windows of ``window_s`` (default 30 s): a signal window takes the stack windo
 
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -33,10 +48,22 @@ from diagnose.normalize.host_stacks import CATEGORIES, CATEGORY_TEXT, categorize
 
 SOURCE: Source = "host"
 BUSY_THREAD_MIN_RATIO = 0.05  # threads runnable (running or waiting) less than this are left out of contention
+# a thread on a CPU less than this share of a core is a background poller, not a working thread (real vLLM
+# runs: ZMQ and gloo threads 0.001-0.007 cores; the worker's main thread 0.22 when starved, 0.85-0.92 when not)
+WORK_THREAD_MIN_CORES = 0.02
+# a thread whose py-spy samples are at least this share spin_wait + waiting is a poll/yield loop (real vLLM:
+# EngineCore main thread 0.72-0.82, worker main thread 0.20-0.30)
+POLL_LOOP_MIN_SHARE = 0.5
+# threads known by name to be pollers of a messaging library (ZMQ's I/O threads, gloo's TCP loops): they wake
+# briefly and often, so the little they run waits long; they never do the model's or the API's work
+POLL_THREADS = re.compile(r"^(ZMQbg/|gloo_tcp_loop|pt_gloo_runloop)")
+POLL_ROLES = {"engine_core": "vLLM EngineCore process: its busy loop yields the CPU by design, its other threads poll sockets"}
 _COLS = {
     "host_processes": ["pid", "ppid", "role", "name"],
     "host_threads": ["t0_s", "t_s", "pid", "tid", "role", "comm", "cpu_ratio", "run_ratio", "wait_ratio",
-                     "cpu_s", "run_s", "wait_s"],
+                     "cpu_s", "run_s", "wait_s", "core"],
+    "host_foreign": ["t0_s", "t_s", "pid", "name", "cpu_s", "cpu_ratio", "core", "own"],
+    "host_foreign_scans": ["t0_s", "t_s", "processes"],
     "host_system": ["t0_s", "t_s", "steal_ratio", "busy_ratio"],
     "host_stacks": ["t0_s", "t_s", "pid", "tid", "role", "thread", "stack", "leaf", "category", "samples"],
     "host_dumps": ["t_s", "pid", "tid", "name", "active", "gil"],
@@ -66,7 +93,20 @@ def _thread_rows(cpu: list[dict[str, Any]], anchor: int, roles: dict[int, str]) 
         rows.append({"t0_s": (p["t_ns"] - anchor) / 1e9, "t_s": (r["t_ns"] - anchor) / 1e9, "pid": key[0],
                      "tid": key[1], "role": roles.get(key[0], "other"), "comm": str(r.get("comm", "")),
                      "cpu_ratio": cpu_s / dt, "run_ratio": run_s / dt, "wait_ratio": wait_s / dt,
-                     "cpu_s": cpu_s, "run_s": run_s, "wait_s": wait_s})
+                     "cpu_s": cpu_s, "run_s": run_s, "wait_s": wait_s, "core": int(r.get("cpu", -1))})
+    return rows
+
+
+def _foreign_rows(recs: list[dict[str, Any]], anchor: int) -> list[dict[str, Any]]:
+    rows = []
+    for r in recs:
+        dt = (int(r["t_ns"]) - int(r["t0_ns"])) / 1e9
+        if dt <= 0:
+            continue
+        cpu_s = float(r.get("cpu_s", 0.0))
+        rows.append({"t0_s": (int(r["t0_ns"]) - anchor) / 1e9, "t_s": (int(r["t_ns"]) - anchor) / 1e9,
+                     "pid": int(r.get("pid", 0)), "name": str(r.get("name", "")), "cpu_s": cpu_s,
+                     "cpu_ratio": cpu_s / dt, "core": int(r.get("cpu", -1)), "own": bool(r.get("own"))})
     return rows
 
 
@@ -114,7 +154,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     cost = [{k: r.get(k) for k in _COLS["host_pyspy_cost"]} for r in by_kind["pyspy_cost"]]
     data = {"host_processes": procs, "host_threads": _thread_rows(cpu, anchor, roles),
             "host_system": _system_rows([r for r in by_kind["system_cpu"] if "t_ns" in r], anchor),
-            "host_stacks": stacks, "host_dumps": dumps, "host_pyspy_cost": cost}
+            "host_stacks": stacks, "host_dumps": dumps, "host_pyspy_cost": cost,
+            "host_foreign": _foreign_rows([r for r in by_kind["foreign_cpu"] if {"t0_ns", "t_ns"} <= r.keys()],
+                                          anchor),
+            "host_foreign_scans": [{"t0_s": (int(r["t0_ns"]) - anchor) / 1e9, "t_s": (int(r["t_ns"]) - anchor) / 1e9,
+                                    "processes": int(r.get("processes", 0))}
+                                   for r in by_kind["foreign_scan"] if {"t0_ns", "t_ns"} <= r.keys()]}
     return {k: pd.DataFrame(v, columns=_COLS[k]) for k, v in data.items()}
 
 
@@ -221,27 +266,156 @@ def _thread_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window
     return out
 
 
+THREAD_WAIT_COLS = ["pid", "tid", "role", "process", "thread", "cpu_s", "run_s", "wait_s", "dur_s", "run_ratio",
+                    "runnable_ratio", "wait_share", "core", "loop_share", "kind", "why"]
+
+
+def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataFrame:
+    """One row per engine thread over the window: run-queue wait and what the thread is (module docstring).
+
+    ``wait_share`` = wait / (run + wait); ``runnable_ratio`` = (run + wait) per wall second; ``core`` the core
+    it ran on most often (-1 unknown); ``loop_share`` the share of its py-spy samples in spin_wait/waiting
+    (NaN without samples); ``kind`` work | poll_loop | idle, and ``why`` in words."""
+    th = t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"]))
+    th = _in_window(th, w) if w is not None else th
+    if th.empty:
+        return pd.DataFrame(columns=THREAD_WAIT_COLS)
+    if "core" not in th.columns:
+        th = th.assign(core=-1)
+    dur = max(1e-9, float(th["t_s"].max() - th["t0_s"].min()))
+    fr = thread_categories(t, w)
+    loop = fr[fr["category"].isin(["spin_wait", "waiting"])].groupby(["pid", "tid"])["frac"].sum().to_dict()
+    sampled = set(zip(fr["pid"].astype(int), fr["tid"].astype(int), strict=False))
+    st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
+    names = st[st["thread"] != ""].groupby(["pid", "tid"])["thread"].first().to_dict() if not st.empty else {}
+    procs = t.get("host_processes", pd.DataFrame(columns=_COLS["host_processes"]))
+    pname = dict(zip(procs["pid"].astype(int), procs["name"].astype(str), strict=False))
+    rows = []
+    for (pid, tid), g in th.groupby(["pid", "tid"]):
+        pid, tid = int(pid), int(tid)
+        run, wait, cpu = float(g["run_s"].sum()), float(g["wait_s"].sum()), float(g["cpu_s"].sum())
+        known = g["core"][g["core"] >= 0]
+        core = int(known.mode().iloc[0]) if not known.empty else -1
+        role = str(g["role"].iloc[0])
+        lshare = float(loop.get((pid, tid), 0.0)) if (pid, tid) in sampled else math.nan
+        runnable, run_ratio = (run + wait) / dur, run / dur
+        thread = str(names.get((pid, tid)) or g["comm"].iloc[0])
+        if role in POLL_ROLES:
+            kind, why = "poll_loop", POLL_ROLES[role]
+        elif POLL_THREADS.match(thread) or POLL_THREADS.match(str(g["comm"].iloc[0])):
+            kind, why = "poll_loop", "a messaging library's polling thread (by name)"
+        elif lshare >= POLL_LOOP_MIN_SHARE:
+            kind, why = "poll_loop", f"{lshare:.0%} of its py-spy samples spin or wait"
+        elif runnable < BUSY_THREAD_MIN_RATIO:
+            kind, why = "idle", f"runnable {runnable:.0%} of the time"
+        elif run_ratio < WORK_THREAD_MIN_CORES:
+            kind, why = "idle", f"on a CPU {run_ratio:.1%} of a core: a background poller"
+        else:
+            kind, why = "work", ""
+        rows.append({"pid": pid, "tid": tid, "role": role, "process": pname.get(pid, ""),
+                     "thread": thread, "cpu_s": cpu, "run_s": run,
+                     "wait_s": wait, "dur_s": dur, "run_ratio": run_ratio, "runnable_ratio": runnable,
+                     "wait_share": wait / (run + wait) if run + wait > 0 else math.nan, "core": core,
+                     "loop_share": lshare, "kind": kind, "why": why})
+    return pd.DataFrame(rows, columns=THREAD_WAIT_COLS)
+
+
+def _share(df: pd.DataFrame) -> float | None:
+    run, wait = float(df["run_s"].sum()), float(df["wait_s"].sum())
+    return wait / (run + wait) if run + wait > 0 else None
+
+
+def process_wait(tw: pd.DataFrame) -> pd.DataFrame:
+    """Per engine process: the run-queue wait share of its working threads (columns pid, role, process,
+    wait_share, run_s, wait_s, threads), worst first."""
+    wk = tw[tw["kind"] == "work"]
+    if wk.empty:
+        return pd.DataFrame(columns=["pid", "role", "process", "wait_share", "run_s", "wait_s", "threads"])
+    g = wk.groupby(["pid", "role", "process"], as_index=False).agg(run_s=("run_s", "sum"), wait_s=("wait_s", "sum"),
+                                                                   threads=("tid", "count"))
+    g["wait_share"] = g["wait_s"] / (g["run_s"] + g["wait_s"]).clip(lower=1e-12)
+    return g.sort_values(["wait_share", "wait_s"], ascending=False).reset_index(drop=True)
+
+
+def victim(tw: pd.DataFrame) -> pd.Series | None:
+    """The working thread that lost the most time waiting for a CPU (None without working threads)."""
+    wk = tw[tw["kind"] == "work"]
+    if wk.empty:
+        return None
+    return wk.sort_values(["wait_s", "wait_share"], ascending=False).iloc[0]
+
+
+def foreign_on_core(t: dict[str, pd.DataFrame], w: Window | None, core: int) -> pd.DataFrame:
+    """Processes outside the engine over the window, busiest on ``core`` first (columns pid, name, own,
+    cores (of all cores), core_ratio (share of ``core``; all its CPU when ``core`` is -1), core (most
+    frequent)). Empty when the probe did not scan; one row per process seen."""
+    fo = t.get("host_foreign", pd.DataFrame(columns=_COLS["host_foreign"]))
+    sc = t.get("host_foreign_scans", pd.DataFrame(columns=_COLS["host_foreign_scans"]))
+    if w is not None:
+        fo, sc = _in_window(fo, w), _in_window(sc, w)
+    cols = ["pid", "name", "own", "cores", "core_ratio", "core"]
+    if sc.empty or fo.empty:
+        return pd.DataFrame(columns=cols)
+    span = max(1e-9, float(sc["t_s"].max() - sc["t0_s"].min()))
+    rows = []
+    for (pid, name), g in fo.groupby(["pid", "name"]):
+        on = g if core < 0 else g[g["core"] == core]
+        rows.append({"pid": int(pid), "name": str(name), "own": bool(g["own"].any()),
+                     "cores": float(g["cpu_s"].sum()) / span, "core_ratio": float(on["cpu_s"].sum()) / span,
+                     "core": int(g["core"].mode().iloc[0])})
+    return pd.DataFrame(rows, columns=cols).sort_values(["core_ratio", "cores"], ascending=False).reset_index(drop=True)
+
+
+def _who(r: Any) -> str:
+    return f"thread {r.thread!r} (tid {int(r.tid)}) of {r.role} process {int(r.pid)} ({r.process or '?'})"
+
+
 def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window) -> list[Signal]:
     out = []
     series: list[tuple[float, float]] = []
     ratio = None
     if not th.empty:
-        dur = max(1e-9, th["t_s"].max() - th["t0_s"].min())
-        # threads that wanted a CPU (on it or waiting for it) at least 5% of the time: a thread starved by
-        # contention uses little CPU, so selecting by CPU alone would drop exactly the victims
-        g = th.groupby(["pid", "tid"])
-        runnable = (g["run_s"].sum() + g["wait_s"].sum()) / dur
-        busy = set(runnable[runnable >= BUSY_THREAD_MIN_RATIO].index)
-        bt = th[[(int(p), int(i)) in busy for p, i in zip(th["pid"], th["tid"], strict=False)]]
-        if not bt.empty:
-            run, wait = float(bt["run_s"].sum()), float(bt["wait_s"].sum())
-            if run + wait > 0:
-                ratio = wait / (run + wait)
-                out.append(Signal("host_run_queue_wait_ratio", ratio, "ratio", SOURCE,
-                                  "run-queue wait / (run + wait) of runnable engine threads (schedstat)"))
-            per_t = bt.groupby("t_s")[["run_s", "wait_s"]].sum()
+        out.extend(_all_threads_wait(th))
+        tw = thread_wait(t, window)
+        pw = process_wait(tw)
+        loops = tw[(tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO)]
+        lw = _share(loops)
+        if lw is not None:
+            top = loops.sort_values("runnable_ratio", ascending=False)
+            more = f"; and {len(top) - 3} more" if len(top) > 3 else ""
+            out.append(Signal("host_poll_loop_wait_ratio", lw, "ratio", SOURCE,
+                              "run-queue wait / (run + wait) of the engine's poll/yield loops (not judged: "
+                              "they yield the CPU by design): " + "; ".join(
+                                  f"{_who(r)} {r.wait_share:.0%}" for r in top.head(3).itertuples(index=False))
+                              + more))
+        for role, name in (("worker", "host_worker_wait_ratio"), ("api_server", "host_api_server_wait_ratio")):
+            pr = pw[pw["role"] == role]
+            if not pr.empty:
+                out.append(Signal(name, float(pr["wait_share"].max()), "ratio", SOURCE,
+                                  f"run-queue wait / (run + wait) of the {role} process's working threads "
+                                  f"(process {int(pr['pid'].iloc[0])}, {pr['process'].iloc[0]})"))
+        v = victim(tw)
+        work = tw[tw["kind"] == "work"]
+        ratio = _share(work)
+        if v is not None and ratio is not None:
+            where = f" on core {int(v.core)}" if v.core >= 0 else ""
+            desc = ("run-queue wait / (run + wait) of the engine's working threads (poll/yield loops and background "
+                    "pollers excluded): " + ", ".join(f"{r.role} {int(r.pid)} {r.wait_share:.0%}"
+                                                      for r in pw.itertuples(index=False)))
+            one = th[[(int(p), int(i)) in set(zip(work["pid"], work["tid"], strict=False))
+                      for p, i in zip(th["pid"], th["tid"], strict=False)]]
+            per_t = one.groupby("t_s")[["run_s", "wait_s"]].sum()
             tot = per_t["run_s"] + per_t["wait_s"]
-            series = [(float(k), float(w / s)) for k, w, s in zip(per_t.index, per_t["wait_s"], tot, strict=False) if s > 0]
+            series = [(float(k), float(w / s)) for k, w, s in zip(per_t.index, per_t["wait_s"], tot, strict=False)
+                      if s > 0]
+            out.append(Signal("host_work_wait_ratio", ratio, "ratio", SOURCE, desc, tuple(series)))
+            out.append(Signal("host_victim_wait_ratio", float(v.wait_share), "ratio", SOURCE,
+                              f"{_who(v)} waited {v.wait_share:.0%} of its runnable time for a CPU{where} "
+                              f"(ran {v.run_ratio:.2f} of a core, waited {v.wait_s / v.dur_s:.2f} s/s)"))
+            fo = foreign_on_core(t, window, int(v.core))
+            sc = t.get("host_foreign_scans", pd.DataFrame(columns=_COLS["host_foreign_scans"]))
+            if not _in_window(sc, window).empty:
+                out.extend(_competitor_signals(fo, v, where))
     sysdf = _in_window(t.get("host_system", pd.DataFrame(columns=_COLS["host_system"])), window)
     steal = None
     if not sysdf.empty:
@@ -253,9 +427,46 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
     if ratio is not None or steal is not None:
         val = max(v for v in (ratio, steal) if v is not None)
         out.append(Signal("host_cpu_steal_or_contention_ratio", val, "ratio", SOURCE,
-                          "max of run-queue wait / (run + wait) of busy engine threads and hypervisor steal: "
-                          "time the engine was ready to run but had no CPU", tuple(series)))
+                          "max of host_work_wait_ratio (run-queue wait of the engine's working threads, poll/yield "
+                          "loops excluded) and hypervisor steal: time the engine's work was ready to run but had "
+                          "no CPU", tuple(series)))
     return out
+
+
+def _competitor_signals(fo: pd.DataFrame, v: Any, where: str) -> list[Signal]:
+    core = f"core {int(v.core)}" if v.core >= 0 else "a core (the victim's core was not recorded)"
+    total = float(fo["cores"].sum()) if not fo.empty else 0.0
+    out = [Signal("host_foreign_cpu_cores", total, "cores", SOURCE,
+                  "CPU used by the busiest processes outside the engine (the probe's top consumers per scan): "
+                  + (", ".join(f"{int(r.pid)} ({r.name}{', this capture' if r.own else ''}) {r.cores:.2f}"
+                               for r in fo.head(5).itertuples(index=False)) or "none above 5% of a core"))]
+    if fo.empty or float(fo["core_ratio"].iloc[0]) <= 0:
+        out.append(Signal("host_competitor_core_ratio", 0.0, "ratio", SOURCE,
+                          f"no process outside the engine used {core} that {_who(v)} needed"))
+        return out
+    c = next(fo.itertuples(index=False))
+    own = ", this capture's own process" if c.own else ""
+    out.append(Signal("host_competitor_core_ratio", float(c.core_ratio), "ratio", SOURCE,
+                      f"process {int(c.pid)} ({c.name}{own}) took {c.core_ratio:.0%} of {core} that {_who(v)} needed"
+                      f" (it waited {v.wait_share:.0%} of its runnable time{where})"))
+    return out
+
+
+def _all_threads_wait(th: pd.DataFrame) -> list[Signal]:
+    """The run-queue wait of every runnable engine thread, poll loops included (kept for comparison)."""
+    dur = max(1e-9, th["t_s"].max() - th["t0_s"].min())
+    # threads that wanted a CPU (on it or waiting for it) at least 5% of the time: a thread starved by
+    # contention uses little CPU, so selecting by CPU alone would drop exactly the victims
+    g = th.groupby(["pid", "tid"])
+    runnable = (g["run_s"].sum() + g["wait_s"].sum()) / dur
+    busy = set(runnable[runnable >= BUSY_THREAD_MIN_RATIO].index)
+    bt = th[[(int(p), int(i)) in busy for p, i in zip(th["pid"], th["tid"], strict=False)]]
+    r = _share(bt) if not bt.empty else None
+    if r is None:
+        return []
+    return [Signal("host_run_queue_wait_ratio", r, "ratio", SOURCE,
+                   "run-queue wait / (run + wait) of every engine thread runnable at least 5% of the time, poll "
+                   "loops included (not judged: see host_work_wait_ratio)")]
 
 
 def _gil_signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:

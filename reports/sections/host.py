@@ -1,4 +1,5 @@
-"""Host sections: per-process breakdown, CPU by category, busiest threads, flame graph, sampling cost."""
+"""Host sections: per-process breakdown, CPU by category, busiest threads, who waited for a CPU (and who
+took it), flame graph, sampling cost."""
 
 from __future__ import annotations
 
@@ -6,13 +7,21 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from diagnose.normalize.host import category_cpu, thread_categories
+from diagnose.normalize.host import (
+    BUSY_THREAD_MIN_RATIO,
+    category_cpu,
+    foreign_on_core,
+    thread_categories,
+    thread_wait,
+    victim,
+)
 from diagnose.normalize.host_stacks import CATEGORY_TEXT, flame_tree
 
 from .model import Cell, FlameGraph, Phrase, Quantity, Section, Table, TextBlock
 
 Tables = Mapping[str, pd.DataFrame]
 NEEDED = ("host_threads", "host_processes", "host_stacks", "host_pyspy_cost")
+_KIND = {"work": "working: decides contention", "poll_loop": "poll/yield loop: not judged"}
 
 
 def _pct(x: float) -> Quantity:
@@ -94,6 +103,55 @@ def _thread_table(t: Tables) -> Section | None:
         group="host", order=42)
 
 
+def _core(c: int) -> Cell:
+    return int(c) if c >= 0 else "-"
+
+
+def _wait_table(t: Tables) -> Section | None:
+    tw = thread_wait(dict(t))
+    shown = (tw["kind"] == "work") | ((tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO))
+    tw = tw[shown].assign(loop=lambda d: d["kind"] != "work")
+    tw = tw.sort_values(["loop", "wait_s"], ascending=[True, False]).head(12)  # working threads first
+    if tw.empty:
+        return None
+    rows: list[tuple[Cell, ...]] = []
+    for r in tw.itertuples(index=False):
+        kind = _KIND.get(str(r.kind), str(r.kind)) + (f" ({r.why})" if r.why else "")
+        rows.append((r.role, int(r.pid), r.process, r.thread, int(r.tid), _core(int(r.core)),
+                     Quantity(float(r.run_ratio), "cores", 2), Quantity(float(r.wait_s / r.dur_s), "s/s", 2, "fixed"),
+                     _pct(float(r.wait_share)) if r.wait_share == r.wait_share else "-", kind))
+    return Section("host_wait", "Who waited for a CPU (run-queue wait by thread)", Table(
+        ("role", "pid", "process", "thread", "tid", "core", "on CPU (cores)", "waiting (s per s)",
+         "wait share of runnable", "counts as"), tuple(rows),
+        "Run-queue wait = time a thread was ready to run but had no CPU (schedstat). Only working threads decide "
+        "CPU contention (host_work_wait_ratio, HST005): vLLM's EngineCore busy loop and threads whose py-spy "
+        "samples are mostly spin-wait or waiting yield the CPU by design, so their wait is high on an idle machine "
+        "too. Threads on a CPU under 2% of a core (ZMQ, gloo pollers) and loops runnable under 5% of the time are left out. Core = the core the thread ran "
+        "on most often (- where the probe did not record it)."), group="host", order=43)
+
+
+def _foreign_table(t: Tables) -> Section | None:
+    if t.get("host_foreign_scans", pd.DataFrame()).empty:
+        return None
+    v = victim(thread_wait(dict(t)))
+    core = int(v.core) if v is not None else -1
+    fo = foreign_on_core(dict(t), None, core).head(10)
+    who = (f"thread {v.thread!r} ({int(v.tid)}) of {v.role} {int(v.pid)}" if v is not None else "the engine")
+    col = f"share of core {core}" if core >= 0 else "share of a core"
+    if fo.empty:
+        return Section("host_foreign", "Busiest processes outside the engine", TextBlock(
+            f"No process outside the engine used 5% of a core or more while {who} ran (the probe scanned every "
+            "process's CPU counters during the capture)."), group="host", order=44)
+    rows = tuple((int(r.pid), str(r.name) + (" (this capture)" if r.own else ""), Quantity(float(r.cores), "cores", 2),
+                  _core(int(r.core)), _pct(float(r.core_ratio))) for r in fo.itertuples(index=False))
+    return Section("host_foreign", "Busiest processes outside the engine", Table(
+        ("pid", "process name", "CPU (cores)", "core (most often)", col), rows,
+        f"The processes outside the engine's process tree that used the most CPU (the probe records the top 5 per "
+        f"scan above 5% of a core, by name only, never a command line). '{col}' is the share of the core {who} "
+        "(the engine thread that waited most) ran on; \"this capture\" marks diagnose's own load generator and "
+        "samplers."), group="host", order=44)
+
+
 def _flamegraph(t: Tables) -> Section | None:
     st = t["host_stacks"]
     if st.empty:
@@ -105,7 +163,7 @@ def _flamegraph(t: Tables) -> Section | None:
         frames = [f for f in str(r.stack).split(";") if f]
         rows.append(([proc, f"thread {r.thread or r.tid}", *frames], float(r.samples)))
     return Section("host_flamegraph", "Host stacks (py-spy, on-CPU samples)",
-                   FlameGraph(flame_tree(rows, "engine processes"), "samples"), group="host", order=43)
+                   FlameGraph(flame_tree(rows, "engine processes"), "samples"), group="host", order=45)
 
 
 def _cost_text(t: Tables) -> Section | None:
@@ -121,11 +179,12 @@ def _cost_text(t: Tables) -> Section | None:
                    " s (", _pct(cpu / wall) if wall else "-", " of one core) sampling ", Quantity(len(rec), "processes"),
                    " process(es) at ", Quantity(float(rate), "Hz", 1, "fixed") if rate is not None else "None",
                    f" Hz, {'non-blocking' if nb else 'pausing the target'} for each sample."))
-    return Section("host_pyspy_cost", "Cost of host sampling", TextBlock(text), group="host", order=44)
+    return Section("host_pyspy_cost", "Cost of host sampling", TextBlock(text), group="host", order=46)
 
 
 def sections(t: Tables) -> list[Section]:
     if any(k not in t for k in NEEDED):
         return []
-    made = [_process_table(t), _category_table(t), _thread_table(t), _flamegraph(t), _cost_text(t)]
+    made = [_process_table(t), _category_table(t), _thread_table(t), _wait_table(t), _foreign_table(t), _flamegraph(t),
+            _cost_text(t)]
     return [s for s in made if s is not None]
