@@ -128,3 +128,10 @@ def test_the_verdict_shows_where_the_time_went_with_shares_that_add_up() -> None
     flight = {p["label"]: p["value"] for p in rows["requests in flight"]}
     assert flight["engine waiting"] == pytest.approx(a.signals["queue_depth_mean"].value)
     assert "Where the time went" in render_html(a)
+
+
+def test_decode_stalls_from_recomputed_prefixes_are_the_prefix_misses_consequence() -> None:
+    a = analyze(SAMPLES / "vllm_cpu_prefix_cache_miss")
+    by = {f.rule_id: f for f in a.findings}
+    assert a.verdict is not None and a.verdict.top_rule == "SCH006"
+    assert by["SCH007"].explained_by == "SCH006"
