@@ -34,10 +34,12 @@ def _trim_module() -> ModuleType:
 
 
 def expected_findings(scn: Scenario, res: ScenarioResult) -> dict[str, Any]:
-    """What the end-to-end test checks on this sample (tests/test_samples.py keys)."""
+    """What the end-to-end test checks on this sample (tests/test_samples.py keys): a closed world, the exact top
+    cause and exactly the findings at warning or above that this (correct) run produced."""
+    alarm = sorted({str(f["rule_id"]) for f in res.serious if f.get("severity") in ("warning", "error", "critical")})
     if scn.expect_top is None:
-        return {"top": None, "must_not_include_severity_at_least": "warning"}
-    out: dict[str, Any] = {"top": scn.expect_top, "must_include": [scn.expect_top]}
+        return {"top": None, "must_not_include_severity_at_least": "warning", "warning_and_above": alarm}
+    out: dict[str, Any] = {"top": scn.expect_top, "must_include": [scn.expect_top], "warning_and_above": alarm}
     if scn.expect_top3:
         out["top3"] = list(scn.expect_top3)
     if scn.expect_top == "VAL001":

@@ -54,7 +54,7 @@ class ScenarioResult:
         if self.error:
             return False
         if self.expected is None:
-            return not [f for f in self.findings
+            return not [f for f in self.serious
                         if SEVERITY_WEIGHT.get(str(f.get("severity")), 0) >= SEVERITY_WEIGHT["warning"]]
         return self.top1 == self.expected
 
@@ -73,7 +73,8 @@ def findings_from_json(path: Path) -> list[dict[str, Any]]:
     out = []
     for f in doc.get("findings") or []:
         if isinstance(f, dict) and "rule_id" in f:
-            out.append({k: f.get(k) for k in ("rule_id", "severity", "score", "title", "confidence", "impact")})
+            out.append({k: f.get(k) for k in ("rule_id", "severity", "score", "title", "confidence", "impact",
+                                              "held_back", "explained_by")})
     return out
 
 

@@ -45,9 +45,10 @@ def test_sample(sample: Path) -> None:
             assert not [f for f in serious if SEVERITY_WEIGHT[f.severity] >= SEVERITY_WEIGHT["warning"]], ids
         else:
             assert serious and serious[0].rule_id == exp["top"], f"top finding {ids[:3]}, expected {exp['top']}"
-    if "warning_and_above" in exp:  # a closed world: exactly these findings at warning or above, no other
-        alarm = sorted({f.rule_id for f in serious if SEVERITY_WEIGHT[f.severity] >= SEVERITY_WEIGHT["warning"]})
-        assert alarm == sorted(exp["warning_and_above"]), f"findings at warning+ {alarm}, expected {exp['warning_and_above']}"
+    # a closed world: every sample names its exact top cause and exactly its findings at warning or above
+    assert "top" in exp and "warning_and_above" in exp, f"{sample}/expected_findings.json is not a closed world"
+    alarm = sorted({f.rule_id for f in serious if SEVERITY_WEIGHT[f.severity] >= SEVERITY_WEIGHT["warning"]})
+    assert alarm == sorted(exp["warning_and_above"]), f"findings at warning+ {alarm}, expected {exp['warning_and_above']}"
     if exp.get("top3"):
         assert set(ids[:3]) & set(exp["top3"]), f"top 3 {ids[:3]} has none of {exp['top3']}"
     for rid in exp.get("must_include", []):

@@ -61,6 +61,19 @@ def test_top1_skips_info_findings_and_top3_counts() -> None:
     assert r2.ok1 and r2.ok3
 
 
+def test_held_back_findings_are_not_asserted_and_are_read_from_the_json(tmp_path: Path) -> None:
+    import json
+
+    from scenarios.score import findings_from_json
+
+    doc = {"findings": [{"rule_id": "LAT003", "severity": "warning", "score": 2, "held_back": "VAL006"},
+                        {"rule_id": "VAL006", "severity": "info", "score": 1, "held_back": ""}]}
+    (tmp_path / "f.json").write_text(json.dumps(doc))
+    found = findings_from_json(tmp_path / "f.json")
+    assert found[0]["held_back"] == "VAL006"
+    assert ScenarioResult("h", None, findings=found).ok1  # the held-back warning is no diagnosis
+
+
 def test_healthy_is_right_only_without_warnings() -> None:
     assert ScenarioResult("h", None, findings=[_f("CST002", "info")]).ok1
     assert ScenarioResult("h", None, findings=[]).top1 == HEALTHY
@@ -115,4 +128,4 @@ def test_healthy_export_forbids_warnings() -> None:
 
     scn = next(s for s in load_scenarios() if s.name == "healthy")
     exp = expected_findings(scn, ScenarioResult("healthy", None))
-    assert exp == {"top": None, "must_not_include_severity_at_least": "warning"}
+    assert exp == {"top": None, "must_not_include_severity_at_least": "warning", "warning_and_above": []}

@@ -228,8 +228,10 @@ def scenario(name: str, n: int = 40) -> FakeNvml:
     elif name == "idle_gaps":
         frames = [frame(util=35 if i % 2 else 55, power_w=220, gpm=gpm(8, 20, 10, 8)) for i in range(n)]
     elif name == "throttled":
-        frames = [frame(util=98, sm_clock=1980 if i < n // 4 else 1410, throttle=0x40 | 0x20 if i >= n // 4 else 0,
-                        temp=70 if i < n // 4 else 89, power_w=690, gpm=gpm(40, 85, 40, 55)) for i in range(n)]
+        # throttled in 3 of every 4 samples from the second on, so any number of samples taken (a loaded test
+        # machine takes few in the capture's fraction of a second) shows both states in the same proportion
+        frames = [frame(util=98, sm_clock=1980 if i % 4 == 0 else 1410, throttle=0x40 | 0x20 if i % 4 else 0,
+                        temp=70 if i % 4 == 0 else 89, power_w=690, gpm=gpm(40, 85, 40, 55)) for i in range(n)]
     elif name == "membw_bound":
         frames = [frame(util=99, mem_util=85, gpm=gpm(91, 35, 20, 7)) for _ in range(n)]
     elif name == "no_gpm":
