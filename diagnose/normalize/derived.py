@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from diagnose.model import Phase, Signal
@@ -92,8 +93,7 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
         how = ("requests in flight (time-weighted)" if base.level_kind != top.level_kind
                else f"offered {top.level_kind or 'load'}")
         sig = _sig("load_vs_baseline_ratio", lt / lb)
-        out["load_vs_baseline_ratio"] = Signal(sig.name, sig.value, sig.unit, sig.source,
-                                               f"{sig.description}: {how} at {top.name} / at {base.name}")
+        out[sig.name] = replace(sig, description=f"{sig.description}: {how} at {top.name} / at {base.name}")
     if slo:
         rt, rb = worst_slo_ratio(ts, slo), worst_slo_ratio(bs, slo)
         if rt is not None:

@@ -356,11 +356,13 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     tables = without_excluded(tables)
     out: list[Signal] = []
     engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
+    littles: dict[str, float] = {}  # the time-weighted means by Little's law, for the in-flight split below
     for sig, name, unit in (("queue_depth", "queue_depth", ""), ("running_requests", "running_requests", ""),
                             ("kv_usage_ratio", "kv_usage", "_ratio")):
         pts = gauge_series(tables, sig, window)
         little = littles_mean(tables, LITTLES_SOURCES[sig], window) if sig in LITTLES_SOURCES else None
         if little is not None:
+            littles[sig] = little[0]
             # the gauge is the scheduler's state at the step before the scrape (vLLM reads 0 running between
             # steps while 14 wait); the histogram sums give the time-weighted mean over the window
             lmean, lseries, lwhat = little
@@ -424,9 +426,12 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
             out.append(Signal("server_ttft_split_prefill_ratio", pf, "ratio", SOURCE, f"prefill's share {note}"))
             out.append(Signal("server_ttft_split_outside_ratio", max(0.0, 1.0 - q - pf), "ratio", SOURCE,
                               f"the rest (API server, network, client): 1 - queue - prefill, {note}"))
-    layers = in_flight_layers(tables, window)
-    if layers is not None:
-        client, waiting, running = layers
+    req = tables.get("requests")
+    client = (in_flight_mean(select(req, window).counted, tables.get("client_excluded"))
+              if req is not None and not req.empty and {"sent_s", "end_s"} <= set(req.columns) else None)
+    if client is not None and len(littles) == len(LITTLES_SOURCES):
+        # the cross-layer check of where in-flight requests are, every term time-weighted by Little's law
+        waiting, running = littles["queue_depth"], littles["running_requests"]
         outside = client - waiting - running
         how = (f"client in flight {client:.1f} - engine waiting {waiting:.1f} - engine running {running:.1f}, all "
                "time-weighted (Little's law)")
@@ -462,20 +467,6 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
     return out
-
-
-def in_flight_layers(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, float, float] | None:
-    """(client in flight, engine waiting, engine running), each time-weighted over the window by Little's law:
-    the cross-layer check of where in-flight requests are. None unless all three are measured."""
-    req = tables.get("requests")
-    if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
-        return None
-    client = in_flight_mean(select(req, window).counted, tables.get("client_excluded"))
-    waiting = littles_mean(tables, LITTLES_SOURCES["queue_depth"], window)
-    running = littles_mean(tables, LITTLES_SOURCES["running_requests"], window)
-    if client is None or waiting is None or running is None:
-        return None
-    return client, waiting[0], running[0]
 
 
 def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:
