@@ -92,7 +92,7 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
                            f.hypothesis + " No cause rule fired: its candidate causes are listed below.",
                            partial=partial, top_rule=f.rule_id)
         explained = tuple(x.rule_id for x in findings if x.explained_by == f.rule_id)
-        symptoms = [x for x in ranked(findings) if x.kind == "symptom" and x.severity in ALARM]
+        symptoms = [x for x in ranked(findings) if x.kind == "symptom" and x.severity in ALARM and not x.held_back]
         linked = [x for x in symptoms if x.explained_by == f.rule_id] or symptoms
         return Verdict(level, f"{prefix}Most likely: {f.title}",
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"

@@ -135,3 +135,11 @@ def test_decode_stalls_from_recomputed_prefixes_are_the_prefix_misses_consequenc
     by = {f.rule_id: f for f in a.findings}
     assert a.verdict is not None and a.verdict.top_rule == "SCH006"
     assert by["SCH007"].explained_by == "SCH006"
+
+
+def test_the_verdict_never_quotes_a_held_back_symptom() -> None:
+    """The sweep sample: its client's lag holds back LAT001 (VAL006), so LAT001 is no symptom in the verdict."""
+    a = analyze(SAMPLES / "vllm_cpu_queue_bound_sweep")
+    lat = next(f for f in a.findings if f.rule_id == "LAT001")
+    assert lat.held_back == "VAL006"
+    assert a.verdict is not None and a.verdict.top_rule == "SCH001" and lat.title != a.verdict.symptom
