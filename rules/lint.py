@@ -64,6 +64,7 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
     problems: list[str] = []
     thresholds = load_thresholds()
     seen: dict[str, str] = {}
+    links: dict[str, dict[str, tuple[str, ...]]] = {}  # rule id -> the rule ids it names, checked at the end
     for f in rule_files([CATALOG_DIR, *extra_dirs]):
         try:
             raw = load_raw(f)
@@ -78,6 +79,7 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
         if spec.id in seen:
             problems.append(f"{f}: duplicate rule id {spec.id} (also in {seen[spec.id]})")
         seen[spec.id] = str(f)
+        links[spec.id] = {"suppressed_by": spec.suppressed_by, "explains": spec.explains}
         for name in sorted(spec.all_signals):
             if not is_known(name):
                 problems.append(unknown_signal(name, str(f)))
@@ -111,10 +113,9 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
             for name in sorted(c.thresholds):
                 if name not in thresholds:
                     problems.append(f"{cf}: case {c.name!r}: unknown threshold {name!r} (not in rules/thresholds.yaml)")
-    links = {rid: (load_raw(Path(path)) or {}) for rid, path in seen.items()}
-    for rid, raw in links.items():
-        for key in ("suppressed_by", "explains"):
-            for other in raw.get(key) or []:
+    for rid, named in links.items():
+        for key, ids in named.items():
+            for other in ids:
                 if other not in seen:
                     problems.append(f"{seen[rid]}: {key} names {other}, which is no rule")
                 elif other == rid:
