@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from click.testing import CliRunner
 

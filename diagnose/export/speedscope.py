@@ -38,7 +38,7 @@ class SpeedscopeExport:
 def parse_frame(frame: str) -> dict[str, str]:
     """``"func (file)"`` (py-spy's raw format without line numbers) -> speedscope frame {name, file}."""
     if frame.endswith(")") and " (" in frame:
-        i = frame.rfind(" (")
+        i = frame.find(" (")  # as host_stacks.func_of: a function name has no " (", a path may
         return {"name": frame[:i], "file": frame[i + 2:-1]}
     return {"name": frame}
 
