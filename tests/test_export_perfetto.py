@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -25,7 +26,17 @@ from diagnose.export.files import write_file
 from diagnose.normalize import client, gpu, host, prometheus
 from diagnose.pipeline import normalize, open_input
 from diagnose.trace.parse import read_trace
-from tests.chrome_trace_schema import Complete, Counter, FlowStart, Instant, TraceFile, load, names, tracks
+from tests.chrome_trace_schema import (
+    Complete,
+    Counter,
+    FlowEnd,
+    FlowStart,
+    Instant,
+    TraceFile,
+    load,
+    names,
+    tracks,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted(p.name for p in (ROOT / "sample_traces").iterdir() if (p / "bundle" / "manifest.json").exists())
@@ -266,3 +277,33 @@ def test_export_help_imports_no_pandas() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "[]", p.stdout + p.stderr
     assert "perfetto" in p.stdout and "speedscope" in p.stdout and "parquet" in p.stdout
+
+
+def test_overlapping_profiler_events_get_their_own_track_and_flows_follow_them(tmp_path: Path) -> None:
+    """A source stream whose kernels partly overlap (a ROCm trace does this) becomes two tracks, each nested;
+    the launch arrows point at the kernel where it now is."""
+    ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10.0, "dur": 2.0,
+           "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 13.0, "dur": 2.0,
+           "args": {"correlation": 2}},
+          {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 20.0, "dur": 10.0,
+           "args": {"correlation": 1, "device": 0, "stream": 7}},
+          {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 25.0, "dur": 10.0,
+           "args": {"correlation": 2, "device": 0, "stream": 7}}]
+    path = tmp_path / "overlap.json"
+    path.write_bytes(orjson.dumps({"traceEvents": ev, "baseTimeNanoseconds": 1_700_000_000_000_000_000}))
+    tf, res = exported(path, tmp_path)
+    _, threads = names(tf)
+    assert sorted(n for n in threads.values() if n.startswith("stream")) == ["stream 7", "stream 7 (overlap 1)"]
+    assert res.counts["profiler_overlap_tracks"] == 1 and res.counts["profiler_flows"] == 2
+    kernels = {e.name: (e.pid, e.tid, e.ts) for e in slices(tf) if e.cat == "kernel"}
+    ends = {(e.pid, e.tid, e.ts) for e in tf.traceEvents if isinstance(e, FlowEnd)}
+    assert ends == set(kernels.values())
+    assert kernels["k2"][2] - kernels["k1"][2] == pytest.approx(5.0)
+
+
+def test_a_directory_of_rank_traces_gives_one_process_group_per_rank(tmp_path: Path) -> None:
+    tf, res = exported(TRACES / "sampled_128rank", tmp_path)
+    procs = set(names(tf)[0].values())
+    assert res.counts["profiler_files"] == 2
+    assert {p.split(" · ")[0] for p in procs} == {"profiler rank 0", "profiler rank 1"}

@@ -102,7 +102,8 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
     prof = add_traces(tb, files, anchor_unix_ns=aunix, anchor_mono_ns=amono)
     warnings += prof.warnings
     counts.update(profiler_files=prof.files, profiler_gpu_events=prof.gpu_events,
-                  profiler_cpu_events=prof.cpu_events, profiler_flows=prof.flows)
+                  profiler_cpu_events=prof.cpu_events, profiler_flows=prof.flows,
+                  profiler_overlap_tracks=prof.overlap_tracks)
     origin = tb.origin_ns(at_zero=bundle.kind == "bundle")
     other = {
         "exporter": f"diagnose {__version__}",

@@ -33,6 +33,7 @@ class ProfilerResult:
     gpu_events: int = 0
     cpu_events: int = 0
     flows: int = 0
+    overlap_tracks: int = 0  # extra tracks for events that partly overlap others on their source track
     warnings: list[str] = field(default_factory=list)
 
 
@@ -70,14 +71,57 @@ def add_traces(tb: TraceBuilder, files: list[tuple[Path, dict[str, Any] | None]]
     return res
 
 
+@dataclass
+class _Track:
+    """One source track (a GPU stream, a host thread) before it is split into nested lanes."""
+
+    pid: int
+    key: str
+    name: str
+    events: list[tuple[str, int, int, str, dict[str, Any] | None, int]] = field(default_factory=list)
+    # (name, start ns, end ns, category, args, correlation id or -1)
+
+
+def _emit(tb: TraceBuilder, tr: _Track, res: ProfilerResult) -> dict[int, tuple[int, int, int]]:
+    """Write a track's events; events that partly overlap others (a clock glitch in the source) go to extra
+    tracks ``<name> (overlap N)`` so each track nests. Returns {correlation: (pid, tid, start)}."""
+    from diagnose.export.perfetto import lanes
+
+    lane = lanes([(a, b) for _, a, b, _, _, _ in tr.events])
+    tids: dict[int, int] = {}
+    at: dict[int, tuple[int, int, int]] = {}
+    for (name, a, b, cat, args, corr), ln in zip(tr.events, lane, strict=True):
+        tid = tids.get(ln)
+        if tid is None:
+            tid = tids[ln] = tb.thread(tr.pid, f"{tr.key}:{ln}", tr.name if ln == 0 else f"{tr.name} (overlap {ln})")
+        tb.slice(tr.pid, tid, name, a, b, cat, args, exact=True)
+        if corr >= 0:
+            at.setdefault(corr, (tr.pid, tid, a))
+    res.overlap_tracks += len(tids) - 1 if tids else 0
+    return at
+
+
 def _add_rank(tb: TraceBuilder, rt: RankTrace, off: int, res: ProfilerResult, idx: int) -> None:
     r = rt.rank
     label = f"profiler rank {r}"
     names = ", ".join(str(n) for n in rt.meta.get("process_names") or [] if n and n != "None")
-    cpu_pid = tb.process(f"prof:{r}:{rt.path.name}:cpu", f"{label} · host ({names or rt.path.name})", "profiler_cpu")
-    stream_dev: dict[int, int] = {}
-    kernel_at: dict[int, tuple[int, int, int]] = {}
+    cpu_pid = tb.process(f"prof:{idx}:cpu", f"{label} · host ({names or rt.path.name})", "profiler_cpu")
+    tracks: dict[tuple[int, str], _Track] = {}
 
+    def gpu_track(d: int, s: int) -> _Track:
+        key = (d, f"stream{s}")
+        if key not in tracks:
+            pid = tb.process(f"prof:{idx}:gpu{d}", f"{label} · GPU {d}", "profiler_gpu")
+            tracks[key] = _Track(pid, f"stream{s}", f"stream {s}")
+        return tracks[key]
+
+    def cpu_track(t: int) -> _Track:
+        key = (-1, f"t{t}")
+        if key not in tracks:
+            tracks[key] = _Track(cpu_pid, f"t{t}", f"thread {t}")
+        return tracks[key]
+
+    stream_dev: dict[int, int] = {}
     gpu = rt.gpu
     if len(gpu):
         start, end = _ns(gpu, off)
@@ -86,19 +130,14 @@ def _add_rank(tb: TraceBuilder, rt: RankTrace, off: int, res: ProfilerResult, id
         dev, stream, corr = (gpu[c].to_numpy() for c in ("device", "stream", "corr"))
         nbytes = gpu["bytes"].to_numpy()
         for i in range(len(gpu)):
-            d, s = int(dev[i]), int(stream[i])
-            stream_dev.setdefault(s, d)
-            pid = tb.process(f"prof:{r}:{rt.path.name}:gpu{d}", f"{label} · GPU {d}", "profiler_gpu")
-            tid = tb.thread(pid, f"stream{s}", f"stream {s}")
+            d, st = int(dev[i]), int(stream[i])
+            stream_dev.setdefault(st, d)
             args: dict[str, Any] = {"correlation": int(corr[i])}
             if nbytes[i] >= 0:
                 args["bytes"] = int(nbytes[i])
-            tb.slice(pid, tid, names_g[i], int(start[i]), int(end[i]), CAT_GPU.get(kinds[i], "kernel"), args,
-                     exact=True)
-            if corr[i] >= 0:
-                kernel_at.setdefault(int(corr[i]), (pid, tid, int(start[i])))
+            gpu_track(d, st).events.append((names_g[i], int(start[i]), int(end[i]), CAT_GPU.get(kinds[i], "kernel"),
+                                            args, int(corr[i])))
         res.gpu_events += len(gpu)
-
     for frame, cat in ((rt.cpu_ops, "cpu_op"), (rt.runtime, "cuda_runtime")):
         if not len(frame):
             continue
@@ -107,15 +146,10 @@ def _add_rank(tb: TraceBuilder, rt: RankTrace, off: int, res: ProfilerResult, id
         tids = frame["tid"].to_numpy()
         corr = frame["corr"].to_numpy() if "corr" in frame else None
         for i in range(len(frame)):
-            tid = tb.thread(cpu_pid, f"t{int(tids[i])}", f"thread {int(tids[i])}")
-            cargs: dict[str, Any] | None = {"correlation": int(corr[i])} if corr is not None and corr[i] >= 0 else None
-            tb.slice(cpu_pid, tid, nm[i], int(start[i]), int(end[i]), cat, cargs, exact=True)
-            if corr is not None and corr[i] >= 0 and int(corr[i]) in kernel_at:
-                tb.flow((cpu_pid, tid, int(start[i])), kernel_at.pop(int(corr[i])),
-                        (idx << 40) | int(corr[i]), "launch", "ac2g")
-                res.flows += 1
+            tr = cpu_track(int(tids[i]))
+            c = int(corr[i]) if corr is not None else -1
+            tr.events.append((nm[i], int(start[i]), int(end[i]), cat, {"correlation": c} if c >= 0 else None, c))
         res.cpu_events += len(frame)
-
     ann = rt.annotations
     if len(ann):
         start, end = _ns(ann, off)
@@ -125,12 +159,20 @@ def _add_rank(tb: TraceBuilder, rt: RankTrace, off: int, res: ProfilerResult, id
         for i in range(len(ann)):
             t = int(tids[i])
             if where[i] == "gpu":
-                d = stream_dev.get(t, 0)
-                pid = tb.process(f"prof:{r}:{rt.path.name}:gpu{d}", f"{label} · GPU {d}", "profiler_gpu")
-                tid = tb.thread(pid, f"stream{t}", f"stream {t}")
-                tb.slice(pid, tid, nm[i], int(start[i]), int(end[i]), "gpu_user_annotation", exact=True)
+                gpu_track(stream_dev.get(t, 0), t).events.append((nm[i], int(start[i]), int(end[i]),
+                                                                  "gpu_user_annotation", None, -1))
                 res.gpu_events += 1
             else:
-                tid = tb.thread(cpu_pid, f"t{t}", f"thread {t}")
-                tb.slice(cpu_pid, tid, nm[i], int(start[i]), int(end[i]), "user_annotation", exact=True)
+                cpu_track(t).events.append((nm[i], int(start[i]), int(end[i]), "user_annotation", None, -1))
                 res.cpu_events += 1
+    kernel_at: dict[int, tuple[int, int, int]] = {}
+    launch_at: dict[int, tuple[int, int, int]] = {}
+    for (d, _), tr in sorted(tracks.items(), key=lambda kv: (kv[0][0] >= 0, kv[0])):  # host threads first
+        into = kernel_at if d >= 0 else launch_at
+        for c, where in _emit(tb, tr, res).items():
+            into.setdefault(c, where)
+    for c, src in launch_at.items():
+        dst = kernel_at.get(c)
+        if dst is not None:
+            tb.flow(src, dst, (idx << 40) | c, "launch", "ac2g")
+            res.flows += 1
