@@ -41,7 +41,7 @@ from diagnose.bundle import Bundle
 from diagnose.export.chrome import TraceBuilder
 from diagnose.export.files import write_bytes
 from diagnose.export.profiler import add_traces
-from diagnose.profiler_window import profiler_windows
+from diagnose.profiler_window import overlaps, profiler_windows
 
 CAT_REQUEST = "request"
 CAT_SPAN = "otel_span"
@@ -198,8 +198,6 @@ def _requests_and_spans(tb: TraceBuilder, bundle: Bundle, amono: int, aunix: int
 
 def _request(tb: TraceBuilder, pid: int, r: dict[str, Any], amono: int, phase_names: dict[Any, Any],
              windows: Sequence[tuple[float, float]], include_text: bool) -> None:
-    from diagnose.profiler_window import overlaps
-
     rid = str(r.get("rid"))
     sent = int(r["sent_ns"]) - amono
     end = (_int(r.get("end_ns")) or int(r["sent_ns"])) - amono
