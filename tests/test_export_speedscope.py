@@ -89,3 +89,12 @@ def test_cli_writes_the_file_and_a_trace_without_stacks_is_a_one_line_error(tmp_
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and "no py-spy stacks" in lines[0] and str(trace) in lines[0]
     assert not (tmp_path / "t.json").exists()
+
+
+def test_without_a_recorded_rate_the_weights_are_sample_counts() -> None:
+    b = open_input(ROOT / "sample_traces" / "vllm_cpu_healthy")
+    del b.manifest["probes"]["pyspy"]["detail"]["rate_hz"]
+    doc = speedscope.build(b).doc
+    VALIDATOR.validate(json.loads(json.dumps(doc)))
+    assert {p["unit"] for p in doc["profiles"]} == {"none"}
+    assert sum(sum(p["weights"]) for p in doc["profiles"]) == int(host.tables(b)["host_stacks"]["samples"].sum())
