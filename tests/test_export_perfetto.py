@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from diagnose.bundle import BundleWriter
 from diagnose.cli.main import cli
 from diagnose.export import perfetto
+from diagnose.export.chrome import lanes
 from diagnose.export.files import write_file
 from diagnose.normalize import client, gpu, host, prometheus
 from diagnose.pipeline import normalize, open_input
@@ -219,9 +220,9 @@ def test_a_bare_trace_is_re_emitted_normalised(name: str, tmp_path: Path) -> Non
 
 # -- the pieces ------------------------------------------------------------------------------------------
 def test_lanes_keep_nested_spans_on_one_track_and_split_overlaps() -> None:
-    assert perfetto.lanes([(0, 100), (10, 20), (20, 30), (30, 100)]) == [0, 0, 0, 0]
-    assert perfetto.lanes([(0, 50), (40, 90), (60, 70)]) == [0, 1, 0]
-    assert perfetto.lanes([]) == []
+    assert lanes([(0, 100), (10, 20), (20, 30), (30, 100)]) == [0, 0, 0, 0]
+    assert lanes([(0, 50), (40, 90), (60, 70)]) == [0, 1, 0]
+    assert lanes([]) == []
 
 
 def test_flame_layout_is_proportional_nested_and_merges_prefixes() -> None:

@@ -50,21 +50,21 @@ def export(source: Path, fmt: str, output: Path | None, include_text: bool, quie
     out = output if output is not None else default_output(source, fmt)
     bundle = open_input(source)
     if fmt == "perfetto":
-        from diagnose.export import perfetto
+        from diagnose.export.perfetto import export as export_perfetto
 
-        res = perfetto.export(bundle, out, include_text=include_text)
+        res = export_perfetto(bundle, out, include_text=include_text)
         summary = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in res.counts.items() if v)
         warnings = res.warnings
     elif fmt == "speedscope":
-        from diagnose.export import speedscope
+        from diagnose.export.speedscope import export as export_speedscope
 
-        sres = speedscope.export(bundle, out)
+        sres = export_speedscope(bundle, out)
         summary = f"{sres.profiles} profiles, {sres.frames} frames, {sres.samples} samples"
         warnings = []
     else:
-        from diagnose.export import parquet
+        from diagnose.export.parquet import export as export_parquet
 
-        pres = parquet.export(bundle, out)
+        pres = export_parquet(bundle, out)
         summary = f"{len(pres.tables)} tables, {sum(pres.tables.values())} rows"
         warnings = pres.warnings
     if not quiet:

@@ -17,6 +17,7 @@ sources that share a real pid (py-spy and the torch profiler sample the same wor
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 PH_SLICE = "X"
@@ -48,6 +49,27 @@ def clean_args(args: dict[str, Any]) -> dict[str, Any]:
         c = clean(v)
         if c is not None:
             out[k] = c
+    return out
+
+
+def lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
+    """A lane (track) index per interval such that on each lane intervals nest or follow one another, never
+    partly overlap (what a viewer needs to draw them as one track); greedy, earliest and longest first."""
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
+    stacks: list[list[int]] = []  # per lane: ends of the open intervals
+    out = [0] * len(intervals)
+    for i in order:
+        s, e = intervals[i]
+        for n, st in enumerate(stacks):
+            while st and st[-1] <= s:
+                st.pop()
+            if not st or e <= st[-1]:
+                st.append(e)
+                out[i] = n
+                break
+        else:
+            stacks.append([e])
+            out[i] = len(stacks) - 1
     return out
 
 

@@ -38,7 +38,7 @@ import pandas as pd
 
 from diagnose import __version__
 from diagnose.bundle import Bundle
-from diagnose.export.chrome import TraceBuilder
+from diagnose.export.chrome import TraceBuilder, lanes
 from diagnose.export.files import write_bytes
 from diagnose.export.profiler import add_traces
 from diagnose.profiler_window import overlaps, profiler_windows
@@ -228,27 +228,6 @@ def _request(tb: TraceBuilder, pid: int, r: dict[str, Any], amono: int, phase_na
         tb.slice(pid, tid, "decode", first, end, CAT_REQUEST, {"decode_ms": (end - first) / 1e6})
     else:
         tb.slice(pid, tid, "no first token", sent, end, CAT_REQUEST)
-
-
-def lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
-    """A lane (track) index per interval such that on each lane intervals nest or follow one another, never
-    partly overlap (what a viewer needs to draw them as one track); greedy, earliest and longest first."""
-    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
-    stacks: list[list[int]] = []  # per lane: ends of the open intervals
-    out = [0] * len(intervals)
-    for i in order:
-        s, e = intervals[i]
-        for n, st in enumerate(stacks):
-            while st and st[-1] <= s:
-                st.pop()
-            if not st or e <= st[-1]:
-                st.append(e)
-                out[i] = n
-                break
-        else:
-            stacks.append([e])
-            out[i] = len(stacks) - 1
-    return out
 
 
 def _span_lanes(tb: TraceBuilder, pid: int, key: str, name: str, spans: list[dict[str, Any]], aunix: int,

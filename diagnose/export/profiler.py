@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.export.chrome import TraceBuilder
+from diagnose.export.chrome import TraceBuilder, lanes
 from diagnose.trace.parse import RankTrace, read_trace
 
 CAT_GPU = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
@@ -85,8 +85,6 @@ class _Track:
 def _emit(tb: TraceBuilder, tr: _Track, res: ProfilerResult) -> dict[int, tuple[int, int, int]]:
     """Write a track's events; events that partly overlap others (a clock glitch in the source) go to extra
     tracks ``<name> (overlap N)`` so each track nests. Returns {correlation: (pid, tid, start)}."""
-    from diagnose.export.perfetto import lanes
-
     lane = lanes([(a, b) for _, a, b, _, _, _ in tr.events])
     tids: dict[int, int] = {}
     at: dict[int, tuple[int, int, int]] = {}
