@@ -1,0 +1,76 @@
+"""``diagnose attach --prometheus URL [--selector S] [--since 1h | --observe --duration D]``: a fleet capture.
+
+History (default): the last ``--since`` of every replica the selector finds. ``--observe``: watch the fleet
+from now for ``--duration`` (default 30 s), sending nothing, then read that window. Either way the bundle
+holds only what the query API gave (docs/fleet.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from diagnose.bundle import BundleWriter
+from diagnose.errors import InputError
+from diagnose.fleet.capture import DETAIL_MAX, FleetWindow, capture_fleet
+from diagnose.probes.prometheus_api import PrometheusAPI
+from diagnose.workload import parse_duration
+
+DEFAULT_SINCE_S = 3600.0
+DEFAULT_OBSERVE_S = 30.0
+
+
+def attach_fleet(o: dict[str, Any]) -> int:
+    """Run the fleet capture for the attach options ``o``; returns the exit code."""
+    if o.get("url"):
+        raise InputError("--prometheus reads the fleet from Prometheus: leave out --url (no load is sent)")
+    if o.get("observe") and o.get("since"):
+        raise InputError("--since reads history; --observe watches from now for --duration: give one of them")
+    since = parse_duration(o["since"]) if o.get("since") else DEFAULT_SINCE_S
+    if since <= 0:
+        raise InputError(f"--since {o['since']!r}: must be more than 0 s")
+    duration = (parse_duration(o["duration"]) if o.get("duration") else DEFAULT_OBSERVE_S) if o.get("observe") else None
+    api = PrometheusAPI(str(o["prometheus"]))  # checks the URL's shape
+    out = o.get("output") or Path(time.strftime("diagnose-fleet-%Y%m%d-%H%M%S"))
+    return asyncio.run(_run(api, o, since, duration, Path(out)))
+
+
+async def _run(api: PrometheusAPI, o: dict[str, Any], since: float, duration: float | None, out: Path) -> int:
+    def log(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    async with api:
+        await api.label_values("__name__", '{__name__="up"}', time.time() - 60, time.time())  # reachable at all?
+        bundle = BundleWriter(out, overwrite=bool(o.get("force")),
+                              options={"observe": True, "store_text": False, "slo": {}},
+                              workload={"mode": "observe", "fleet": True},
+                              target={"url": api.url, "kind": "fleet", "selector": o.get("selector") or ""})
+        try:
+            if duration is not None:
+                start = time.time()
+                log(f"observing the fleet at {api.url} for {duration:.0f} s (no requests are sent)")
+                await asyncio.sleep(duration)
+                win = FleetWindow(start, time.time())
+            else:
+                end = time.time()
+                win = FleetWindow(end - since, end)
+            st = await capture_fleet(api, o.get("selector"), win, bundle, detail_max=DETAIL_MAX, log=log)
+        except BaseException:
+            bundle.finish(interrupted="the fleet capture failed")
+            raise
+        bundle.update("target", {"engine": st.detail.get("engine", "unknown")})
+        bundle.set_probe_status(st)
+        bundle.finish()
+    log(f"bundle: {out}")
+    if o.get("report"):
+        from diagnose.cli.analyze import run_analysis, verdict_line
+        from diagnose.reports.render import write_report
+
+        analysis = run_analysis(out)
+        write_report(analysis, o["report"])
+        log(f"{verdict_line(analysis)}\nreport: {o['report']}")
+    return 0
