@@ -10,6 +10,7 @@ sees the recorded fleet as if it had just happened.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import threading
 from collections.abc import Iterator
@@ -22,8 +23,11 @@ from aiohttp import web
 DATA = Path(__file__).parent / "data" / "fleet"
 
 
-def load_recording(name: str) -> dict[str, Any]:
-    return dict(json.loads((DATA / name).read_text()))
+RECORDING = "two_vllm_one_loaded.json.gz"
+
+
+def load_recording(name: str = RECORDING) -> dict[str, Any]:
+    return dict(json.loads(gzip.decompress((DATA / name).read_bytes())))
 
 
 def _shift(data: Any, delta: float) -> Any:
@@ -53,6 +57,9 @@ class FakePrometheus:
     async def handle(self, request: web.Request) -> web.Response:
         q = request.query.get("query") or request.query.get("match[]") or ""
         self.seen.append((request.path, q))
+        if request.path == "/api/v1/query" and q == "1" and self.status == 200 and self.raw is None:
+            # the reachability check attach makes before it writes anything
+            return web.json_response({"status": "success", "data": {"resultType": "scalar", "result": [0, "1"]}})
         if self.raw is not None:
             return web.Response(status=self.status, body=self.raw, content_type="text/plain")
         if self.body is not None or not self.calls:
@@ -88,3 +95,26 @@ def serve(fake: FakePrometheus) -> Iterator[str]:
         t.join(timeout=5)
         loop.run_until_complete(runner.cleanup())
         loop.close()
+
+
+def recorded_bundle(out: Path, recording: dict[str, Any] | None = None) -> Path:
+    """The fleet bundle a capture writes from a recording, over the recorded window (no time shift)."""
+    from diagnose.bundle import BundleWriter
+    from diagnose.fleet.capture import FleetWindow, capture_fleet
+    from diagnose.probes.prometheus_api import PrometheusAPI
+
+    rec = recording or load_recording()
+    end = max(float(c.get("at") or 0) for c in rec["calls"])
+    win = FleetWindow(end - float(rec["since_s"]), end)
+
+    async def run(url: str) -> None:
+        async with PrometheusAPI(url) as api:
+            bw = BundleWriter(out, overwrite=True, target={"url": url, "kind": "fleet"}, workload={"mode": "observe"})
+            st = await capture_fleet(api, rec["selector"], win, bw)
+            bw.set_probe_status(st)
+            bw.finish()
+            bw.update("capture", {"ended_unix_ns": int(end * 1e9)})
+
+    with serve(FakePrometheus(rec)) as url:
+        asyncio.run(run(url))
+    return out
