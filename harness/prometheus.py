@@ -12,19 +12,30 @@ the directory. The binary is Debian's ``prometheus`` (harness/ensure_prometheus.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from pathlib import Path
 from types import TracebackType
 
-from harness.engine import EngineError, free_port
+from harness.engine import HARNESS_DIR, EngineError, free_port
+
+_LIVE: weakref.WeakSet[PrometheusServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
 
 
 def prometheus_binary() -> str | None:
@@ -40,6 +51,7 @@ class PrometheusServer:
         self.startup_timeout_s = startup_timeout_s
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -66,6 +78,11 @@ class PrometheusServer:
              "--web.enable-lifecycle"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        # the vLLM harness's watchdog: kills the server's group if this process dies without stop()
+        self._reaper = subprocess.Popen([sys.executable, str(HARNESS_DIR / "_reaper.py"), str(os.getpid()),
+                                         str(self._proc.pid)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        _LIVE.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -110,6 +127,7 @@ class PrometheusServer:
         return " | ".join(text[-lines:])
 
     def stop(self) -> None:
+        _LIVE.discard(self)
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -118,6 +136,10 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.kill()
+            reaper.wait()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

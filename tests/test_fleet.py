@@ -223,6 +223,7 @@ def test_no_engine_metrics_under_the_selector(tmp_path: Path) -> None:
     (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], 2, "bad duration 'soon'"),
     (["--prometheus", "http://127.0.0.1:1", "--url", "http://127.0.0.1:2"], 2, "leave out --url"),
     (["--prometheus", "http://127.0.0.1:1", "--observe", "--since", "1h"], 2, "give one of them"),
+    (["--prometheus", "http://127.0.0.1:1", "-d", "1m"], 2, "needs --observe"),
 ])
 def test_bad_options(args: list[str], code: int, want: str) -> None:
     r = CliRunner().invoke(cli, ["attach", *args])
@@ -276,3 +277,30 @@ def test_the_recording_is_what_a_real_prometheus_answered() -> None:
     assert len(by) == 2 and max(by["127.0.0.1:52503"]) == 4 and max(by["127.0.0.1:60649"]) == 0
     assert all(not math.isnan(v) for vs in by.values() for v in vs)
     assert json.dumps(rec).count("__name__") > 10
+
+
+def test_queries_follow_the_engine_maps() -> None:
+    from diagnose.fleet.queries import FleetQueries, replica_name
+
+    tgi = FleetQueries("tgi", ["tgi_queue_size", "tgi_batch_current_size", "tgi_request_success",
+                               "tgi_request_queue_duration_bucket", "tgi_request_queue_duration_sum",
+                               "tgi_request_queue_duration_count"], '{job="tgi", namespace=~"prod|canary"}')
+    rq = {q.key: q.promql for q in tgi.range_queries(4.0)}
+    assert rq["running"] == 'sum by (job, namespace, pod, instance) (tgi_batch_current_size{job="tgi", ' \
+                           'namespace=~"prod|canary"})'
+    assert rq["request_rate"].endswith('(rate(tgi_request_success{job="tgi", namespace=~"prod|canary"}[4s]))')
+    assert "kv_usage" not in rq  # TGI has no KV-usage gauge in the map: not asked
+    assert tgi.counter_renames() == {"tgi_request_success": "tgi_request_success_total"}
+    tq = {q.key for q in tgi.total_queries(3600)}
+    assert {"requests", "queue_time_mean_s", "counter_resets"} <= tq and "ttft_p99_s" not in tq  # no TTFT histogram
+    # sglang's prefix hits are a label filter on one counter
+    sg = FleetQueries("sglang", ["sglang:prefill_effective_tokens_total"], None)
+    hits = next(q.promql for q in sg.total_queries(60) if q.key == "prefix_hits")
+    assert 'sglang:prefill_effective_tokens_total{mode=~".*_hit"}[60s]' in hits
+    # renamed vLLM metrics: the first name the fleet has
+    old = FleetQueries("vllm", ["vllm:gpu_cache_usage_perc"], None)
+    assert next(q.promql for q in old.range_queries(4) if q.key == "kv_usage").endswith("(vllm:gpu_cache_usage_perc)")
+    detail = old.detail_selector({"job": "vllm", "instance": 'a"b:1'})
+    assert detail == '{__name__=~"vllm:gpu_cache_usage_perc", job="vllm", instance="a\\"b:1"}'
+    assert replica_name((("job", "v"), ("namespace", "prod"), ("pod", "vllm-2"), ("instance", "10.0.0.7:80"))) \
+        == "namespace=prod,pod=vllm-2"

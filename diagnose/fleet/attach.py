@@ -32,6 +32,8 @@ def attach_fleet(o: dict[str, Any]) -> int:
         raise InputError("--prometheus reads the fleet from Prometheus: leave out --url (no load is sent)")
     if o.get("observe") and o.get("since"):
         raise InputError("--since reads history; --observe watches from now for --duration: give one of them")
+    if o.get("duration") and not o.get("observe"):
+        raise InputError("--duration with --prometheus needs --observe (watch from now); --since reads history")
     since = parse_duration(o["since"]) if o.get("since") else DEFAULT_SINCE_S
     if since <= 0:
         raise InputError(f"--since {o['since']!r}: must be more than 0 s")

@@ -118,9 +118,11 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
             continue
         res = await api.query_range(sel, win.start_s, win.end_s, interval)
         by_t: dict[float, list[list[Any]]] = defaultdict(list)
+        renames = fq.counter_renames()
         for r in res:
             labels = {a: str(b) for a, b in r["metric"].items() if a != "__name__"}
             name = str(r["metric"].get("__name__", ""))
+            name = renames.get(name, name)
             for p in r.get("values", []):
                 by_t[float(p[0])].append([name, labels, _num(value_of(p))])
         for t in sorted(by_t):

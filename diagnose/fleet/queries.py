@@ -70,7 +70,9 @@ def _sel(names: Sequence[str], matchers: str, extra: Iterable[tuple[str, str]] =
     if matchers:
         parts.append(matchers)
     body = ", ".join(parts)
-    return f"{names[0]}{{{body}}}" if len(names) == 1 else f"{{{body}}}"
+    if len(names) == 1:
+        return f"{names[0]}{{{body}}}" if body else names[0]
+    return f"{{{body}}}"
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,12 @@ class FleetQueries:
             if extra in self.present and extra not in out:
                 out.append(extra)
         return out
+
+    def counter_renames(self) -> dict[str, str]:
+        """Counters stored without ``_total`` (TGI's exporter) -> the ``<family>_total`` sample name the
+        scrape parser gives every counter, which the one-server normaliser reads."""
+        return {n: f"{n}_total" for ref in self.refs.values() if ref.kind == "counter"
+                for n in self.names(ref) if not n.endswith("_total")}
 
     def detail_selector(self, labels: dict[str, str]) -> str | None:
         """The raw series of one replica (its labels pinned), every engine-map metric."""
