@@ -304,3 +304,19 @@ def test_queries_follow_the_engine_maps() -> None:
     assert detail == '{__name__=~"vllm:gpu_cache_usage_perc", job="vllm", instance="a\\"b:1"}'
     assert replica_name((("job", "v"), ("namespace", "prod"), ("pod", "vllm-2"), ("instance", "10.0.0.7:80"))) \
         == "namespace=prod,pod=vllm-2"
+
+
+def test_rule_texts_name_replicas_through_label_fields(tmp_path: Path) -> None:
+    """{label.<signal>} prints the signal's description (a fleet signal's replica); lint holds it to the catalogue."""
+    from diagnose.model import Signal
+    from diagnose.rules.engine import render_text
+    from diagnose.rules.lint import lint
+    from tests.test_signal_catalog import CASES_DIR, _user_rule
+
+    sigs = {"fleet_load_busiest_mean": Signal("fleet_load_busiest_mean", 6.2, "requests", "server", LOADED)}
+    text = "{label.fleet_load_busiest_mean} has {fleet_load_busiest_mean:.1f}; {label.fleet_load_idlest_mean} idles"
+    assert render_text(text, sigs, {}) == f"{LOADED} has 6.2; unknown idles"
+    ok = lint([_user_rule(tmp_path / "a", title="on {label.fleet_load_busiest_mean}")], [CASES_DIR])
+    assert ok == []
+    bad = lint([_user_rule(tmp_path / "b", title="on {label.fleet_load_busiest_men}")], [CASES_DIR])
+    assert any("fleet_load_busiest_men" in p and "{label.fleet_load_busiest_men}" in p for p in bad), bad
