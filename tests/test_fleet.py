@@ -158,7 +158,7 @@ def test_no_replica_labels_is_an_error(tmp_path: Path) -> None:
     fake = FakePrometheus(rec)
     with serve(fake) as url:
         r = attach(url, tmp_path / "b")
-    assert r.exit_code == 3 and "none of the replica labels" in one_line_error(r)
+    assert r.exit_code == 3 and "no engine series with any of the replica labels" in one_line_error(r)
 
 
 # -- bad input ---------------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_an_empty_result_everywhere(tmp_path: Path) -> None:
     fake = FakePrometheus(rec)
     with serve(fake) as url:
         r = attach(url, tmp_path / "b")
-    assert r.exit_code == 3 and "none of the replica labels" in one_line_error(r)
+    assert r.exit_code == 3 and "no engine series with any of the replica labels" in one_line_error(r)
 
 
 def test_no_engine_metrics_under_the_selector(tmp_path: Path) -> None:

@@ -87,8 +87,9 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
                          for r in res}
     replicas = sorted({k for d in totals.values() for k in d if k} | {k for s in series.values() for k in s if k})
     if not replicas:
-        raise TargetError(f"--selector {selector or '(no selector)'}: the engine metrics at {api.url} carry none of "
-                          f"the replica labels ({', '.join(REPLICA_LABELS)}) in the window")
+        raise TargetError(f"--selector {selector or '(no selector)'}: no engine series with any of the replica labels "
+                          f"({', '.join(REPLICA_LABELS)}) at {api.url} in the {win.length_s:.0f} s window (a window "
+                          "shorter than two scrape intervals has no rate or increase)")
     ids = {k: f"r{i}" for i, k in enumerate(replicas)}
     why = pick_detail(replicas, totals, series, detail_max)
     rep_stream = bundle.stream("fleet_replicas", "one record per replica: its labels and why it was pulled whole")
