@@ -34,6 +34,7 @@ OTEL = "diagnose.normalize.otel"
 HOST = "diagnose.normalize.host"
 GPU = "diagnose.normalize.gpu"
 TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for a bundle
+FLEET = "diagnose.normalize.fleet"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -291,12 +292,32 @@ _TRACE: list[_Entry] = [
     ("trace_straggler_last_share_ratio", "ratio", "share of collectives the most frequent last rank started last"),
 ]
 
+# fleet (diagnose/normalize/fleet.py, docs/fleet.md): across the replicas of a Prometheus selector; the
+# description of a per-replica signal is the replica's name (labels), shown by rules as {label.<signal>}
+_FLEET: list[_Entry] = [
+    ("fleet_replicas", "replicas", "replicas the selector found in the window"),
+    ("fleet_load_mean", "requests", "the fleet's mean of each replica's mean requests in flight (Little's law on "
+     "its e2e latency histogram; running + waiting gauges without one)"),
+    ("fleet_load_busiest_mean", "requests", "the busiest replica's mean requests in flight"),
+    ("fleet_load_idlest_mean", "requests", "the least loaded replica's mean requests in flight"),
+    ("fleet_load_imbalance_ratio", "ratio", "busiest replica's mean requests in flight / the fleet's mean"),
+    ("fleet_request_rate_imbalance_ratio", "ratio", "highest replica finished-request rate / the fleet's mean"),
+    ("fleet_queue_busiest_mean", "requests", "the most queued replica's mean waiting requests"),
+    ("fleet_kv_usage_busiest_max_ratio", "ratio", "the highest KV-cache usage any replica reached"),
+    ("fleet_prefix_hit_max_ratio", "ratio", "the highest replica prefix-cache hit rate (hit / queried tokens)"),
+    ("fleet_prefix_hit_min_ratio", "ratio", "the lowest replica prefix-cache hit rate (hit / queried tokens)"),
+    ("fleet_prefix_hit_spread_ratio", "ratio", "prefix-cache hit rate, highest replica - lowest replica"),
+    ("fleet_restarts_total", "restarts", "replica restarts in the window (process start time changes or counter "
+     "resets), summed over replicas"),
+]
+
 
 def _build() -> dict[str, SignalSpec]:
     out: dict[str, SignalSpec] = {}
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
         (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
+        (FLEET, "server", _FLEET),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:

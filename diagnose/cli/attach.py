@@ -123,7 +123,7 @@ def _api_key(api_key_env: str | None) -> str | None:
 
 
 @click.command(cls=AttachCommand)
-@click.option("--url", required=True, help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
+@click.option("--url", help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Bundle directory (default: ./diagnose-<time>).")
 @click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from this environment variable "
@@ -139,8 +139,20 @@ def _api_key(api_key_env: str | None) -> str | None:
                    "run. Threads and processes the capture starts inherit it (like chrt -r 1). If not permitted, "
                    "the capture runs at normal priority and the bundle says so.")
 @click.option("--report", type=click.Path(path_type=Path), help="Also analyse the bundle into this HTML report.")
+@click.option("--prometheus", metavar="URL", help="Diagnose a fleet instead of one server: read every replica's "
+              "engine metrics from this Prometheus query API (Prometheus, Thanos, Mimir; docs/fleet.md). No --url.")
+@click.option("--selector", metavar="'{job=\"vllm\"}'", help="With --prometheus: the label matchers that pick "
+              "the fleet's series (default: every series with engine metrics).")
+@click.option("--since", metavar="DURATION", help="With --prometheus: how far back to read (default 1h). With "
+              "--observe the fleet is watched from now for --duration instead.")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
+    if o["prometheus"]:
+        from diagnose.fleet.attach import attach_fleet
+
+        raise click.exceptions.Exit(attach_fleet(o))
+    if not o["url"]:
+        raise click.UsageError("Missing option '--url' (or --prometheus URL to diagnose a fleet).")
     _event_loop_policy()
     url = str(o["url"]).rstrip("/")
     if url.endswith("/v1"):
