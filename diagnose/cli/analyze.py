@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +70,17 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         ],
         "probes": [s.to_json() for s in a.probe_statuses],
         "warnings": a.warnings,
+        **_trace_json(a),
     }
+
+
+def _trace_json(a: Analysis) -> dict[str, Any]:
+    """Kernel traces: the per-step table, its percentiles and the graph mode (docs/trace-analysis.md)."""
+    tables = a.tables
+    keys = (("steps", "trace_steps"), ("step_percentiles", "trace_step_percentiles"), ("graph_mode", "trace_graph_mode"))
+    out = {k: json.loads(tables[t].to_json(orient="records")) for k, t in keys
+           if t in tables and not tables[t].empty}
+    return {"trace": out} if out else {}
 
 
 @click.command(epilog=exits.epilog(exits.ANALYZE_CODES))

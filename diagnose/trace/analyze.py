@@ -189,6 +189,7 @@ def analyze_files(files: list[Path], *, include_python: bool = False, notes: Seq
         tables["trace_python_functions"] = _concat([r.get("python") for r in results])
     tables["trace_step_summary"] = steps.step_summary(tables["trace_steps"])
     tables["trace_step_percentiles"] = steps.step_percentiles(tables["trace_steps"])
+    tables["trace_graph_mode"] = steps.graph_mode_table(tables["trace_steps"])
     tables["trace_comm_split"] = _concat([r.get("comm") for r in results])
     tables["trace_capture"] = pd.DataFrame({"rank": [r["rank"] for r in results if r.get("capture")]}, dtype="int64")
     per_coll, per_rank, w = collective_skew({r["rank"]: r["comm_starts"] for r in results if "comm_starts" in r})

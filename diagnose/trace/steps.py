@@ -96,8 +96,8 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
     df = pd.DataFrame(rows)
     best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "profiler_step") if (df["source"] == s).any())
     df = df[df["source"] == best].sort_values("ts_us", ignore_index=True)
-    df["kind_from"] = "frame: kind inferred from GPU time" if best == "vllm_v1_frame" else (
-        "profiler step: no kind" if best == "profiler_step" else "annotation name")
+    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best == "vllm_v1_frame" else
+                       "none" if best == "profiler_step" else "annotation name")
     df.insert(0, "step", np.arange(len(df)))
     df.insert(0, "rank", rank)
     return df[cols]
@@ -161,6 +161,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     mb = np.isin(c, MEMORY_BOUND_CLASSES)
     corr = gpu["corr"].to_numpy()
     gk = np.zeros(len(gs), dtype=bool) if graph_kernel is None else graph_kernel
+    pre_s, pre_e = union(*pre_trace) if pre_trace is not None else (np.zeros(0), np.zeros(0))
     idx = np.flatnonzero(ok)
     if len(idx) == 0:
         return _infer_kinds(out)
@@ -182,7 +183,10 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
         vals["memory_bound_us"][step] = d[mb[sel]].sum()
         vals["gpu_dur_us"][step] = last - first
         vals["idle_before_first_us"][step] = max(0.0, first - st[step])
-        vals["idle_between_us"][step] = (last - first) - busy
+        between = (last - first) - busy
+        if len(pre_s):  # the GPU ran work from before the trace then: not idle
+            between -= float(clipped_union_len(pre_s, pre_e, np.array([first]), np.array([last]))[0])
+        vals["idle_between_us"][step] = max(0.0, between)
         vals["idle_after_last_us"][step] = max(0.0, en[step] - last)
         vals["kernels"][step] = len(sel)
         vals["graph_replays"][step] = len(np.unique(corr[sel][g]))
@@ -198,6 +202,8 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     # the step's GPU span: from the step start to whichever ends last, the CPU step or its kernels (kernels
     # of a graph replay run after the CPU side has returned)
     span = np.maximum(en, gpu_end) - st
+    if len(pre_s):  # less the time the GPU ran work from before the trace
+        span = span - clipped_union_len(pre_s, pre_e, st, np.maximum(en, gpu_end))
     out["gpu_span_us"] = np.where(has, span, np.nan)
     out["gpu_busy_ratio"] = np.where(has & (span > 0), vals["gpu_busy_us"] / np.where(span > 0, span, 1), np.nan)
     return _infer_kinds(out)
@@ -313,3 +319,52 @@ def graph_mode_sentence(gm: dict[str, Any]) -> str:
                 f"{gm['idle_between_us_per_step'] / 1e3:.2f} ms per step ({gm['recover_share']:.0%} of its GPU "
                 "duration).")
     return head + tail
+
+
+GRAPH_MODE_COLUMNS = ["rank", "mode", "steps", "replays_per_step", "eager_kernels_per_step", "eager_gpu_share",
+                      "idle_between_us_per_step", "recover_share", "sentence"]
+
+
+def graph_mode_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per rank: graph_mode() and its sentence."""
+    rows = []
+    if not steps.empty:
+        for rank, g in steps.groupby("rank", sort=True):
+            gm = graph_mode(g)
+            if gm:
+                rows.append({"rank": int(rank), **gm, "sentence": graph_mode_sentence(gm)})
+    return pd.DataFrame(rows, columns=GRAPH_MODE_COLUMNS)
+
+
+def steps_sentence(steps: pd.DataFrame) -> str:
+    """The per-step summary in words: how many steps of which kind (and how the kind is known), CPU and GPU
+    duration, GPU busy share and where the host gap sits inside the step (medians over steps)."""
+    if steps.empty:
+        return ""
+    n = len(steps)
+    kinds = steps["step_type"].value_counts()
+    src = str(steps["source"].iloc[0])
+    what = {"vllm": "vLLM step annotations", "sglang": "SGLang step annotations",
+            "vllm_v1_frame": "vLLM V1 execute_model frames", "profiler_step": "ProfilerStep ranges"}.get(src, src)
+    how = str(steps["kind_from"].iloc[0]) if "kind_from" in steps else ""
+    if src == "profiler_step":
+        head = f"{n} step{'s' if n != 1 else ''} ({what}; no step kind)"
+    else:
+        kind_txt = ", ".join(f"{int(c)} {k}" for k, c in kinds.items())
+        head = f"{n} step{'s' if n != 1 else ''} ({kind_txt}; from {what}, kind from the {how.split(': ')[-1]})"
+    parts = [head]
+    tok = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(dtype=float)
+    if tok.sum() > 0:
+        parts.append(f"tokens per step P50 {np.percentile(tok, 50):.0f}")
+    med = {c: float(np.nanmedian(steps[c].to_numpy(dtype=float))) if c in steps and steps[c].notna().any()
+           else float("nan") for c in ("dur_us", "gpu_dur_us", "gpu_busy_ratio", "idle_before_first_us",
+                                        "idle_between_us", "idle_after_last_us")}
+    parts.append(f"CPU duration P50 {med['dur_us'] / 1e3:.2f} ms")
+    if np.isfinite(med["gpu_dur_us"]):
+        parts.append(f"GPU duration (its kernels) P50 {med['gpu_dur_us'] / 1e3:.2f} ms, GPU busy share P50 "
+                     f"{med['gpu_busy_ratio']:.0%}; GPU idle inside the step (P50): {med['idle_before_first_us'] / 1e3:.2f}"
+                     f" ms before the first kernel, {med['idle_between_us'] / 1e3:.2f} ms between its kernels / graph "
+                     f"replays, {med['idle_after_last_us'] / 1e3:.2f} ms after the last")
+    if n == 1:
+        parts.append("one step only: every per-step figure rests on it")
+    return "Steps: " + "; ".join(parts) + "."
