@@ -121,7 +121,7 @@ def _analyze_rank(rt: RankTrace) -> dict[str, Any]:
     if rt.gpu.empty:
         return out
     out["gpu_row"], out["streams"] = timeline.gpu_time(rt.gpu, cls, rt.rank)
-    out["comm"] = timeline.comm_split(rt.gpu, cls, rt.rank)
+    out["comm"] = timeline.comm_split(rt.gpu, cls, rt.rank, timeline.first_comm_of_step(rt.gpu, cls, launch_ts, st))
     out["classes"], out["top"] = kernel_tables(rt, cls)
     out["launch"], out["launch_row"] = launch.launch_stats(rt.gpu, rt.runtime, rt.rank)
     out["transfers"] = launch.transfers(rt.gpu, rt.runtime, rt.rank)

@@ -235,11 +235,13 @@ CUSTOM_ALLREDUCE = ("cross_device_reduce", "custom_all_reduce", "customallreduce
 COMM_OUTLIER_RATIO = 4.0  # a collective longer than this multiple of its kind's median waited for peers
 
 
-def comm_split(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> pd.DataFrame:
+def comm_split(gpu: pd.DataFrame, cls: pd.Series, rank: int, first_of_step: np.ndarray | None = None,
+               ) -> pd.DataFrame:
     """Per communication kernel family (NCCL/RCCL vs custom all-reduce): count, time, and its split into
-    *transfer* (up to the median duration of that kernel name) and *wait* (the excess of outliers longer than
-    COMM_OUTLIER_RATIO x the median: on one rank the tell of waiting for a peer rank that arrived late, e.g.
-    the first all-reduce of each step)."""
+    *transfer* and *wait*. On one rank the tell of waiting for a peer rank that arrived late is the first
+    collective of a step running far longer than its kind's median: *wait* is the excess over the median of
+    such a first-of-step collective longer than COMM_OUTLIER_RATIO x the median of its kernel name (a larger
+    message later in the step is not a wait); without steps nothing is called wait."""
     cols = ["rank", "impl", "kernels", "total_us", "transfer_us", "wait_us", "wait_kernels", "median_us"]
     m = cls.to_numpy() == "communication"
     if not m.any():
@@ -250,7 +252,8 @@ def comm_split(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> pd.DataFrame:
     custom = np.array([any(c in n for c in CUSTOM_ALLREDUCE) for n in low], dtype=bool)
     df = pd.DataFrame({"name": names, "dur": dur, "impl": np.where(custom, "custom all-reduce", "nccl/rccl")})
     med = df.groupby("name")["dur"].transform("median").to_numpy()
-    outlier = dur > COMM_OUTLIER_RATIO * med
+    first = np.zeros(len(dur), dtype=bool) if first_of_step is None else first_of_step[m]
+    outlier = first & (dur > COMM_OUTLIER_RATIO * med)
     df["wait"] = np.where(outlier, dur - med, 0.0)
     df["outlier"] = outlier
     g = df.groupby("impl").agg(kernels=("dur", "size"), total_us=("dur", "sum"), wait_us=("wait", "sum"),
@@ -258,3 +261,26 @@ def comm_split(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> pd.DataFrame:
     g["transfer_us"] = g["total_us"] - g["wait_us"]
     g.insert(0, "rank", rank)
     return g[cols]
+
+
+def first_comm_of_step(gpu: pd.DataFrame, cls: pd.Series, launch_ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """True for the earliest communication kernel launched inside each step's CPU interval."""
+    out = np.zeros(len(gpu), dtype=bool)
+    if gpu.empty or steps.empty:
+        return out
+    st = steps["ts_us"].to_numpy(dtype=float)
+    en = st + steps["dur_us"].to_numpy(dtype=float)
+    comm = np.flatnonzero(cls.to_numpy() == "communication")
+    if not len(comm):
+        return out
+    lt = launch_ts[comm]
+    k = np.searchsorted(st, lt, side="right") - 1
+    ok = np.isfinite(lt) & (k >= 0)
+    ok[ok] &= lt[ok] <= en[k[ok]]
+    comm, k = comm[ok], k[ok]
+    ts = gpu["ts_us"].to_numpy()[comm]
+    order = np.lexsort((ts, k))
+    comm, k = comm[order], k[order]
+    firsts = comm[np.r_[True, k[1:] != k[:-1]]] if len(comm) else comm
+    out[firsts] = True
+    return out
