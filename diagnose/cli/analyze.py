@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +93,9 @@ def _trace_json(a: Analysis) -> dict[str, Any]:
               help="A YAML file of threshold overrides (name: value).")
 @click.option("--threshold", "threshold_values", multiple=True, metavar="NAME=VALUE",
               help="Override one threshold (repeatable); `diagnose rules thresholds` lists them.")
-@click.option("--include-python", is_flag=True, help="Traces: also analyse python_function events (slower).")
+@click.option("--include-python", is_flag=True,
+              help="Traces: also keep every python_function event and add the top Python functions by time to the "
+                   "report (trace_python_functions; slower). vLLM V1 step frames are kept without it.")
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
               help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
