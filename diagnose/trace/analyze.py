@@ -110,13 +110,13 @@ def _analyze_rank(rt: RankTrace) -> dict[str, Any]:
     launch_ts, launch_end = timeline.launch_call_for(rt.gpu, rt.runtime)
     sync = launch.sync_intervals(rt.runtime) if not rt.runtime.empty else None
     pre: tuple[np.ndarray, np.ndarray] | None = None
+    graph = timeline.graph_kernels(rt.gpu)
     if not rt.gpu.empty:
         out["idle_streams"], out["idle_row"], pre = timeline.idle_attribution(
-            rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime),
-            timeline.graph_kernels(rt.gpu))
+            rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     out["capture"] = steps.is_capture(rt.annotations, rt.step_frames)
     st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
-    out["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, timeline.graph_kernels(rt.gpu))
+    out["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph)
     out["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:
         return out
