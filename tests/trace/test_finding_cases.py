@@ -16,7 +16,6 @@ from diagnose.trace import analyze_trace
 from diagnose.trace.analyze import TraceAnalysis
 from tests.trace.helpers import DATA, annotation, kernel, launch, write_trace
 
-SHARED = Path("/work/shared/traces")
 V1_FRAME = "vllm/v1/worker/gpu_model_runner.py(3380): execute_model"
 
 
@@ -272,9 +271,10 @@ def test_case7_synthetic_capture_trace(tmp_path: Path) -> None:
     assert any("graph-capture trace" in w for w in a.warnings)
 
 
-@pytest.mark.skipif(not (SHARED / "tracelens").is_dir(), reason="/work/shared/traces is not on this machine")
 def test_case7_real_vllm_capture_trace() -> None:
-    a = analyze_trace(SHARED / "tracelens" / "mi300x_vllm_decode_fullgraph_capture_rank0.pt.trace.json.gz")
+    """The real vLLM capture trace (python_function events other than the capture frames removed)."""
+    a = analyze_trace(DATA / "mi300x_vllm_decode_fullgraph_capture_rank0_no_python.json.gz")
+    assert a.tables["trace_capture"]["rank"].tolist() == [0]
     f = _findings(a)
     assert set(f) == {"TRC009"}  # old code: error "GPU idle 100% of the trace, 100% of it waiting for the CPU"
 
