@@ -290,6 +290,25 @@ _TRACE: list[_Entry] = [
     ("trace_collective_skew_p50_us", "us", "median spread of start times of the same collective across ranks"),
     ("trace_collective_skew_p99_us", "us", "P99 of that spread"),
     ("trace_straggler_last_share_ratio", "ratio", "share of collectives the most frequent last rank started last"),
+    *[(f"trace_gpu_idle_{k}_ratio", "ratio", f"share of GPU idle time attributed to {k.replace('_', ' ')}")
+      for k in ("queued", "graph_internal")],
+    ("trace_gpu_launch_idle_ratio", "ratio", "GPU idle in gaps a launch explains, share of the window"),
+    ("trace_idle_gaps_count", "count", "GPU idle gaps (all streams merged)"),
+    ("trace_gpu_pre_trace_ms", "ms", "GPU idle before the trace's own work began (excluded from the shares)"),
+    ("trace_capture_flag", "flag", "the trace records a CUDA/HIP graph capture, not serving"),
+    ("trace_eager_kernel_ratio", "ratio", "share of launched kernels launched one by one (not in a graph replay)"),
+    ("trace_eager_kernels_count", "count", "kernels launched one by one"),
+    ("trace_comm_wait_ratio", "ratio", "share of communication kernel time spent waiting for peer ranks"),
+    ("trace_comm_wait_kernels_count", "count", "collectives that waited for a peer rank"),
+    ("trace_comm_kernels_count", "count", "communication kernels"),
+    ("trace_gpu_comm_wait_exposed_ratio", "ratio", "exposed communication waiting for peers, share of the window"),
+    ("trace_gpu_comm_transfer_exposed_ratio", "ratio", "exposed communication transferring, share of the window"),
+    ("trace_custom_allreduce_ratio", "ratio", "share of communication time in custom (non-NCCL) all-reduce kernels"),
+    ("trace_sync_overlap_gpu_busy_ratio", "ratio", "share of in-step sync time during which the GPU was busy"),
+    ("trace_sync_blocking_steps_count", "count", "steps whose syncs while the GPU was idle exceed 5% of the step"),
+    ("trace_collectives_count", "count", "collectives matched across ranks"),
+    ("trace_straggler_rank", "count", "the rank that started the most collectives last (a rank number)"),
+    ("trace_straggler_lag_p50_us", "us", "median lag of that rank behind the earliest rank at each collective"),
 ]
 
 # fleet (diagnose/normalize/fleet.py, docs/fleet.md): across the replicas of a Prometheus selector; the

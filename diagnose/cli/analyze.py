@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +69,17 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         ],
         "probes": [s.to_json() for s in a.probe_statuses],
         "warnings": a.warnings,
+        **_trace_json(a),
     }
+
+
+def _trace_json(a: Analysis) -> dict[str, Any]:
+    """Kernel traces: the per-step table, its percentiles and the graph mode (docs/trace-analysis.md)."""
+    tables = a.tables
+    keys = (("steps", "trace_steps"), ("step_percentiles", "trace_step_percentiles"), ("graph_mode", "trace_graph_mode"))
+    out = {k: json.loads(tables[t].to_json(orient="records")) for k, t in keys
+           if t in tables and not tables[t].empty}
+    return {"trace": out} if out else {}
 
 
 @click.command(epilog=exits.epilog(exits.ANALYZE_CODES))
@@ -82,7 +93,9 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
               help="A YAML file of threshold overrides (name: value).")
 @click.option("--threshold", "threshold_values", multiple=True, metavar="NAME=VALUE",
               help="Override one threshold (repeatable); `diagnose rules thresholds` lists them.")
-@click.option("--include-python", is_flag=True, help="Traces: also analyse python_function events (slower).")
+@click.option("--include-python", is_flag=True,
+              help="Traces: also keep every python_function event and add the top Python functions by time to the "
+                   "report (trace_python_functions; slower). vLLM V1 step frames are kept without it.")
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
               help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")

@@ -107,15 +107,21 @@ def _analyze_rank(rt: RankTrace) -> dict[str, Any]:
     if spans:
         out["span_us"] = (min(a for a, _ in spans), max(b for _, b in spans))
     cls = classify_kernels(rt.gpu)
-    launch_ts = timeline.launch_start_for(rt.gpu, rt.runtime)
+    launch_ts, launch_end = timeline.launch_call_for(rt.gpu, rt.runtime)
     sync = launch.sync_intervals(rt.runtime) if not rt.runtime.empty else None
-    st = steps.find_steps(rt.annotations, rt.rank)
-    out["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync)
+    pre: tuple[np.ndarray, np.ndarray] | None = None
+    graph = timeline.graph_kernels(rt.gpu)
+    if not rt.gpu.empty:
+        out["idle_streams"], out["idle_row"], pre = timeline.idle_attribution(
+            rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
+    out["capture"] = steps.is_capture(rt.annotations, rt.step_frames)
+    st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
+    out["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph)
     out["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:
         return out
     out["gpu_row"], out["streams"] = timeline.gpu_time(rt.gpu, cls, rt.rank)
-    out["idle_streams"], out["idle_row"] = timeline.idle_attribution(rt.gpu, launch_ts, rt.rank)
+    out["comm"] = timeline.comm_split(rt.gpu, cls, rt.rank, timeline.first_comm_of_step(rt.gpu, cls, launch_ts, st))
     out["classes"], out["top"] = kernel_tables(rt, cls)
     out["launch"], out["launch_row"] = launch.launch_stats(rt.gpu, rt.runtime, rt.rank)
     out["transfers"] = launch.transfers(rt.gpu, rt.runtime, rt.rank)
@@ -182,6 +188,10 @@ def analyze_files(files: list[Path], *, include_python: bool = False, notes: Seq
     if include_python:
         tables["trace_python_functions"] = _concat([r.get("python") for r in results])
     tables["trace_step_summary"] = steps.step_summary(tables["trace_steps"])
+    tables["trace_step_percentiles"] = steps.step_percentiles(tables["trace_steps"])
+    tables["trace_graph_mode"] = steps.graph_mode_table(tables["trace_steps"])
+    tables["trace_comm_split"] = _concat([r.get("comm") for r in results])
+    tables["trace_capture"] = pd.DataFrame({"rank": [r["rank"] for r in results if r.get("capture")]}, dtype="int64")
     per_coll, per_rank, w = collective_skew({r["rank"]: r["comm_starts"] for r in results if "comm_starts" in r})
     warnings.extend(w)
     tables["trace_collectives"] = per_coll
@@ -190,9 +200,12 @@ def analyze_files(files: list[Path], *, include_python: bool = False, notes: Seq
     if not has_gpu:
         warnings.append("no GPU events in the trace (CPU-only, e.g. vLLM's CPU build): analysed CPU ops and "
                         "engine steps only")
+    if not tables["trace_capture"].empty:
+        warnings.append("this is a graph-capture trace, not serving (vLLM capture_<batch>_* annotations or "
+                        "capture_model frames): its idle and launch figures describe the capture, not steps")
     if tables["trace_steps"].empty:
-        warnings.append("no engine-step annotations found (vLLM execute_context_*, SGLang step[...], or "
-                        "ProfilerStep#): per-step analysis skipped")
+        warnings.append("no engine steps found (vLLM execute_context_* annotations or V1 execute_model frames, "
+                        "SGLang step[...], or ProfilerStep#): per-step analysis skipped")
     warnings.extend(notes)
     spans = {r["rank"]: r["span_us"] for r in results if "span_us" in r}
     tables["trace_ranks"] = pd.DataFrame([

@@ -62,6 +62,8 @@ class RankTrace:
     cpu_ops: pd.DataFrame  # name, tid, ts_us, dur_us
     annotations: pd.DataFrame  # name, where (cpu|gpu), tid, ts_us, dur_us
     python: pd.DataFrame | None  # name, tid, ts_us, dur_us (only with include_python)
+    # vLLM V1 step / graph-capture Python frames (columns.STEP_FRAME), kept always: name, tid, ts_us, dur_us
+    step_frames: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "tid", "ts_us", "dur_us"]))
     categories: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     events_total: int = 0
@@ -358,6 +360,7 @@ def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: Accumulator) -
     return RankTrace(path=p, rank=r if r is not None else 0, meta=_small_meta(meta, acc.meta_events),
                      gpu=gpu, runtime=frames["runtime"], cpu_ops=frames["cpu_ops"],
                      annotations=frames["annotations"], python=frames.get("python"),
+                     step_frames=frames["step_frames"],
                      categories={str(k): v for k, v in acc.cats.items()}, warnings=warnings,
                      events_total=acc.events, time_unit=unit)
 
