@@ -133,7 +133,13 @@ def scrub_text(s: str, texts: Iterable[str], min_words: int = MIN_PROMPT_WORDS) 
             m = SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b))
             if m.size < min_words:
                 break
-            s = s[:spans[m.a][0]] + PROMPT_REDACTED + s[spans[m.a + m.size - 1][1]:]
+            first, last = m.a, m.a + m.size - 1
+            # a word cut by truncation at either end of the echo goes with it
+            if first > 0 and m.b > 0 and b[m.b - 1].endswith(a[first - 1]):
+                first -= 1
+            if last + 1 < len(a) and m.b + m.size < len(b) and b[m.b + m.size].startswith(a[last + 1]):
+                last += 1
+            s = s[:spans[first][0]] + PROMPT_REDACTED + s[spans[last][1]:]
     return s
 
 

@@ -105,6 +105,8 @@ class _LoadRun:
         self.consecutive_connect_failures = 0
         self.same_failures = 0  # failures in a row with one answer (fail_kind), no success between
         self.fail_kind = ""
+        self.answers: Counter[str] = Counter()  # failures by what the server answered ("HTTP 401", "timeout")
+        self.last_failure = ""
         self.hold_until_ns = 0  # no new request before this (the server's Retry-After)
         self.redactor = Redactor(ctx.target.secrets())
         self.counts: Counter[str] = Counter()
@@ -217,6 +219,12 @@ class _LoadRun:
             return ProbeStatus("load", "failed", self.abort_reason, detail)
         if ok == 0:
             what = ", ".join(f"{v} {k}" for k, v in errors.items()) or "no requests were sent"
+            if self.answers:  # what the server answered, as the last stderr line and the report say it
+                what = ", ".join(f"{v} {'answered ' if k.startswith('HTTP') else ''}{k}"
+                                 for k, v in self.answers.most_common())
+                what += f"; last: {self.last_failure}" if self.last_failure else ""
+                if self.notes.get("retry_after_holds"):
+                    what += f"; Retry-After honoured {self.notes['retry_after_holds']} time(s)"
             return ProbeStatus("load", "failed", f"no request succeeded ({what})", detail)
         reason = f"{ok} ok, {failed} failed" + (" (stopped early)" if interrupted else "")
         return ProbeStatus("load", "ok", reason, detail)
@@ -360,6 +368,8 @@ class _LoadRun:
             self.notes["retry_after_holds"] = int(self.notes.get("retry_after_holds", 0)) + 1
             self.notes["retry_after_s_last"] = res.retry_after_s
         kind = f"HTTP {res.status}" if res.status and res.status != 200 else str(res.error)
+        self.answers[kind] += 1
+        self.last_failure = detail
         if res.error in CONNECT_ERRORS:
             return  # counted by consecutive_connect_failures
         if kind == self.fail_kind:
