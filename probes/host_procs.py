@@ -68,12 +68,21 @@ def _is_python(p: psutil.Process) -> bool:
     return exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
 
 
-def is_python(pid: int) -> bool:
-    """Whether ``pid`` runs a Python interpreter (what py-spy can sample); False when it is gone."""
+def python_state(pid: int) -> str:
+    """"python" when ``pid`` runs a Python interpreter (what py-spy can sample), "other" when it does not,
+    "denied" when this process may not look, "gone" when there is no such process."""
     try:
-        return _is_python(psutil.Process(pid))
-    except psutil.Error:
-        return False
+        p = psutil.Process(pid)
+        exe = os.path.basename(p.exe() or "")
+        cmd = p.cmdline()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except (psutil.AccessDenied, PermissionError):
+        return "denied"
+    except (psutil.Error, OSError):
+        return "gone"
+    python = exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
+    return "python" if python else "other"
 
 
 def own_tree() -> set[int]:
@@ -98,7 +107,7 @@ def engine_tree(root_pid: int) -> list[ProcInfo]:
     diagnose's own process and its children are never part of it (``--pid 1`` is everyone's ancestor:
     issue 12, defect 13)."""
     root = psutil.Process(root_pid)
-    mine = own_tree()
+    mine = own_tree() - {root_pid}
     out: list[ProcInfo] = []
     for p in [root, *root.children(recursive=True)]:
         if p.pid in mine:

@@ -60,9 +60,9 @@ from diagnose.probes.host_procs import (
     ProcInfo,
     alive,
     engine_tree,
-    is_python,
     pid_listening_on,
     port_of,
+    python_state,
     read_system_cpu,
     read_thread_cpu,
 )
@@ -174,9 +174,14 @@ class PySpyProbe:
             return False, why
         if pid == os.getpid():
             return False, f"PID {pid} is diagnose itself, not the server: pass the server's PID"
-        if not is_python(pid):
+        state = python_state(pid)
+        if state == "other":
             return False, (f"PID {pid} is not a Python process ({_proc_name(pid)}): py-spy samples Python "
                            "only; pass the server's own PID")
+        if state == "denied":
+            return False, f"cannot inspect PID {pid} ({_proc_name(pid)}): access denied. {PTRACE_FIX}"
+        if state == "gone":
+            return False, f"no process with PID {pid}"
         return True, ""
 
     # -- run -----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from diagnose.bundle import MANIFEST, RESERVE, BundleWriter, open_bundle
+from diagnose.bundle import MANIFEST, BundleWriter, open_bundle
 from diagnose.cli import exits
 from tests.servers.faults import fault_server, free_port
 from tests.servers.truth import truth_server
@@ -27,6 +27,7 @@ DIAG = [sys.executable, "-m", "diagnose"]
 KEY = "sk-PLANTEDkey0123456789abcdef"
 URL_PASSWORD = "sk-URLPASSWORD987654321"
 QUERY_SECRET = "sk-QUERYSECRET1357924680"
+RESERVE = ".diagnose-reserve"  # diagnose.bundle.RESERVE (spelled out: the test also runs against older code)
 
 
 def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
@@ -293,11 +294,11 @@ def test_pyspy_refuses_a_non_python_pid(tmp_path: Path) -> None:
         sleeper.kill()
         sleeper.wait()
     assert not ok and why.startswith(f"PID {sleeper.pid} is not a Python process (sleep)")
-    import psutil
+    from diagnose.probes.host_procs import python_state
 
-    if not psutil.Process(1).exe().rsplit("/", 1)[-1].startswith("python"):
+    if python_state(1) != "python":  # PID 1 here: a non-Python init, or one this process may not inspect
         ok, why = PySpyProbe(pid=1).available(_ctx(tmp_path / "one"))
-        assert not ok and "PID 1 is not a Python process" in why
+        assert not ok and why.startswith(("PID 1 is not a Python process", "cannot inspect PID 1")), why
 
 
 def test_engine_tree_never_holds_diagnose_itself() -> None:
@@ -332,18 +333,31 @@ def test_huge_metrics_is_cut_at_the_scrape_limit_with_the_reason(tmp_path: Path)
 
 
 # -- defect 15: --observe and a dying server --------------------------------------------------------------
+def _wait_lines(path: Path, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: fewer than {n} records after {timeout} s")
+
+
 def test_observe_notices_the_server_dying(tmp_path: Path) -> None:
-    with fault_server("--mode", "die", "--die-after", "2") as (url, _):
-        p = attach(url, tmp_path / "b", "--observe", "-d", "20s", "--metrics-interval", "0.25s", timeout=90)
-    no_traceback(p)
-    assert p.returncode == exits.ERROR, p.stderr
-    assert "stopped answering" in p.stderr.strip().splitlines()[-1], p.stderr
+    with fault_server("--mode", "ok") as (url, server):
+        proc = subprocess.Popen([*DIAG, "attach", "--url", url, "--no-nvml", "-o", str(tmp_path / "b"), "--observe",
+                                 "-d", "60s", "--metrics-interval", "0.25s"], stderr=subprocess.PIPE, text=True)
+        _wait_lines(tmp_path / "b" / "metrics.jsonl", 3)
+        server.kill()  # gone at once, as a crashed server is
+        t_kill = time.time_ns()
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err
+    assert proc.returncode == exits.ERROR, err
+    assert "stopped answering" in err.strip().splitlines()[-1], err
     b = open_bundle(tmp_path / "b")
     assert "stopped answering" in b.manifest["capture"]["interrupted"]
     st = b.manifest["probes"]["prometheus"]
-    assert st["state"] == "failed" and st["detail"]["server_gone"] and st["detail"]["scrapes_ok"] >= 2
-    # ended when the server went, not at the 20 s duration
-    assert b.manifest["capture"]["ended_unix_ns"] - b.manifest["capture"]["started_unix_ns"] < 15e9
+    assert st["state"] == "failed" and st["detail"]["server_gone"] and st["detail"]["scrapes_ok"] >= 3
+    assert b.manifest["capture"]["ended_unix_ns"] - t_kill < 30e9  # ended when the server went, not after 60 s
     p2, _ = analyze(tmp_path / "b", tmp_path)
     assert "stopped answering" in p2.stdout + p2.stderr
 
@@ -403,15 +417,19 @@ def test_store_text_bundle_is_owner_only(tmp_path: Path) -> None:
 
 # -- server killed mid-capture, Ctrl-C, SIGTERM ---------------------------------------------------------------
 def test_server_killed_mid_capture_keeps_every_finished_request(tmp_path: Path) -> None:
-    with fault_server("--mode", "die", "--die-after", "3", "--itl-ms", "5") as (url, _):
-        p = attach(url, tmp_path / "b", "-c", "4", "-d", "30s", "--baseline", "0", "--metrics-interval", "0.25s",
-                   timeout=90)
-    no_traceback(p)
-    assert p.returncode == exits.ERROR, p.stderr
-    assert "stopped accepting connections" in p.stderr.strip().splitlines()[-1], p.stderr
+    with fault_server("--mode", "ok", "--itl-ms", "5") as (url, server):
+        proc = subprocess.Popen([*DIAG, "attach", "--url", url, "--no-nvml", "-o", str(tmp_path / "b"), "-c", "4",
+                                 "-d", "60s", "--baseline", "0", "--metrics-interval", "0.25s"],
+                                stderr=subprocess.PIPE, text=True)
+        _wait_lines(tmp_path / "b" / "requests.jsonl", 10)
+        server.kill()
+        _, err = proc.communicate(timeout=90)
+    assert "Traceback" not in err
+    assert proc.returncode == exits.ERROR, err
+    assert "stopped accepting connections" in err.strip().splitlines()[-1], err
     b = open_bundle(tmp_path / "b")
     reqs = b.records("requests")
-    assert sum(r["ok"] for r in reqs) > 10 and b.manifest["streams"]["requests"]["records"] == len(reqs)
+    assert sum(r["ok"] for r in reqs) >= 10 and b.manifest["streams"]["requests"]["records"] == len(reqs)
     assert b.manifest["probes"]["load"]["state"] == "failed"
     analyze(tmp_path / "b", tmp_path)
 
