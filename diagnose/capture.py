@@ -52,7 +52,7 @@ async def check_target(target: Target, timeout_s: float = 10.0, *, need_model: b
                 async with session.get(models_url, headers=target.headers(),
                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                     status = r.status
-                    body = await r.text(errors="replace") if status != 200 else ""
+                    body = (await r.content.read(2048)).decode("utf-8", "replace") if status != 200 else ""
             except aiohttp.ClientConnectorError as e:
                 raise TargetError(f"cannot reach {shown}: {_conn_reason(e)}") from e
             except asyncio.TimeoutError as e:

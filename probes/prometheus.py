@@ -58,6 +58,7 @@ class _Stats:
     parse_note: str = ""
     parsed_in_worker: int = 0
     gone: str = ""  # the server stopped answering: when and how
+    outages: list[str] = field(default_factory=list)  # it stopped answering and came back
 
     def fail(self, e: ScrapeError) -> None:
         self.failed += 1
@@ -251,14 +252,20 @@ class PrometheusProbe:
                 try:  # the scrape after stop closes the window for counters and histograms
                     await scrape(session)
                     in_a_row = 0
+                    if stats.gone:  # it came back (a restart, a long pause): an outage, not the end
+                        stats.outages.append(stats.gone)
+                        stats.gone = ""
+                        ctx.shared.pop("target_gone", None)
                 except ScrapeError as e:
                     stats.fail(e)
                     if e.category in STOP_CATEGORIES:  # every later scrape would cost as much: stop here
                         stopped = f"{e}; scraping stopped"
                         break
-                    if e.category in GONE_CATEGORIES and stats.ok:
+                    # under load a busy server may answer /metrics late: only a refusal means gone then
+                    gone_cats = GONE_CATEGORIES if ctx.options.get("observe") else GONE_CATEGORIES[:2]
+                    if e.category in gone_cats and stats.ok:
                         in_a_row += 1
-                        if in_a_row >= GONE_AFTER and not final:
+                        if in_a_row == GONE_AFTER and not final:
                             stats.gone = (f"the server stopped answering {time.monotonic() - t_start:.1f} s into "
                                           f"the capture ({GONE_AFTER} scrapes in a row failed; last: {e})")
                             ctx.shared.setdefault("target_gone", stats.gone)
@@ -270,6 +277,8 @@ class PrometheusProbe:
         detail = stats.detail()
         if stopped:
             detail["stopped"] = stopped
+        if stats.outages:
+            detail["outages"] = list(stats.outages)
         if stats.gone:
             detail["server_gone"] = True
             return ProbeStatus(self.name, "failed", f"{stats.gone}; {stats.ok} scrapes before that", detail=detail)
