@@ -440,7 +440,8 @@ def test_signal_with_stalled_requests_in_flight_keeps_a_valid_bundle(tmp_path: P
         proc = subprocess.Popen([*DIAG, "attach", "--url", url, "--no-nvml", "-o", str(tmp_path / "b"), "-c", "4",
                                  "-d", "60s", "--baseline", "0", "--timeout", "30s"],
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(4)
+        _wait_lines(tmp_path / "b" / "requests.jsonl", 2)  # some finished; the stalled ones stay in flight
+        time.sleep(0.5)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err
