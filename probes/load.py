@@ -220,8 +220,8 @@ class _LoadRun:
         if ok == 0:
             what = ", ".join(f"{v} {k}" for k, v in errors.items()) or "no requests were sent"
             if self.answers:  # what the server answered, as the last stderr line and the report say it
-                what = ", ".join(f"{v} {'answered ' if k.startswith('HTTP') else ''}{k}"
-                                 for k, v in self.answers.most_common())
+                what += ": " + ", ".join(f"{v} {'answered ' if k.startswith('HTTP') else ''}{k}"
+                                         for k, v in self.answers.most_common())
                 what += f"; last: {self.last_failure}" if self.last_failure else ""
                 if self.notes.get("retry_after_holds"):
                     what += f"; Retry-After honoured {self.notes['retry_after_holds']} time(s)"
