@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,12 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
             raise InputError(f"--threshold {v!r}: use name=value")
         k, val = v.split("=", 1)
         try:
-            out[k.strip()] = float(val)
+            num = float(val)
         except ValueError as e:
             raise InputError(f"--threshold {v!r}: {val!r} is not a number") from e
+        if not math.isfinite(num):
+            raise InputError(f"--threshold {v!r}: {val!r} is not a finite number")
+        out[k.strip()] = num
     return out
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.bundle import Bundle, lines_text
 from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
 from diagnose.model import Signal, Source
 from diagnose.normalize.prom_hist import (
@@ -45,6 +45,8 @@ METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "ki
 HIST_COLUMNS = ["t0_s", "t_s", "signal", "le", "count"]
 HIST_SUM_COLUMNS = ["t0_s", "t_s", "signal", "count", "sum"]
 
+MAX_VALUE = 1e18  # a sample beyond this (1e308, an integer >= 2**63) is malformed: sums and rates would overflow
+
 _Series = dict[tuple[tuple[str, str], ...], dict[str, Any]]
 
 
@@ -53,7 +55,7 @@ def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]],
     bad = 0
     for s in samples if isinstance(samples, list) else []:
         if (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], dict)
-                and isinstance(s[2], (int, float)) and not isinstance(s[2], bool)):
+                and isinstance(s[2], (int, float)) and not isinstance(s[2], bool) and -MAX_VALUE <= s[2] <= MAX_VALUE):
             idx[s[0]].append((s[1], float(s[2])))
         elif not (isinstance(s, list) and len(s) == 3 and s[2] is None):
             bad += 1
@@ -114,10 +116,12 @@ def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None, restarted: boo
 
 
 def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
-    records = [r for r in bundle.iter_records("metrics") if isinstance(r.get("t_ns"), int)]
-    if not records:
+    numbered = list(bundle.iter_numbered("metrics"))
+    if not numbered:
         return {}
-    records.sort(key=lambda r: r["t_ns"])
+    numbered.sort(key=lambda nr: nr[1]["t_ns"])
+    records = [r for _n, r in numbered]
+    bad_lines: list[int] = []
     fam_names = [str(f.get("name", "")) for f in bundle.iter_records("metric_families")]
     sample_names = (str(s[0]) for s in records[0].get("samples") or [] if isinstance(s, list) and s)
     engine = (engine_from_metric_names(fam_names) or engine_from_metric_names(sample_names)
@@ -133,10 +137,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
     bad_total = 0
     start_time: float | None = None
-    for rec in records:
+    for line, rec in numbered:
         t_s = (rec["t_ns"] - anchor) / 1e9
         idx, bad = _index(rec.get("samples"))
         bad_total += bad
+        if bad:
+            bad_lines.append(line)
         started = next((v for _l, v in idx.get("process_start_time_seconds", [])), None)
         restarted = started is not None and start_time is not None and started != start_time
         start_time = started if started is not None else start_time
@@ -172,7 +178,9 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                 sum_rows.append({"t0_s": agg["t0"], "t_s": t_s, "signal": ref.signal, "count": agg["count"],
                                  "sum": agg["sum"]})
     if bad_total:
-        bundle.warnings.append(f"{bundle.path}/metrics.jsonl: skipped {bad_total} malformed sample(s)")
+        bundle.warn(f"{bundle.stream_file('metrics') or bundle.path / 'metrics.jsonl'}: skipped {bad_total} "
+                    f"malformed sample(s) (not [name, labels, value] with a finite value within 1e18) on "
+                    f"{lines_text(sorted(bad_lines))}")
     metrics = pd.DataFrame(rows, columns=[c for c in METRIC_COLUMNS if c not in ("t0_s", "delta")])
     metrics = _add_deltas(metrics, {s["t_s"] for s in scrapes if s["restarted"]})
     target = bundle.manifest.get("target") or {}

@@ -153,7 +153,7 @@ def _find_events_start(buf: bytes, path: Path) -> tuple[int, dict[str, Any]] | N
     if stripped[:1] == b"[":  # bare array form of the Chrome trace format
         return lead + 1, {}
     if stripped[:1] != b"{":
-        raise InputError(f"{path}: not a trace (expected a JSON object or array, got {stripped[:20]!r})")
+        raise InputError(f"{path}: not a trace (expected a JSON object or array at byte {lead})")
     pos = 0
     while True:
         i = buf.find(b'"traceEvents"', pos)
