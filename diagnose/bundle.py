@@ -564,6 +564,9 @@ def open_bundle(path: str | Path) -> Bundle:
         )
     b = Bundle(path=p, manifest=manifest)
     b.meta  # noqa: B018 - the schema check, here: a bad manifest is one line before any analysis starts
+    if not isinstance((manifest.get("capture") or {}).get("clock_anchor"), dict):
+        b.warn(f"{mf}: capture.clock_anchor is missing; times are read on the probes' own clock (no wall-clock "
+               "mapping for traces or spans)")
     if b.partial:
         why = b.meta.capture.interrupted or "capture did not finish (no end recorded)"
         b.warnings.append(f"partial capture: {why}")

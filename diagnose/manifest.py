@@ -101,8 +101,6 @@ def read_manifest(d: Any, where: str) -> Manifest:
     if not isinstance(kind, str):
         raise r.fail("kind", "a string", kind)
     cap = r.obj(d, "capture", "capture")
-    if kind == "capture" and not isinstance(cap.get("clock_anchor"), Mapping):
-        raise r.fail("capture.clock_anchor", "an object {unix_ns, monotonic_ns}", cap.get("clock_anchor"))
     anc = r.obj(cap, "clock_anchor", "capture.clock_anchor")
     anchor = ClockAnchor(r.int_or_none(anc, "unix_ns", "capture.clock_anchor.unix_ns") or 0,
                          r.int_or_none(anc, "monotonic_ns", "capture.clock_anchor.monotonic_ns") or 0)

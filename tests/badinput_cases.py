@@ -70,7 +70,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 for _name, _path, _value in [
     ("capture-not-object", "capture", "yes"), ("capture-list", "capture", [1, 2]),
-    ("clock-anchor-null", "capture.clock_anchor", None), ("clock-anchor-string", "capture.clock_anchor", "now"),
+("clock-anchor-string", "capture.clock_anchor", "now"),
     ("anchor-mono-string", "capture.clock_anchor.monotonic_ns", "12"),
     ("anchor-unix-float", "capture.clock_anchor.unix_ns", 1.5e18),
     ("anchor-huge", "capture.clock_anchor.monotonic_ns", 2**64),
@@ -86,6 +86,13 @@ for _name, _path, _value in [
     ("slo-value-string", "options.slo", {"ttft_p99": "fast"}),
 ]:
     _manifest_case(_name, _set(_path, _value), _path)
+
+
+@case("manifest-clock-anchor-null")
+def _anchor_null(tmp: Path) -> Spec:  # read as "no anchor" (tests/test_bundle.py), with a warning
+    b = _b(tmp)
+    edit_manifest(b, _set("capture.clock_anchor", None))
+    return Spec([b], "warn", ["manifest.json"], "clock_anchor")
 
 
 @case("manifest-schema-version-string")
@@ -258,8 +265,9 @@ def _all_deleted(tmp: Path) -> Spec:
 @case("stream-requests-emptied")
 def _requests_emptied(tmp: Path) -> Spec:
     b = _b(tmp)
+    n = len(read_stream(b, "requests"))
     p = write_stream(b, "requests", [])
-    return Spec([b], "warn", [p.name], "156")
+    return Spec([b], "warn", [p.name], f"read 0 of the {n} records")
 
 
 @case("stream-requests-deleted")
