@@ -96,6 +96,10 @@ def measure(which: str, old_src: Path, path: Path, limit: float) -> tuple[float 
     return (float(secs) if secs else None), what
 
 
+def _fmt(s: float | None, limit: float) -> str:
+    return f"{s:.2f}" if s is not None else f"> {limit:.0f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--timeout", type=float, default=60.0)
@@ -116,8 +120,8 @@ def main() -> None:
             new_s, new_what = measure("new", old_src, path, args.timeout)
             ratio = f"{old_s / new_s:.1f}x" if old_s and new_s else (
                 f"> {args.timeout / new_s:.0f}x" if new_s else "-")
-            fmt = (lambda s: f"{s:.2f}" if s is not None else f"> {args.timeout:.0f}")
-            rows.append(f"| {label} | {fmt(old_s)} | {fmt(new_s)} | {ratio} | {old_what} | {new_what} |")
+            rows.append(f"| {label} | {_fmt(old_s, args.timeout)} | {_fmt(new_s, args.timeout)} | {ratio} | "
+                        f"{old_what} | {new_what} |")
             print(rows[-1], flush=True)
     text = "\n".join([
         "# Trace reader without event boundaries: before (a6a18ad) vs now",

@@ -250,7 +250,7 @@ def open_regular(p: Path) -> IO[bytes]:
         raise
 
 
-def _lines(fh: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None]]:
+def _lines(fh: IO[bytes] | gzip.GzipFile, limit: int) -> Iterator[tuple[int, bytes | None]]:
     """(line number, line) of a binary file; a line longer than ``limit`` comes as (n, None) and is read
     past in ``limit``-sized pieces, so memory stays bounded by ``limit`` whatever the file holds."""
     n = 0
@@ -404,7 +404,7 @@ class Bundle:
         t = _StreamTally()
         try:
             with open_regular(p) as raw_fh:
-                fh: IO[bytes] = gzip.GzipFile(fileobj=raw_fh, mode="rb") if p.name.endswith(".gz") else raw_fh
+                fh = gzip.GzipFile(fileobj=raw_fh, mode="rb") if p.name.endswith(".gz") else raw_fh
                 for n, raw in _lines(fh, MAX_LINE):
                     if raw is None:
                         t.overlong.append(n)

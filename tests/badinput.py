@@ -58,7 +58,8 @@ def mini_sample(name: str) -> Path:
             continue
         if stream == "requests":
             measured = [r for r in recs if not r.get("warmup")]
-            recs = [r for r in recs if r.get("warmup")][:4] + measured[:KEEP["requests"]]
+            step = max(1, len(measured) // KEEP["requests"])  # spread over the run: every phase keeps some
+            recs = [r for r in recs if r.get("warmup")][:4] + measured[::step][:KEEP["requests"]]
             rids = {r["rid"] for r in recs}
         elif stream == "chunks":
             recs = [r for r in recs if r.get("rid") in rids]
