@@ -25,7 +25,7 @@ from diagnose.errors import BundleError, InputError
 from diagnose.model import NotEvaluated, Phase, Signal, Window
 from diagnose.normalize import derived, load_normalizers
 from diagnose.rules.engine import evaluate
-from diagnose.rules.spec import load_rules, load_thresholds
+from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
 
 InputKind = str  # "bundle" | "trace" | "spans"
@@ -189,9 +189,25 @@ def analyze(path: str | Path, *, rules_dirs: Sequence[str | Path] = (), threshol
                           threshold_files=threshold_files, threshold_overrides=threshold_overrides)
 
 
+_CATALOG_CACHE: dict[tuple[int, int], list[RuleSpec]] = {}
+
+
+def _rules(rules_dirs: Sequence[str | Path]) -> list[RuleSpec]:
+    """The rules: the built-in catalog alone is parsed once per process (keyed on its files' count and
+    newest mtime, so an edited catalog is read again); with ``--rules`` directories, read every time."""
+    if rules_dirs:
+        return load_rules(rules_dirs)
+    files = rule_files([CATALOG_DIR])
+    key = (len(files), max((f.stat().st_mtime_ns for f in files), default=0))
+    if key not in _CATALOG_CACHE:
+        _CATALOG_CACHE.clear()
+        _CATALOG_CACHE[key] = load_rules(())
+    return list(_CATALOG_CACHE[key])
+
+
 def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
                    threshold_overrides: dict[str, float] | None = None) -> Analysis:
-    specs = load_rules(rules_dirs)
+    specs = _rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
     bundle.thresholds = dict(thresholds)  # the few table-stage judgements (client stalls) use the same numbers

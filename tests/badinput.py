@@ -82,9 +82,21 @@ def mini_sample(name: str) -> Path:
     return dst
 
 
-def copy_sample(name: str, dst: Path, *, full: bool = False) -> Path:
-    """A writable copy of sample ``name``'s bundle at ``dst`` (its small copy unless ``full``)."""
+LOAD_STREAMS = ("requests", "chunks", "phases", "client_health")
+
+
+def copy_sample(name: str, dst: Path, *, full: bool = False, keep: Sequence[str] | None = None) -> Path:
+    """A writable copy of sample ``name``'s bundle at ``dst`` (its small copy unless ``full``); with ``keep``,
+    only those streams (and the manifest lists only them), so that a case pays only for what it damages."""
     shutil.copytree(SAMPLES / name / "bundle" if full else mini_sample(name), dst)
+    if keep is not None:
+        m = read_manifest(dst)
+        for s in STREAMS:
+            p = stream_path(dst, s)
+            if p is not None and s not in keep:
+                p.unlink()
+                (m.get("streams") or {}).pop(s, None)
+        (dst / "manifest.json").write_bytes(dumps(m))
     return dst
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tests.badinput import copy_sample, edit_manifest, edit_records, read_stream, stream_path, write_stream
+from tests.badinput import LOAD_STREAMS, copy_sample, edit_manifest, edit_records, read_stream, stream_path, write_stream
 
 BASE = "vllm_cpu_healthy"  # the sample most cases damage (load, Prometheus and py-spy streams)
 GPU = "h200_toy_host_bound"  # the sample with gpu_samples
@@ -44,8 +44,10 @@ def case(name: str) -> Callable[[Builder], Builder]:
     return deco
 
 
-def _b(tmp: Path, sample: str = BASE) -> Path:
-    return copy_sample(sample, tmp / "bundle")
+def _b(tmp: Path, sample: str = BASE, extra: tuple[str, ...] = ()) -> Path:
+    """The sample's small bundle with the load probe's streams and ``extra`` (the stream a case damages)."""
+    keep = (*LOAD_STREAMS, *extra, *(("metric_families",) if "metrics" in extra else ()))
+    return copy_sample(sample, tmp / "bundle", keep=keep)
 
 
 # -- manifest fields of the wrong type: one line naming manifest.json and the field ------------------------
@@ -150,7 +152,7 @@ def _manifest_fifo(tmp: Path) -> Spec:
 def _record_case(name: str, stream: str, fn: Callable[[dict[str, Any]], None], sample: str = BASE,
                  index: int = 3) -> None:
     def build(tmp: Path) -> Spec:
-        b = _b(tmp, sample)
+        b = _b(tmp, sample, (stream,))
 
         def edit(recs: list[dict[str, Any]]) -> None:
             fn(recs[min(index, len(recs) - 1)])
@@ -179,7 +181,7 @@ def _first_of(key: str, sub: str, value: Any) -> Callable[[dict[str, Any]], None
 
 def _host_kind(kind: str, key: str, value: Any) -> Callable[[Path], Spec]:
     def build(tmp: Path) -> Spec:
-        b = _b(tmp)
+        b = _b(tmp, BASE, ("host_samples",))
         recs = read_stream(b, "host_samples")
         i = next(i for i, r in enumerate(recs) if r.get("kind") == kind)
         recs[i][key] = value
@@ -190,7 +192,7 @@ def _host_kind(kind: str, key: str, value: Any) -> Callable[[Path], Spec]:
 
 def _gpu_kind(kind: str, key: str, value: Any) -> Callable[[Path], Spec]:
     def build(tmp: Path) -> Spec:
-        b = _b(tmp, GPU)
+        b = _b(tmp, GPU, ("gpu_samples",))
         recs = read_stream(b, "gpu_samples")
         i = next(i for i, r in enumerate(recs) if r.get("kind") == kind)
         recs[i][key] = value
@@ -325,7 +327,7 @@ def _gz_corrupt(tmp: Path) -> Spec:
 
 @case("stream-gz-not-gzip")
 def _gz_not_gzip(tmp: Path) -> Spec:
-    b = _b(tmp)
+    b = _b(tmp, BASE, ("metrics",))
     p = stream_path(b, "metrics")
     assert p is not None
     p.write_bytes(b"this is not gzip at all\n" * 10)
@@ -344,7 +346,7 @@ def _stream_fifo(tmp: Path) -> Spec:
 
 @case("stream-directory")
 def _stream_dir(tmp: Path) -> Spec:
-    b = _b(tmp)
+    b = _b(tmp, BASE, ("metrics",))
     p = stream_path(b, "metrics")
     assert p is not None
     p.unlink()
