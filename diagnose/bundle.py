@@ -9,6 +9,7 @@ schema version, and reads streams tolerating a truncated last line. See docs/bun
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import platform
 import shutil
@@ -234,7 +235,7 @@ def regular_file(p: Path) -> bool:
         return False
 
 
-def open_regular(p: Path) -> IO[bytes]:
+def open_regular(p: Path) -> io.BufferedReader:
     """``p`` opened for reading, refusing anything but a regular file without blocking (a FIFO opened
     non-blocking returns at once; fstat then says what it is). OSError / BundleError on failure."""
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -250,21 +251,46 @@ def open_regular(p: Path) -> IO[bytes]:
         raise
 
 
-def _lines(fh: IO[bytes] | gzip.GzipFile, limit: int) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, line) of a binary file; a line longer than ``limit`` comes as (n, None) and is read
-    past in ``limit``-sized pieces, so memory stays bounded by ``limit`` whatever the file holds."""
+def _lines(fh: io.BufferedIOBase, limit: int, block: int = 1 << 20) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line without its newline) of a binary file read in ``block``-sized pieces; a line longer
+    than ``limit`` comes as (n, None) and is dropped as it is read, so memory stays bounded by ``limit`` plus
+    one block whatever the file holds (a sparse file of zero bytes is one endless line)."""
     n = 0
+    parts: list[bytes] = []  # the start of the current line
+    plen = 0
+    skipping = False  # inside an over-long line: drop everything up to its newline
     while True:
-        raw = fh.readline(limit)
-        if not raw:
-            return
-        n += 1
-        if len(raw) >= limit and not raw.endswith(b"\n"):
-            while raw and not raw.endswith(b"\n"):
-                raw = fh.readline(limit)
-            yield n, None
+        blk = fh.read1(block)  # one read: a gzip member boundary or a corrupt block never swallows data before it
+        if not blk:
+            break
+        k = blk.find(b"\n")
+        if k < 0:
+            if not skipping:
+                parts.append(blk)
+                plen += len(blk)
+                if plen > limit:
+                    parts, plen, skipping = [], 0, True
             continue
-        yield n, raw
+        head, rest = blk[:k], blk[k + 1:]
+        n += 1
+        if skipping or plen + len(head) > limit:
+            yield n, None
+        else:
+            yield n, b"".join(parts) + head if parts else head
+        parts, plen, skipping = [], 0, False
+        lines = rest.split(b"\n")
+        tail = lines.pop()
+        for ln in lines:
+            n += 1
+            yield n, (None if len(ln) > limit else ln)
+        if tail:
+            parts, plen = [tail], len(tail)
+            if plen > limit:
+                parts, plen, skipping = [], 0, True
+    if skipping:
+        yield n + 1, None
+    elif parts:
+        yield n + 1, b"".join(parts)
 
 
 @dataclass
@@ -405,7 +431,7 @@ class Bundle:
         try:
             with open_regular(p) as raw_fh:
                 fh = gzip.GzipFile(fileobj=raw_fh, mode="rb") if p.name.endswith(".gz") else raw_fh
-                for n, raw in _lines(fh, MAX_LINE):
+                for n, raw in _lines(fh, MAX_LINE, 64 << 10 if p.name.endswith(".gz") else 1 << 20):
                     if raw is None:
                         t.overlong.append(n)
                         continue

@@ -16,7 +16,15 @@ from typing import Any
 
 import orjson
 
-from tests.badinput import LOAD_STREAMS, copy_sample, edit_manifest, edit_records, read_stream, stream_path, write_stream
+from tests.badinput import (
+    LOAD_STREAMS,
+    copy_sample,
+    edit_manifest,
+    edit_records,
+    read_stream,
+    stream_path,
+    write_stream,
+)
 
 BASE = "vllm_cpu_healthy"  # the sample most cases damage (load, Prometheus and py-spy streams)
 GPU = "h200_toy_host_bound"  # the sample with gpu_samples

@@ -33,6 +33,7 @@ from diagnose.cli.analyze import analysis_json
 from diagnose.errors import DiagnoseError
 from diagnose.pipeline import analyze as analyze_lib
 from tests.badinput import (
+    LOAD_STREAMS,
     SAMPLE_NAMES,
     STREAMS,
     Outcome,
@@ -49,7 +50,6 @@ from tests.badinput_cases import CASES
 
 FUZZ_SEED = 20261201
 FUZZ_CASES = 330
-LOAD_STREAMS = ("requests", "chunks", "phases", "client_health")
 TALLY: Counter[str] = Counter()
 STARTED: Counter[str] = Counter()
 
