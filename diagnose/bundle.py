@@ -293,6 +293,14 @@ def _lines(fh: io.BufferedIOBase, limit: int, block: int = 1 << 20) -> Iterator[
         yield n + 1, b"".join(parts)
 
 
+def _inside(p: Path, root: Path) -> bool:
+    """``p``, symlinks followed, lies inside ``root`` (a symlink loop counts as outside)."""
+    try:
+        return p.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
+
+
 @dataclass
 class _StreamTally:
     """What one full pass over a stream file found (for the warning and the manifest comparison)."""
@@ -397,8 +405,13 @@ class Bundle:
         if isinstance(listed, str) and listed in (c.name for c in cands):
             cands.sort(key=lambda c: c.name != listed)
         present = [c for c in cands if os.path.lexists(c)]
-        regular = [c for c in present if regular_file(c)]
+        root = self.path.resolve()
+        inside = [c for c in present if _inside(c, root)]
         for c in present:
+            if c not in inside:
+                self.warn(f"{c}: a link that leads outside the bundle directory; stream {name} not read")
+        regular = [c for c in inside if regular_file(c)]
+        for c in inside:
             if c not in regular:
                 self.warn(f"{c}: not a regular file (a FIFO, device or directory); stream {name} not read")
         if len(regular) > 1:

@@ -352,6 +352,16 @@ def _stream_fifo(tmp: Path) -> Spec:
     return Spec([b], "warn", ["client_health.jsonl.gz"])
 
 
+@case("stream-symlink-out")
+def _stream_symlink(tmp: Path) -> Spec:
+    b = _b(tmp)
+    p = stream_path(b, "client_health")
+    assert p is not None
+    p.unlink()
+    (b / "client_health.jsonl").symlink_to("/etc/passwd")
+    return Spec([b], "warn", ["client_health.jsonl"], "outside the bundle")
+
+
 @case("stream-directory")
 def _stream_dir(tmp: Path) -> Spec:
     b = _b(tmp, BASE, ("metrics",))
