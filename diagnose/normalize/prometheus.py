@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -221,6 +222,19 @@ def _add_deltas(df: pd.DataFrame, restarts: set[float]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------------
+_BY_SIGNAL: ContextVar[dict[int, dict[Any, pd.DataFrame]] | None] = ContextVar("prometheus_by_signal", default=None)
+
+
+def _rows(df: pd.DataFrame, signal: str) -> pd.DataFrame:
+    """The rows of one signal: from :func:`signals`' split of the table when there is one (same rows, same
+    order), else by filtering."""
+    split = _BY_SIGNAL.get()
+    of = split.get(id(df)) if split is not None else None
+    if of is not None:
+        return of.get(signal, df.iloc[0:0])
+    return df[df["signal"] == signal]
+
+
 def _overlapping(df: pd.DataFrame, window: Window) -> pd.DataFrame:
     """Scrape intervals (t0_s, t_s] that overlap the window."""
     return df[(df["t_s"] > window.start_s) & (df["t0_s"] < window.end_s)]
@@ -231,7 +245,8 @@ def gauge_series(tables: dict[str, pd.DataFrame], signal: str, window: Window | 
     df = tables.get("metrics")
     if df is None or df.empty:
         return []
-    g = df[(df["signal"] == signal) & (df["kind"] == "gauge")]
+    g = _rows(df, signal)
+    g = g[g["kind"] == "gauge"]
     if window is not None:
         g = g[(g["t_s"] >= window.start_s) & (g["t_s"] <= window.end_s)]
     if g.empty:
@@ -246,7 +261,8 @@ def counter_increase(tables: dict[str, pd.DataFrame], signal: str, window: Windo
     df = tables.get("metrics")
     if df is None or df.empty:
         return None
-    c = _overlapping(df[(df["signal"] == signal) & (df["kind"] == "counter")], window)
+    c = _rows(df, signal)
+    c = _overlapping(c[c["kind"] == "counter"], window)
     d = c["delta"].dropna()
     return float(d.sum()) if len(d) else None
 
@@ -256,7 +272,7 @@ def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) ->
     df = tables.get("metrics_hist")
     if df is None or df.empty:
         return [], []
-    h = _overlapping(df[df["signal"] == signal], window)
+    h = _overlapping(_rows(df, signal), window)
     if h.empty:
         return [], []
     s = h.groupby("le")["count"].sum().sort_index()
@@ -276,7 +292,7 @@ def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> t
     df = tables.get("metrics_hist_sum")
     if df is None or df.empty:
         return None
-    h = _overlapping(df[df["signal"] == signal], window)
+    h = _overlapping(_rows(df, signal), window)
     n = float(h["count"].sum())
     return (float(h["sum"].sum()) / n, n) if n > 0 else None
 
@@ -302,7 +318,7 @@ def littles_mean(tables: dict[str, pd.DataFrame], hists: tuple[str, ...], window
     span: dict[float, float] = {}
     n = 0.0
     for h in hists:
-        rows = _overlapping(df[df["signal"] == h], window)
+        rows = _overlapping(_rows(df, h), window)
         if rows.empty:
             return None
         n = max(n, float(rows["count"].sum()))
@@ -362,6 +378,17 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if "metrics" not in tables:
         return []
     tables = without_excluded(tables)
+    # each metric table split by signal once per call: the helpers below look one signal up many times
+    split = {id(df): dict(tuple(df.groupby("signal", sort=False))) for name in ("metrics", "metrics_hist",
+             "metrics_hist_sum") if (df := tables.get(name)) is not None and not df.empty}
+    token = _BY_SIGNAL.set(split)
+    try:
+        return _signals(tables, window)
+    finally:
+        _BY_SIGNAL.reset(token)
+
+
+def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     out: list[Signal] = []
     engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
     littles: dict[str, float] = {}  # the time-weighted means by Little's law, for the in-flight split below
@@ -470,7 +497,8 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
     for sig, name, unit, desc in (("generation_tokens", "server_output_tps", "tokens/s", "generated tokens per second"),
                                   ("process_cpu_seconds", "server_process_cpu_ratio", "cores",
                                    "API-server process CPU time per second (1.0 = one core busy)")):
-        c = _overlapping(df[(df["signal"] == sig) & (df["kind"] == "counter")], window).dropna(subset=["delta"])
+        c = _rows(df, sig)
+        c = _overlapping(c[c["kind"] == "counter"], window).dropna(subset=["delta"])
         span = float((c["t_s"] - c["t0_s"]).groupby(c["dp"]).sum().max()) if len(c) else 0.0
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
