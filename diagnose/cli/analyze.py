@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,31 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
             raise InputError(f"--threshold {v!r}: use name=value")
         k, val = v.split("=", 1)
         try:
-            out[k.strip()] = float(val)
+            num = float(val)
         except ValueError as e:
             raise InputError(f"--threshold {v!r}: {val!r} is not a number") from e
+        if not math.isfinite(num):
+            raise InputError(f"--threshold {v!r}: {val!r} is not a finite number")
+        out[k.strip()] = num
     return out
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes ``path`` through a temp file renamed into place; on failure (a full disk) the temp file is
+    removed and the OSError raised (the caller names the path)."""
+    import contextlib
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.filename is None or str(e.filename) == str(tmp):
+            e.filename = str(path)
+        raise
 
 
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
@@ -119,8 +141,8 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     try:
         write_report(analysis, output)
         if json_out is not None:
-            json_out.write_bytes(orjson.dumps(analysis_json(analysis),
-                                              option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+            write_atomic(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
+                                                | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
     except OSError as e:
         raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
     if not quiet:

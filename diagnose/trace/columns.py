@@ -189,7 +189,9 @@ class _Table:
 
 def _tid(v: Any, tids: dict[Any, int]) -> int:
     if v.__class__ is int:
-        return int(v)
+        return int(v) if -(2**63) <= v < 2**63 else _tid(str(v), tids)
+    if not isinstance(v, (str, float, bool, type(None))):  # an object or array as a thread id: by its text
+        v = repr(v)
     code = tids.get(v)
     if code is None:  # string thread ids ("stream 7", "PyTorch Profiler"): stable negative codes
         code = tids[v] = -(len(tids) + 1)
