@@ -23,8 +23,10 @@ from diagnose.errors import DiagnoseError
 COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
     "analyze": "diagnose.cli.analyze:analyze",
+    "compare": "diagnose.cli.compare:compare",
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
+    "verify": "diagnose.cli.compare:verify",
 }
 
 
