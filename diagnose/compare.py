@@ -33,6 +33,7 @@ import pandas as pd
 
 from diagnose.analysis import Analysis
 from diagnose.errors import InputError
+from diagnose.experiments import describe
 from diagnose.model import Cause, Finding, Phase, Signal, Window
 from diagnose.requests import percentiles, select, span_s
 
@@ -719,8 +720,12 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
                 broken.append(f"{m.name} {d.b:.1f} {m.unit} > {limit:g} {m.unit}")
     expected = {METRIC_BY_SIGNAL[s].name for s, _ in cause.experiment.expect if s in METRIC_BY_SIGNAL}
     elsewhere = [f"{d.metric} {d.rel:+.0%}" for d in lv.metrics if d.verdict == "worse" and d.metric not in expected]
-    return Verification(fid, f.title, cause.cause, cause.experiment.change, lv.label, outcome, reason, moves,
-                        after_state, broken, elsewhere, c)
+    e = cause.experiment
+    engine = (before.manifest.get("target") or {}).get("engine")
+    variable = describe(e.variable_kind, e.variable, e.value, engine if isinstance(engine, str) else None) \
+        if e.variable else ""
+    return Verification(fid, f.title, cause.cause, e.change + (f" (changes {variable})" if variable else ""),
+                        lv.label, outcome, reason, moves, after_state, broken, elsewhere, c)
 
 
 def _phase_signals(a: Analysis, label: str) -> Mapping[str, Signal]:
