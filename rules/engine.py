@@ -114,7 +114,8 @@ def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
 
 def _experiment(exp: Mapping[str, Any], expect: tuple[tuple[str, str], ...], signals: Mapping[str, Signal],
                 thresholds: Mapping[str, float]) -> Experiment:
-    var = exp.get("variable") if isinstance(exp.get("variable"), dict) else {}
+    raw = exp.get("variable")
+    var: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
     return Experiment(change=render_text(str(exp.get("change", "")), signals, thresholds), expect=expect,
                       variable_kind=str(var.get("kind", "")), variable=str(var.get("name", "")),
                       value=resolve_value(var.get("value"), signals))
