@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
+from diagnose.experiments import resolve_value
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
@@ -22,7 +23,6 @@ from diagnose.model import (
     NotEvaluated,
     Signal,
 )
-from diagnose.experiments import resolve_value
 from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_threshold
 from diagnose.rules.spec import RuleSpec
 
