@@ -64,7 +64,15 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("goodput_rps", "req/s", "higher", "time blocks", "goodput_rps"),
     MetricDef("goodput_ratio", "ratio", "higher", "requests", "goodput_ratio"),
 )
-METRIC_BY_NAME = {m.name: m for m in METRICS}
+# cost (with --cost-per-hour): the price of an hour of the deployment over what it served in that hour
+COST_METRICS: tuple[MetricDef, ...] = (
+    MetricDef("cost_per_mtok", "$/Mtok", "lower", "time blocks", ""),
+    MetricDef("cost_per_request", "$/req", "lower", "time blocks", ""),
+    MetricDef("cost_per_good_request", "$/req", "lower", "time blocks", ""),
+)
+_COST_BASE = {"cost_per_mtok": ("output_tps", 1e6), "cost_per_request": ("request_rps", 1.0),
+              "cost_per_good_request": ("goodput_rps", 1.0)}
+METRIC_BY_NAME = {m.name: m for m in (*METRICS, *COST_METRICS)}
 _PCT = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
 
@@ -85,6 +93,7 @@ class LevelSample:
     done: int  # finished requests (the goodput ratio's denominator)
     span_s: float
     start_s: float
+    cost_per_hour: float | None = None  # the deployment's price per hour (--cost-per-hour)
 
     @property
     def n(self) -> int:
@@ -160,6 +169,12 @@ def point(s: LevelSample, m: MetricDef) -> float:
         return percentiles(s.itl, ((pct, _PCT[pct]),)).get(pct, math.nan)
     if not (s.span_s > 0) or s.n == 0:
         return math.nan
+    if m.name in _COST_BASE:
+        base_name, scale = _COST_BASE[m.name]
+        rate = point(s, METRIC_BY_NAME[base_name])
+        if s.cost_per_hour is None or not (rate > 0):
+            return math.nan
+        return s.cost_per_hour / (rate * 3600.0) * scale
     if m.name == "output_tps":
         return float(s.tokens.sum()) / s.span_s
     if m.name == "request_rps":
@@ -266,6 +281,12 @@ def bootstrap(s: LevelSample, m: MetricDef, resamples: int, rng: np.random.Gener
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.asarray(est * (w @ s.good.astype(float)) / s.good.sum() * s.n / tot
                               if s.good.sum() else np.zeros(resamples), dtype=float)
+    if m.name in _COST_BASE:  # price / throughput: the throughput's resamples, transformed
+        base_name, scale = _COST_BASE[m.name]
+        rate = bootstrap(s, METRIC_BY_NAME[base_name], resamples, rng, resample)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.where(rate > 0, (s.cost_per_hour or 0.0) / (rate * 3600.0) * scale, np.nan),
+                              dtype=float)
     # throughput: resample blocks of time; the estimate scales with the resampled total
     if m.name == "output_tps":
         weight = s.tokens
@@ -443,6 +464,7 @@ class Comparison:
     findings: list[dict[str, Any]]
     gate: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
+    judgements: list[str] = field(default_factory=list)  # cost against speed and the SLO (--cost-per-hour)
 
     def metric(self, name: str, level: str | None = None) -> MetricDiff:
         for lv in self.levels:
@@ -457,7 +479,7 @@ class Comparison:
                 "seed": self.seed, "resample": self.resample, "comparability": self.comparability,
                 "levels": [{"level": lv.label, "requests_a": lv.n_a, "requests_b": lv.n_b,
                             "metrics": [m.to_json() for m in lv.metrics]} for lv in self.levels],
-                "findings": self.findings, "gate": self.gate, "trace": self.trace,
+                "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements,
                 "regression": any(g["regressed"] for g in self.gate)}
 
 
@@ -472,9 +494,17 @@ def check_options(confidence: float, resamples: int, resample: str) -> None:
 
 
 def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0,
-            resample: str = "blocks", metrics: Sequence[MetricDef] = METRICS) -> Comparison:
+            resample: str = "blocks", metrics: Sequence[MetricDef] = METRICS,
+            cost_per_hour: tuple[float, float] | None = None) -> Comparison:
+    """``cost_per_hour``: the price of an hour of A's and of B's deployment; adds the cost metrics and the
+    judgement of a change that is faster but costs more per useful request, or cheaper but breaks the SLO."""
     check_options(confidence, resamples, resample)
     la, lb = run_levels(a), run_levels(b)
+    if cost_per_hour is not None:
+        for lv, price in ((la, cost_per_hour[0]), (lb, cost_per_hour[1])):
+            for smp in lv:
+                smp.cost_per_hour = price
+        metrics = (*metrics, *COST_METRICS)
     traces = trace_diff(a, b)
     if not la and not lb and traces:  # two traces: per kernel class and step kind
         comp: dict[str, Any] = {
@@ -499,8 +529,37 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
     if not pairs:
         comp["comparable"] = False
         comp["problems"] = [*comp["problems"], "no load level is common to both runs"]
-    return Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, levels, findings_diff(a, b),
-                      trace=traces)
+    out = Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, levels, findings_diff(a, b),
+                     trace=traces)
+    if cost_per_hour is not None:
+        out.judgements = cost_judgements(out, b)
+    return out
+
+
+def cost_judgements(c: Comparison, b: Analysis) -> list[str]:
+    """A speed-up that costs more per useful request, or a saving that breaks the SLO, is no gain."""
+    slo = (b.manifest.get("options") or {}).get("slo") or {}
+    out = []
+    for lv in c.levels:
+        by = {m.metric: m for m in lv.metrics}
+        cost = by.get("cost_per_good_request") if slo else by.get("cost_per_request")
+        if cost is None or cost.verdict == "not comparable":
+            continue
+        faster = [m.metric for m in lv.metrics if m.unit == "ms" and m.verdict == "better"]
+        if faster and cost.verdict == "worse":
+            out.append(f"{lv.label}: faster ({', '.join(faster)}) but {cost.metric} is {cost.rel:+.0%} (significant): "
+                       "no gain per useful request")
+        if cost.verdict == "better" and isinstance(slo, dict):
+            broken = []
+            for key, limit in slo.items():
+                d = by.get(str(key).removesuffix("_ms"))
+                if d is not None and isinstance(limit, (int, float)) and math.isfinite(d.b) and d.b > limit \
+                        and not (math.isfinite(d.a) and d.a > limit):
+                    broken.append(f"{d.metric} {d.b:.1f} {d.unit} > {limit:g}")
+            if broken:
+                out.append(f"{lv.label}: cheaper ({cost.metric} {cost.rel:+.0%}) but breaks the SLO: "
+                           + ", ".join(broken) + ": no gain")
+    return out
 
 
 def trace_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
@@ -519,6 +578,18 @@ def trace_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
             rows.append({"what": f"{what}{k}", "unit": "ms", "a": _num(x), "b": _num(y),
                          "diff": _num(y - x), "rel": _num(y / x - 1.0) if x else None})
     return rows
+
+
+def parse_cost(spec: str) -> tuple[float, float]:
+    """``2.5`` (both runs) or ``2.5,4`` (A, B) -> prices per hour."""
+    parts = [p.strip() for p in spec.split(",")]
+    try:
+        prices = [float(p) for p in parts]
+    except ValueError as e:
+        raise InputError(f"--cost-per-hour {spec!r}: use PRICE or PRICE_A,PRICE_B (numbers)") from e
+    if len(prices) not in (1, 2) or not all(math.isfinite(p) and p > 0 for p in prices):
+        raise InputError(f"--cost-per-hour {spec!r}: use one or two positive prices")
+    return (prices[0], prices[-1])
 
 
 # -- the CI gate --------------------------------------------------------------------------------------------

@@ -284,3 +284,21 @@ def test_verify_flags_a_gain_that_breaks_the_slo(tmp_path: Path, queue: Any) -> 
 def test_verify_of_a_finding_that_did_not_fire_is_a_one_line_error() -> None:
     r = CliRunner().invoke(cli, ["verify", str(QUEUE), str(QUEUE), "--finding", "TRC001"])
     assert r.exit_code == exits.USAGE and "did not fire" in r.output and "Traceback" not in r.output
+
+
+def test_cost_per_useful_request_with_intervals_and_the_no_gain_judgement(tmp_path: Path) -> None:
+    """The same runs on a deployment twice the price: not faster, so costs double per request; a 1.5x faster
+    TTFT on a 3x pricier deployment is flagged as no gain per useful request."""
+    a = analyze(HEALTHY)
+    c = cmp.compare(a, a, resamples=300, cost_per_hour=(2.0, 4.0))
+    d = c.metric("cost_per_request")
+    rps = c.metric("request_rps").a
+    assert d.a == pytest.approx(2.0 / (rps * 3600)) and d.b == pytest.approx(2 * d.a)
+    assert d.verdict == "worse" and d.rel == pytest.approx(1.0)
+    assert c.metric("cost_per_mtok").a == pytest.approx(2.0 / (c.metric("output_tps").a * 3600) * 1e6)
+    fast = _rewrite(HEALTHY, tmp_path / "fast", ttft_scale=0.3)
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(fast), "--cost-per-hour", "2,6", "--resamples", "300"])
+    assert r.exit_code == 0, r.output
+    assert "no gain:" in r.output and "faster (ttft_p50" in r.output, r.output
+    bad = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(fast), "--cost-per-hour", "-1"])
+    assert bad.exit_code == exits.USAGE and "positive" in bad.output

@@ -70,6 +70,7 @@ def comparison_lines(c: Comparison) -> list[str]:
     for f in c.findings:
         if f["change"] != "unchanged":
             lines.append(f"  finding {f['rule']}: {f['change']} ({f['title_b'] or f['title_a']})")
+    lines += [f"  no gain: {j}" for j in c.judgements]
     for g in c.gate:
         if g["regressed"]:
             lines.append(f"  REGRESSION at {g['level']}: {g['metric']} {_pct(g['rel'])} "
@@ -91,9 +92,12 @@ def comparison_lines(c: Comparison) -> list[str]:
 @click.option("--fail-on-regression", "gate", metavar="METRIC=PCT%,...",
               help=f"Exit with status {exits.REGRESSION} when a metric is significantly worse by more than PCT "
                    "(latency: up, throughput: down), e.g. ttft_p99=5%,output_tps=-3%.")
+@click.option("--cost-per-hour", "cost", metavar="PRICE[,PRICE_B]",
+              help="Price of an hour of the deployment (A's, and B's when it differs): adds cost per million "
+                   "output tokens, per request and per request within the SLO, with intervals.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float, resamples: int,
-            resample: str, seed: int, gate: str | None, quiet: bool) -> None:
+            resample: str, seed: int, gate: str | None, cost: str | None, quiet: bool) -> None:
     """Compare two runs (bundles, or two traces): per matched load level, every latency percentile,
     throughput and goodput of B against A with a bootstrap confidence interval, better / worse / no
     significant change; what differs between the runs; which findings appeared or went away.
@@ -104,8 +108,9 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
 
     cmp.check_options(confidence, resamples, resample)
     rules = cmp.parse_gate(gate) if gate else None
+    prices = cmp.parse_cost(cost) if cost else None
     c = cmp.compare(_analyze(a), _analyze(b), confidence=confidence, resamples=resamples, seed=seed,
-                    resample=resample)
+                    resample=resample, cost_per_hour=prices)
     if rules:
         cmp.apply_gate(c, rules)
     _write(json_out, _json(c.to_json()))
