@@ -174,3 +174,83 @@ def verify(before: Path, after: Path, finding: str | None, json_out: Path | None
 
 def _after(state: str) -> str:
     return {"gone": "is gone", "weaker": "is weaker"}.get(state, state)
+
+
+@click.command(epilog=exits.epilog(exits.VERIFY_CODES + (exits.TARGET,)),
+               context_settings={"ignore_unknown_options": True})
+@click.option("--launch", "launch_cmd", required=True, metavar="COMMAND",
+              help="The server command line, e.g. \"vllm serve MODEL --port 8000 --max-num-seqs 2\". diagnose "
+                   "starts it, and restarts it with the experiment's one flag changed.")
+@click.option("--url", required=True, help="Where that server answers, e.g. http://127.0.0.1:8000.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Folder for both bundles, the verification (verify.json) and its report (report.html).")
+@click.option("--finding", metavar="RULE_ID", help="Run this finding's experiment (default: the verdict's top one).")
+@click.option("--set", "override", metavar="FLAG=VALUE",
+              help="Change this engine flag instead of the finding's variable (e.g. to test another cause).")
+@click.option("--startup-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the server.")
+@click.argument("attach_args", nargs=-1, type=click.UNPROCESSED)
+def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, override: str | None,
+               startup_timeout: float, attach_args: tuple[str, ...]) -> None:
+    """Run the top finding's experiment: start the server, capture (ATTACH_ARGS are `diagnose attach`'s
+    workload options, e.g. -- --concurrency 16 --duration 15s), diagnose, restart it with the one engine
+    flag the experiment names changed, capture the same workload again, and verify: confirmed (0),
+    refuted (7) or inconclusive (8). diagnose only ever changes the server it started here."""
+    import shlex
+    import urllib.request
+
+    from diagnose import compare as cmp
+    from diagnose import experiment_run as er
+
+    def log(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    url = er.check_url(url)
+    argv = shlex.split(launch_cmd)
+    if not argv:
+        raise DiagnoseError("--launch: an empty command")
+    pair: tuple[str, str] | None = None
+    if override:
+        flag, sep, value = override.partition("=")
+        if not sep or not flag.startswith("-"):
+            raise DiagnoseError(f"--set {override!r}: use --flag=VALUE")
+        pair = (flag, value)
+    import urllib.error
+
+    answers = False
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2.0):  # noqa: S310 - the user's URL
+            answers = True
+    except urllib.error.HTTPError:
+        answers = True  # it answered, with an error status
+    except OSError:
+        pass  # nothing answers there: good
+    if answers:
+        raise DiagnoseError(f"a server already answers at {url}: `diagnose experiment` starts its own "
+                            "server and changes only that one; stop it or use another port")
+    output.mkdir(parents=True, exist_ok=True)
+    args = list(attach_args[1:] if attach_args[:1] == ("--",) else attach_args)
+    log("run 1 of 2: as given")
+    er.capture(argv, url, output / "before", args, log, startup_timeout)
+    p, why = er.plan(output / "before", argv, finding, pair)
+    record: dict[str, Any] = {"launch": argv, "url": url, "attach_args": args}
+    if p is None:
+        record["not_run"] = why
+        _write(output / "experiment.json", _json(record))
+        click.echo(f"inconclusive: not run: {why}")
+        raise click.exceptions.Exit(exits.INCONCLUSIVE)
+    record.update(finding=p.finding, variable=p.variable, flag=p.flag, value=p.value, launch_after=p.argv_after)
+    _write(output / "experiment.json", _json(record))
+    log(f"run 2 of 2: {p.finding}'s experiment: {p.flag} {p.value}".rstrip())
+    er.capture(p.argv_after, url, output / "after", args, log, startup_timeout)
+    v = cmp.verify(_analyze(output / "before"), _analyze(output / "after"), finding=p.finding)
+    _write(output / "verify.json", _json({**v.to_json(), "experiment": record}))
+    from diagnose.reports.compare import render_comparison
+
+    _write(output / "report.html", render_comparison(v.comparison.to_json(), verification=v.to_json()).encode())
+    for line in verification_lines(v):
+        click.echo(line)
+    click.echo(f"written: {output / 'verify.json'}, {output / 'report.html'}")
+    if v.outcome == "refuted":
+        raise click.exceptions.Exit(exits.REFUTED)
+    if v.outcome == "inconclusive":
+        raise click.exceptions.Exit(exits.INCONCLUSIVE)

@@ -24,6 +24,7 @@ COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
     "analyze": "diagnose.cli.analyze:analyze",
     "compare": "diagnose.cli.compare:compare",
+    "experiment": "diagnose.cli.compare:experiment",
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
     "verify": "diagnose.cli.compare:verify",

@@ -65,3 +65,33 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     # the same experiment judged on the A/A pair: nothing moved, the finding still fires
     r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
     assert r.returncode == 7 and r.stdout.startswith("refuted"), r.stdout
+
+
+def _launch_cmd(extra: list[str]) -> tuple[str, str]:
+    """The harness's vLLM CPU command line, as a user would pass it to --launch (environment via env)."""
+    import shlex
+
+    from harness.engine import VllmServer
+
+    s = VllmServer(extra_args=extra)
+    env = {k: v for k, v in s.environment().items()
+           if k in ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
+                    "DO_NOT_TRACK", "PYTHONUNBUFFERED")}
+    argv = ["env", "-u", "VIRTUAL_ENV", *(f"{k}={v}" for k, v in env.items()), *s.command()]
+    return shlex.join(argv), s.url
+
+
+@pytest.mark.timeout(1200)
+def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
+    cmd, url = _launch_cmd(["--max-num-seqs", "2"])
+    load = ["--", "--no-nvml", "--realtime", *LOAD]
+    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load)
+    ver = json.loads((tmp_path / "e" / "verify.json").read_text())
+    assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
+    assert p.returncode == 0 and ver["outcome"] == "confirmed", p.stdout + p.stderr
+    assert p.stdout.startswith("confirmed: SCH001")
+    assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
+    # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
+    q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
+             "--set", "--max-num-batched-tokens=4096", *load)
+    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), q.stdout + q.stderr
