@@ -23,8 +23,8 @@ def _attach(url: str, out: Path) -> None:
     assert p.returncode == 0, p.stderr
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=300)
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.timeout(900)
@@ -85,7 +85,7 @@ def _launch_cmd(extra: list[str]) -> tuple[str, str]:
 def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
     cmd, url = _launch_cmd(["--max-num-seqs", "2"])
     load = ["--", "--no-nvml", "--realtime", *LOAD]
-    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load)
+    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load, timeout=560)
     ver = json.loads((tmp_path / "e" / "verify.json").read_text())
     assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
     assert p.returncode == 0 and ver["outcome"] == "confirmed", p.stdout + p.stderr
@@ -93,5 +93,5 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
     assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
     # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
     q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
-             "--set", "--max-num-batched-tokens=4096", *load)
+             "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
     assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), q.stdout + q.stderr
