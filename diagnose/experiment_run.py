@@ -137,6 +137,9 @@ def plan(before_dir: Path, argv: Sequence[str], finding: str | None = None,
     from diagnose.pipeline import analyze
 
     a = analyze(before_dir)
+    if not a.run_valid:
+        head = a.verdict.headline if a.verdict else "invalid"
+        return None, f"the first run is invalid ({head}): nothing measured on it can be compared; fix that first"
     fid = finding or (a.verdict.top_rule if a.verdict else None)
     f = next((x for x in a.findings if x.rule_id == fid), None)
     if f is None:

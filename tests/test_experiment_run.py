@@ -74,3 +74,8 @@ def test_experiment_with_a_failing_server_command_is_one_line(tmp_path: Path) ->
                                  "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "e"), "--startup-timeout", "20"])
     assert r.exit_code == exits.TARGET and "exited with status 4" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_plan_refuses_an_invalid_first_run() -> None:
+    p, why = plan(SAMPLES / "vllm_cpu_client_bound", CMD)
+    assert p is None and why.startswith("the first run is invalid"), why

@@ -240,7 +240,8 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
         raise click.exceptions.Exit(exits.INCONCLUSIVE)
     record.update(finding=p.finding, variable=p.variable, flag=p.flag, value=p.value, launch_after=p.argv_after)
     _write(output / "experiment.json", _json(record))
-    log(f"run 2 of 2: {p.finding}'s experiment: {p.flag} {p.value}".rstrip())
+    how = "the flag given with --set" if pair else f"{p.finding}'s experiment"
+    log(f"run 2 of 2: {how}: {p.flag} {p.value}".rstrip())
     er.capture(p.argv_after, url, output / "after", args, log, startup_timeout)
     v = cmp.verify(_analyze(output / "before"), _analyze(output / "after"), finding=p.finding)
     _write(output / "verify.json", _json({**v.to_json(), "experiment": record}))

@@ -93,5 +93,5 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
     assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
     # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
     q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
-             "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
+             "--finding", "SCH001", "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
     assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), q.stdout + q.stderr
