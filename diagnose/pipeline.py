@@ -222,7 +222,9 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     sweep = len(measured) > 1
     res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
                    [p.name for p in measured] if sweep else [])
-    verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=load_ran(bundle, phases))
+    engine = (bundle.manifest.get("target") or {}).get("engine") if isinstance(bundle.manifest, dict) else None
+    verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=load_ran(bundle, phases),
+                     engine=engine if isinstance(engine, str) else None)
     analysis = Analysis(
         source=str(bundle.path if bundle.kind == "bundle" else bundle.source),
         manifest=bundle.manifest,

@@ -151,6 +151,7 @@ _DERIVED: list[_Entry] = [
     ("ttft_vs_baseline_ratio", "ratio", "TTFT P50 at the highest load / baseline"),
     ("itl_vs_baseline_ratio", "ratio", "ITL P50 at the highest load / baseline"),
     ("tps_vs_baseline_ratio", "ratio", "output tok/s at the highest load / baseline"),
+    ("offered_concurrency", "requests", "the closed loop's concurrency at the highest measured level"),
     ("load_vs_baseline_ratio", "ratio", "offered load at the highest level / baseline, like with like (requests "
      "in flight when a rate is compared with a concurrency)"),
     ("tail_slo_ratio_top", "ratio", "worst SLO term / limit at the highest load level"),

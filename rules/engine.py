@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
+from diagnose.experiments import resolve_value
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,
@@ -126,6 +127,15 @@ def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
     return "open", ""
 
 
+def _experiment(exp: Mapping[str, Any], expect: tuple[tuple[str, str], ...], signals: Mapping[str, Signal],
+                thresholds: Mapping[str, float]) -> Experiment:
+    raw = exp.get("variable")
+    var: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    return Experiment(change=render_text(str(exp.get("change", "")), signals, thresholds), expect=expect,
+                      variable_kind=str(var.get("kind", "")), variable=str(var.get("name", "")),
+                      value=resolve_value(var.get("value"), signals))
+
+
 def _causes(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float]) -> tuple[Cause, ...]:
     """The rule's candidate causes, each judged against the bundle's evidence: supported first, ruled out last."""
     out = []
@@ -138,8 +148,7 @@ def _causes(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
                 cause=render_text(str(c["cause"]), signals, thresholds),
                 confirm=render_text(str(c.get("confirm", "")), signals, thresholds),
                 refute=render_text(str(c.get("refute", "")), signals, thresholds),
-                experiment=Experiment(change=render_text(str(exp.get("change", "")), signals, thresholds),
-                                      expect=expect) if exp else None,
+                experiment=_experiment(exp, expect, signals, thresholds) if exp else None,
                 status=status,
                 status_evidence=why,
             )

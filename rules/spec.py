@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from diagnose.errors import InputError
+from diagnose.experiments import variable_problems
 from diagnose.model import SEVERITY_WEIGHT
 from diagnose.rules.conditions import referenced_signals
 
@@ -74,6 +75,9 @@ class RuleSpec:
         for c in self.causes:
             exp = c.get("experiment") or {}
             out |= set((exp.get("expect") or {}).keys())
+            value = (exp.get("variable") or {}).get("value") if isinstance(exp.get("variable"), dict) else None
+            if isinstance(value, dict) and isinstance(value.get("signal"), str):
+                out.add(value["signal"])
             for key in CAUSE_CONDITIONS:
                 if c.get(key) is not None:
                     out |= referenced_signals(c[key])
@@ -118,6 +122,8 @@ def spec_problems(raw: Any, path: str) -> list[str]:
             if not isinstance(exp, dict) or "change" not in exp:
                 probs.append(f"{path}: experiment of cause {c['cause']!r} needs 'change'")
                 continue
+            if "variable" in exp:  # optional for a user's rules; every shipped rule has one (tests/test_experiments.py)
+                probs.extend(variable_problems(exp["variable"], f"{path}: experiment of cause {c['cause']!r}"))
             for sig, d in (exp.get("expect") or {}).items():
                 if d not in DIRECTIONS:
                     probs.append(f"{path}: expected direction {d!r} for {sig} not one of up/down/flat")

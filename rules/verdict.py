@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
+from diagnose.experiments import describe
 from diagnose.model import Finding, Signal, Verdict, VerdictLevel
 from diagnose.rules.engine import rank_key
 
@@ -48,9 +49,10 @@ class CauseFields(TypedDict, total=False):
     experiment: str
 
 
-def best_cause(f: Finding) -> CauseFields:
+def best_cause(f: Finding, engine: str | None = None) -> CauseFields:
     """The finding's best-supported candidate cause (supported before open; never one its evidence rules
-    out), what would refute it and its experiment, as Verdict fields."""
+    out), what would refute it and its experiment (with the one variable it changes, spelt for ``engine``),
+    as Verdict fields."""
     for status in ("supported", "open"):
         for c in f.causes:
             if c.status != status:
@@ -59,6 +61,9 @@ def best_cause(f: Finding) -> CauseFields:
             if c.experiment is not None:
                 moves = ", ".join(f"{sig} {d}" for sig, d in c.experiment.expect)
                 exp = c.experiment.change + (f" (expect {moves})" if moves else "")
+                if c.experiment.variable:
+                    exp += "; changes " + describe(c.experiment.variable_kind, c.experiment.variable,
+                                                   c.experiment.value, engine)
             return {"cause": c.cause, "cause_status": c.status, "cause_evidence": c.status_evidence,
                     "refute": c.refute, "experiment": exp}
     if f.causes:
@@ -67,8 +72,9 @@ def best_cause(f: Finding) -> CauseFields:
 
 
 def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partial: bool = False,
-           load_ran: bool = False) -> Verdict:
-    """The verdict. ``load_ran``: the capture sent a workload (so measured requests are expected)."""
+           load_ran: bool = False, engine: str | None = None) -> Verdict:
+    """The verdict. ``load_ran``: the capture sent a workload (so measured requests are expected);
+    ``engine``: the engine the bundle names (the experiment's flag is spelt for it)."""
     prefix = "Partial capture (interrupted). " if partial else ""
     bad = invalidating(findings)
     if bad:
@@ -98,7 +104,7 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"
                                        if more else ""), partial=partial, top_rule=f.rule_id,
                        share=f.share, explains=explained, symptom=linked[0].title if linked else "",
-                       **best_cause(f))
+                       **best_cause(f, engine))
     if not signals and findings:
         f = ranked(findings)[0]
         return Verdict("info", f"{prefix}Most likely: {f.title}", f.hypothesis, partial=partial, top_rule=f.rule_id)

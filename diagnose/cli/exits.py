@@ -11,6 +11,9 @@ USAGE = 2  # bad command line (click), or an input that is not a bundle/trace/sp
 TARGET = 3  # `attach`: the server cannot be reached or answers so that no capture is possible
 FAIL_ON = 4  # `analyze --fail-on SEVERITY`: a finding this severe or worse fired
 INVALID_RUN = 5  # `analyze`: the run is invalid (e.g. the load client was the bottleneck); the report is written
+REGRESSION = 6  # `compare --fail-on-regression`: a metric is significantly worse than allowed
+REFUTED = 7  # `verify`: the experiment refuted the hypothesis
+INCONCLUSIVE = 8  # `verify`: the runs cannot confirm or refute it
 INTERNAL = 70  # a bug in diagnose (EX_SOFTWARE); DIAGNOSE_DEBUG=1 shows the traceback
 INTERRUPTED = 130  # Ctrl-C / SIGTERM; `attach` keeps a valid partial bundle
 
@@ -22,10 +25,15 @@ TABLE: tuple[tuple[int, str], ...] = (
     (TARGET, "attach: the server cannot be reached or cannot be captured"),
     (FAIL_ON, "analyze --fail-on: a finding of that severity or worse fired"),
     (INVALID_RUN, "analyze: the run is invalid (e.g. the client was the bottleneck); report and --json are written"),
+    (REGRESSION, "compare --fail-on-regression: a metric is significantly worse than the change allowed"),
+    (REFUTED, "verify: the experiment refuted the hypothesis"),
+    (INCONCLUSIVE, "verify: the runs neither confirm nor refute the hypothesis"),
     (INTERNAL, "internal error (a bug; set DIAGNOSE_DEBUG=1 for the traceback)"),
     (INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"),
 )
 ANALYZE_CODES = (OK, ERROR, USAGE, FAIL_ON, INVALID_RUN, INTERNAL, INTERRUPTED)
+COMPARE_CODES = (OK, ERROR, USAGE, REGRESSION, INTERNAL, INTERRUPTED)
+VERIFY_CODES = (OK, ERROR, USAGE, REFUTED, INCONCLUSIVE, INTERNAL, INTERRUPTED)
 
 
 def epilog(codes: tuple[int, ...] | None = None, extra: str = "") -> str:

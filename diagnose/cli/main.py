@@ -23,9 +23,12 @@ from diagnose.errors import DiagnoseError
 COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
     "analyze": "diagnose.cli.analyze:analyze",
+    "compare": "diagnose.cli.compare:compare",
+    "experiment": "diagnose.cli.compare:experiment",
     "export": "diagnose.cli.export:export",
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
+    "verify": "diagnose.cli.compare:verify",
 }
 
 

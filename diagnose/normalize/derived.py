@@ -66,6 +66,8 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
     if not measured:
         return out
     top = max(measured, key=lambda p: (_load(p) or 0.0, p.phase))
+    if top.level_kind == "concurrency" and top.concurrency is not None:
+        out["offered_concurrency"] = _sig("offered_concurrency", float(top.concurrency), "requests")
     if baseline:
         base = baseline[0]
     elif len(measured) > 1:

@@ -1,0 +1,188 @@
+"""Run a finding's experiment for real: start the server diagnose was given the command of, capture, diagnose,
+restart it with the one variable the top finding's experiment names changed, capture the same workload again
+(same seed), and verify (docs/compare.md, "diagnose experiment").
+
+diagnose changes only a server it started itself: the command line is the user's, and the only edit is the
+one engine flag of the experiment (set, replaced, added or removed). Experiments whose variable is not an
+engine flag (a client setting, an environment variable, a deployment change) are not run: the result says
+what to change by hand and to `diagnose verify` the two runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from diagnose.errors import DiagnoseError, InputError, TargetError
+from diagnose.experiments import ENGINE_FLAGS, flag_for
+
+
+class LaunchError(TargetError):
+    """The server command did not start a server that answers."""
+
+
+@dataclass
+class Launched:
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            self.proc.wait(10)
+
+
+def _tail(path: Path, n: int = 5) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return ""
+    return " | ".join(x.strip() for x in lines if x.strip())
+
+
+def launch(argv: Sequence[str], url: str, log_path: Path, timeout_s: float = 600.0,
+           log: Callable[[str], None] = lambda _m: None) -> Launched:
+    """Start the server command in its own process group; return once ``url``/v1/models answers 200."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    out: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - the child writes to it; closed with the process
+    try:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as e:
+        out.close()
+        raise LaunchError(f"cannot start the server command {argv[0]!r}: {e.strerror or e}") from e
+    out.close()
+    server = Launched(list(argv), proc, log_path)
+    log(f"started: {shlex.join(argv)} (pid {proc.pid}, log {log_path})")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise LaunchError(f"the server command exited with status {proc.returncode} before answering "
+                              f"(log {log_path}: {_tail(log_path)})")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2.0) as r:  # noqa: S310 - the user's URL
+                if r.status == 200:
+                    return server
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise LaunchError(f"the server at {url} did not answer /v1/models within {timeout_s:.0f} s "
+                              f"(log {log_path}: {_tail(log_path)})")
+        time.sleep(0.5)
+
+
+def apply_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
+    """The command line with one engine flag changed. ``flag`` as ENGINE_FLAGS spells it: ``--x`` (set to
+    ``value``: replaced where present as ``--x V`` or ``--x=V``, else appended; value ``on`` adds a bare
+    ``--x``, ``off`` removes it) or ``--x (remove)`` (removed, with a value that follows it)."""
+    name = flag.split(" ")[0]
+    remove = flag.endswith("(remove)") or value == "off"
+    out: list[str] = []
+    i, found = 0, False
+    args = list(argv)
+    while i < len(args):
+        a = args[i]
+        if a == name or a.startswith(name + "="):
+            found = True
+            has_value = a == name and i + 1 < len(args) and not args[i + 1].startswith("--")
+            if not remove:
+                out += [name] if value == "on" else [name, value]
+            i += 2 if has_value else 1
+            continue
+        out.append(a)
+        i += 1
+    if not found and not remove:
+        out += [name] if value == "on" else [name, value]
+    return out
+
+
+@dataclass
+class Plan:
+    finding: str
+    variable: str
+    flag: str
+    value: str
+    argv_after: list[str]
+
+
+def plan(before_dir: Path, argv: Sequence[str], finding: str | None = None,
+         override: tuple[str, str] | None = None) -> tuple[Plan | None, str]:
+    """What to change for the experiment of BEFORE's top finding (or ``finding``); ``override`` = (flag,
+    value) sets that flag instead (to test a variable that is not the finding's). Returns (plan, '') or
+    (None, why it cannot be run automatically)."""
+    from diagnose.compare import chosen_cause
+    from diagnose.pipeline import analyze
+
+    a = analyze(before_dir)
+    if not a.run_valid:
+        head = a.verdict.headline if a.verdict else "invalid"
+        return None, f"the first run is invalid ({head}): nothing measured on it can be compared; fix that first"
+    fid = finding or (a.verdict.top_rule if a.verdict else None)
+    f = next((x for x in a.findings if x.rule_id == fid), None)
+    if f is None:
+        return None, f"finding {fid or '(none)'} did not fire in the first run: nothing to verify"
+    engine = (a.manifest.get("target") or {}).get("engine")
+    if override is not None:
+        return Plan(f.rule_id, override[0], override[0], override[1], apply_flag(argv, *override)), ""
+    cause = chosen_cause(f)
+    exp = cause.experiment if cause else None
+    if exp is None or not exp.variable:
+        return None, f"{f.rule_id}: its experiment names no variable"
+    if exp.variable_kind != "engine_flag":
+        return None, (f"{f.rule_id}: the experiment changes a {exp.variable_kind.replace('_', ' ')} setting "
+                      f"({exp.variable}), which diagnose does not change for you: {exp.change}; then run "
+                      "`diagnose verify BEFORE AFTER`")
+    flag = flag_for(exp.variable, engine if isinstance(engine, str) else None)
+    if not flag:
+        known = ", ".join(sorted(ENGINE_FLAGS[exp.variable][1])) if exp.variable in ENGINE_FLAGS else ""
+        return None, f"{f.rule_id}: no {engine} flag is known for {exp.variable} (known for: {known})"
+    if not exp.value and not flag.endswith("(remove)"):
+        return None, f"{f.rule_id}: the experiment suggests no value for {flag} in this run: {exp.change}"
+    return Plan(f.rule_id, exp.variable, flag, exp.value, apply_flag(argv, flag, exp.value)), ""
+
+
+def attach_argv(url: str, out: Path, attach_args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "diagnose", "attach", "--url", url, "-o", str(out), "--force", *attach_args]
+
+
+def capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str], log: Callable[[str], None],
+            startup_timeout_s: float) -> None:
+    """Start the server, run one `diagnose attach` against it, stop the server (always)."""
+    server = launch(argv, url, out.parent / f"{out.name}-server.log", startup_timeout_s, log)
+    try:
+        p = subprocess.run(attach_argv(url, out, attach_args), capture_output=True, text=True, timeout=3600)
+        if p.returncode not in (0,):
+            last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DiagnoseError(f"the capture into {out} failed (exit {p.returncode}): {last}")
+    finally:
+        server.stop()
+
+
+def check_url(url: str) -> str:
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"--url {url!r}: expected http://HOST:PORT")
+    return url

@@ -1,0 +1,128 @@
+"""Experiments as data: the one variable an experiment changes, of which kind, and its suggested value.
+
+Every rule's experiment names a ``variable`` (rules/catalog/*/*.yaml, checked by ``diagnose rules lint``):
+
+    variable: {kind: engine_flag, name: max_num_seqs, value: {signal: client_in_flight_mean, round: up}}
+
+* ``kind``: ``engine_flag`` (a server setting, named engine-neutrally here and spelt per engine by
+  ``ENGINE_FLAGS``), ``env`` (an environment variable of the server), ``client`` (a setting of the workload:
+  a ``diagnose attach`` option), ``deployment`` (hardware, placement, replicas: nothing a flag sets);
+* ``name``: for ``engine_flag`` a key of ``ENGINE_FLAGS``; otherwise the variable or option itself;
+* ``value`` (optional): a literal (``16``, ``"fp8"``, ``"off"``), or ``{signal: NAME, times: K, round: up}``
+  resolved from the bundle's signals (``times`` defaults to 1; ``round: up`` rounds up to a whole number).
+
+An engine's spelling of a flag is the one its own CLI documents; a flag an engine has no equivalent for is
+absent (the experiment then names the neutral setting only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from diagnose.model import Signal
+
+VARIABLE_KINDS = ("engine_flag", "env", "client", "deployment")
+
+# neutral setting -> (what it is, {engine: its flag})
+ENGINE_FLAGS: dict[str, tuple[str, dict[str, str]]] = {
+    "max_num_seqs": ("the batch-size cap (requests running at once)",
+                     {"vllm": "--max-num-seqs", "sglang": "--max-running-requests",
+                      "tgi": "--max-concurrent-requests", "llamacpp": "--parallel"}),
+    "max_num_batched_tokens": ("the token budget of one engine step (prefill chunk size)",
+                               {"vllm": "--max-num-batched-tokens", "sglang": "--chunked-prefill-size",
+                                "tgi": "--max-batch-prefill-tokens", "llamacpp": "--batch-size"}),
+    "kv_cache_size": ("the memory given to the KV cache",
+                      {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static",
+                       "tgi": "--cuda-memory-fraction", "llamacpp": "--ctx-size"}),
+    "kv_cache_dtype": ("the KV cache's data type", {"vllm": "--kv-cache-dtype", "sglang": "--kv-cache-dtype",
+                                                    "llamacpp": "--cache-type-k"}),
+    "prefix_caching": ("automatic prefix caching", {"vllm": "--enable-prefix-caching",
+                                                    "sglang": "--disable-radix-cache (remove)",
+                                                    "llamacpp": "--cache-reuse"}),
+    "cuda_graphs": ("CUDA/HIP graph capture", {"vllm": "--enforce-eager (remove)",
+                                               "sglang": "--disable-cuda-graph (remove)"}),
+    "api_server_count": ("API-server (frontend) processes", {"vllm": "--api-server-count",
+                                                             "sglang": "--tokenizer-worker-num"}),
+    "quantization": ("weight quantisation", {"vllm": "--quantization", "sglang": "--quantization",
+                                             "tgi": "--quantize"}),
+    "request_logging": ("per-request logging", {"vllm": "--disable-log-requests", "sglang": "--log-level warning"}),
+    "max_waiting_requests": ("the waiting-queue / admission limit", {"sglang": "--max-queued-requests",
+                                                                      "tgi": "--max-waiting-tokens"}),
+    "async_scheduling": ("overlap of CPU scheduling with GPU execution", {"vllm": "--async-scheduling",
+                                                                         "sglang": "--enable-overlap-schedule"}),
+    "custom_all_reduce": ("the engine's own all-reduce", {"vllm": "--disable-custom-all-reduce (remove)",
+                                                          "sglang": "--disable-custom-all-reduce (remove)"}),
+    "tensor_parallel_size": ("the tensor-parallel degree", {"vllm": "--tensor-parallel-size", "sglang": "--tp-size",
+                                                            "tgi": "--num-shard"}),
+}
+
+
+def variable_problems(v: Any, where: str) -> list[str]:
+    """Schema problems of one experiment's ``variable`` (rules lint)."""
+    if not isinstance(v, dict):
+        return [f"{where}: variable must be a mapping {{kind, name, value}}"]
+    probs = []
+    kind, name = v.get("kind"), v.get("name")
+    if kind not in VARIABLE_KINDS:
+        probs.append(f"{where}: variable kind {kind!r} not one of {', '.join(VARIABLE_KINDS)}")
+    if not isinstance(name, str) or not name:
+        probs.append(f"{where}: variable needs a name")
+    elif kind == "engine_flag" and name not in ENGINE_FLAGS:
+        probs.append(f"{where}: engine flag {name!r} is not in diagnose/experiments.py ENGINE_FLAGS")
+    for k in v:
+        if k not in ("kind", "name", "value"):
+            probs.append(f"{where}: unknown variable key {k!r}")
+    value = v.get("value")
+    if isinstance(value, dict):
+        if not isinstance(value.get("signal"), str):
+            probs.append(f"{where}: a computed value needs {{signal: NAME}}")
+        if "times" in value and not isinstance(value["times"], (int, float)):
+            probs.append(f"{where}: value times must be a number")
+        if value.get("round", "up") != "up":
+            probs.append(f"{where}: value round must be 'up'")
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        probs.append(f"{where}: value must be a literal or {{signal, times, round}}")
+    return probs
+
+
+def resolve_value(value: Any, signals: Mapping[str, Signal]) -> str:
+    """The suggested value as text ('' when it cannot be computed from this bundle's signals)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return value
+    s = signals.get(str(value.get("signal")))
+    if s is None or not s.is_finite():
+        return ""
+    x = s.value * float(value.get("times", 1))
+    if value.get("round") == "up":
+        x = math.ceil(x - 1e-9)
+    return f"{x:g}"
+
+
+def flag_for(name: str, engine: str | None) -> str:
+    """The engine's own spelling of a neutral setting ('' when unknown for that engine)."""
+    entry = ENGINE_FLAGS.get(name)
+    if entry is None or not engine:
+        return ""
+    return entry[1].get(engine, "")
+
+
+def describe(kind: str, name: str, value: str, engine: str | None = None) -> str:
+    """One phrase: 'engine setting max_num_seqs (vllm: --max-num-seqs) = 16'."""
+    if kind == "engine_flag":
+        flag = flag_for(name, engine)
+        head = f"engine setting {name}" + (f" ({engine}: {flag})" if flag else "")
+    elif kind == "env":
+        head = f"environment variable {name}"
+    elif kind == "client":
+        head = f"workload setting {name}"
+    else:
+        head = f"deployment: {name}"
+    return head + (f" = {value}" if value else "")

@@ -1,0 +1,97 @@
+"""`diagnose compare` and `diagnose verify` on real vLLM CPU captures (marker: engine): an A/A pair of the same
+setting, and a pair that differs in one flag (--max-num-seqs 2 -> 8 under a queue-bound load)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+DIAG = [sys.executable, "-m", "diagnose"]
+LOAD = ["--concurrency", "8", "--duration", "12s", "--input-tokens", "128", "--output-tokens", "32"]
+
+
+def _attach(url: str, out: Path) -> None:
+    p = subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "-o", str(out), *LOAD],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(900)
+def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    capped = start_vllm(extra_args=["--max-num-seqs", "2"])
+    _attach(capped.url, tmp_path / "a1")  # type: ignore[attr-defined]
+    _attach(capped.url, tmp_path / "a2")  # type: ignore[attr-defined]
+    capped.stop()  # type: ignore[attr-defined]
+    raised = start_vllm(extra_args=["--max-num-seqs", "8"])
+    _attach(raised.url, tmp_path / "b")  # type: ignore[attr-defined]
+
+    # A/A: the same setting twice in a row
+    p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
+    assert p.returncode == 0, p.stderr
+    aa = json.loads((tmp_path / "aa.json").read_text())
+    assert aa["comparability"]["comparable"] and aa["comparability"]["changed"] == []
+    judged = [m for lv in aa["levels"] for m in lv["metrics"]
+              if m["verdict"] in ("better", "worse", "no significant change")]
+    same = [m for m in judged if m["verdict"] == "no significant change"]
+    assert len(judged) >= 8
+    assert len(same) >= 0.9 * len(judged), [(m["metric"], m["verdict"], m["rel"]) for m in judged]
+
+    # one flag changed: TTFT falls with the cap raised, and the queue-bound hypothesis is confirmed
+    p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "b"), "--json", str(tmp_path / "ab.json"),
+             "--fail-on-regression", "ttft_p50=5%")
+    assert p.returncode == 0, p.stdout + p.stderr  # faster is never a regression
+    ab = json.loads((tmp_path / "ab.json").read_text())
+    assert [c["what"] for c in ab["comparability"]["changed"]] == ["engine_config.max_num_seqs"]
+    ttft = next(m for m in ab["levels"][0]["metrics"] if m["metric"] == "ttft_p50")
+    assert ttft["verdict"] == "better" and ttft["rel_hi"] < 0, ttft
+    gate = _run("compare", str(tmp_path / "b"), str(tmp_path / "a1"), "--fail-on-regression", "ttft_p50=5%", "-q")
+    assert gate.returncode == 6, gate.stdout + gate.stderr  # the other way round it is a regression
+
+    v = _run("verify", str(tmp_path / "a1"), str(tmp_path / "b"), "--json", str(tmp_path / "v.json"))
+    ver = json.loads((tmp_path / "v.json").read_text())
+    assert ver["finding"] == "SCH001", ver["finding"]
+    assert v.returncode == 0 and ver["outcome"] == "confirmed", v.stdout
+    # the same experiment judged on the A/A pair: nothing moved, the finding still fires
+    r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
+    assert r.returncode == 7 and r.stdout.startswith("refuted"), r.stdout
+
+
+def _launch_cmd(extra: list[str]) -> tuple[str, str]:
+    """The harness's vLLM CPU command line, as a user would pass it to --launch (environment via env)."""
+    import shlex
+
+    from harness.engine import VllmServer
+
+    s = VllmServer(extra_args=extra)
+    env = {k: v for k, v in s.environment().items()
+           if k in ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
+                    "DO_NOT_TRACK", "PYTHONUNBUFFERED")}
+    argv = ["env", "-u", "VIRTUAL_ENV", *(f"{k}={v}" for k, v in env.items()), *s.command()]
+    return shlex.join(argv), s.url
+
+
+@pytest.mark.timeout(1200)
+def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
+    cmd, url = _launch_cmd(["--max-num-seqs", "2"])
+    load = ["--", "--no-nvml", "--realtime", *LOAD]
+    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load, timeout=560)
+    ver = json.loads((tmp_path / "e" / "verify.json").read_text())
+    assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
+    assert p.returncode == 0 and ver["outcome"] == "confirmed", p.stdout + p.stderr
+    assert p.stdout.startswith("confirmed: SCH001")
+    assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
+    # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
+    q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
+             "--finding", "SCH001", "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
+    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), q.stdout + q.stderr

@@ -1,0 +1,304 @@
+"""diagnose compare / verify: the point estimates are the analysis's own numbers, the intervals cover a known
+difference about as often as they claim, an A/A pair shows no difference, the CI gate's exit codes, and
+verify's three outcomes on bundles whose effect is known (a shipped sample with its TTFT changed)."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from diagnose import compare as cmp
+from diagnose.cli import exits
+from diagnose.cli.main import cli
+from diagnose.pipeline import analyze
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
+QUEUE = SAMPLES / "vllm_cpu_queue_bound" / "bundle"
+HEALTHY = SAMPLES / "vllm_cpu_healthy" / "bundle"
+SWEEP = SAMPLES / "vllm_cpu_queue_bound_sweep" / "bundle"
+
+
+@pytest.fixture(scope="module")
+def queue() -> Any:
+    return analyze(QUEUE)
+
+
+def _rewrite(src: Path, dst: Path, ttft_scale: float = 1.0, manifest: dict[str, Any] | None = None) -> Path:
+    """A copy of a bundle whose measured requests' TTFT is scaled by ``ttft_scale`` (first token, chunks and
+    end shifted together, so ITL is unchanged)."""
+    shutil.copytree(src, dst)
+    shift: dict[str, int] = {}
+    out = []
+    with gzip.open(src / "requests.jsonl.gz", "rb") as f:
+        for line in f:
+            r = orjson.loads(line)
+            if r.get("ok") and not r.get("warmup") and isinstance(r.get("first_token_ns"), int):
+                d = int((r["first_token_ns"] - r["sent_ns"]) * (ttft_scale - 1.0))
+                shift[r["rid"]] = d
+                r["first_token_ns"] += d
+                r["end_ns"] += d
+                if isinstance(r.get("headers_ns"), int):
+                    r["headers_ns"] = min(r["headers_ns"], r["first_token_ns"])
+            out.append(orjson.dumps(r))
+    with gzip.open(dst / "requests.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(out) + b"\n")
+    chunks = []
+    with gzip.open(src / "chunks.jsonl.gz", "rb") as f:
+        for line in f:
+            c = orjson.loads(line)
+            d = shift.get(c.get("rid"), 0)
+            c["t_ns"] = [t + d for t in c["t_ns"]]
+            chunks.append(orjson.dumps(c))
+    with gzip.open(dst / "chunks.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(chunks) + b"\n")
+    if manifest:
+        m = orjson.loads((dst / "manifest.json").read_bytes())
+        for k, v in manifest.items():
+            m[k] = {**m.get(k, {}), **v} if isinstance(v, dict) else v
+        (dst / "manifest.json").write_bytes(orjson.dumps(m))
+    return dst
+
+
+# -- one definition -----------------------------------------------------------------------------------------
+def test_point_estimates_are_the_analysis_signals(queue: Any) -> None:
+    levels = cmp.run_levels(queue)
+    assert [s.label for s in levels] == ["c=16"]
+    phase = next(p for p in queue.phases if not p.is_baseline)
+    sig = queue.phase_signals[queue.phases.index(phase)]
+    for m in cmp.METRICS:
+        if m.signal in sig:
+            assert cmp.point(levels[0], m) == pytest.approx(sig[m.signal].value, rel=1e-9), m.name
+        else:
+            assert math.isnan(cmp.point(levels[0], m)), m.name
+    assert sum(m.signal in sig for m in cmp.METRICS) >= 14
+
+
+def test_sweep_levels_are_matched_by_load(queue: Any) -> None:
+    c = cmp.compare(queue, analyze(SWEEP), resamples=200)
+    assert [lv.label for lv in c.levels] == ["c=16"]
+    assert c.comparability["levels_only_in_b"] == ["c=2", "c=8"]
+    assert c.comparability["comparable"]
+
+
+# -- statistics on synthetic data with a known truth --------------------------------------------------------
+def _sample(rng: np.random.Generator, n: int, scale: float, rate: float = 10.0) -> cmp.LevelSample:
+    """n requests: lognormal TTFT (median 100 ms x scale), Poisson arrivals at ``rate``/s, 32 tokens each."""
+    ttft = 100.0 * scale * rng.lognormal(0.0, 0.5, n)
+    sent = np.cumsum(rng.exponential(1.0 / rate, n))
+    e2e = ttft + 500.0
+    end = sent + e2e / 1e3
+    return cmp.LevelSample(label="run", kind="", level=None,
+                           values={"ttft": ttft, "tpot": np.full(n, 15.0), "e2e": e2e},
+                           itl=np.zeros(0), itl_req=np.zeros(0, np.int64), end_s=end, tokens=np.full(n, 32.0),
+                           good=None, done=n, span_s=float(end.max() - sent.min()), start_s=float(sent.min()))
+
+
+@pytest.mark.parametrize("resample", ["requests", "blocks"])
+def test_intervals_cover_a_known_difference(resample: str) -> None:
+    """95% intervals of the TTFT P50 difference contain the true difference in about 95 of 100 trials."""
+    m = cmp.METRIC_BY_NAME["ttft_p50"]
+    true = 100.0 * 1.2 - 100.0  # lognormal(0, .5) has median 1
+    hits = 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        d = cmp.diff_metric(_sample(rng, 300, 1.0), _sample(rng, 300, 1.2), m, 0.95, 400, rng, resample)
+        hits += d.diff_lo <= true <= d.diff_hi
+    assert 88 <= hits <= 99, hits
+
+
+def test_throughput_interval_covers_the_true_rate() -> None:
+    """Block bootstrap of output tok/s against the known offered rate (10 req/s x 32 tokens = 320 tok/s)."""
+    m = cmp.METRIC_BY_NAME["output_tps"]
+    hits = 0
+    for seed in range(100):
+        rng = np.random.default_rng(1000 + seed)
+        a, b = _sample(rng, 400, 1.0, rate=10.0), _sample(rng, 400, 1.0, rate=12.5)
+        d = cmp.diff_metric(a, b, m, 0.95, 400, rng)
+        hits += d.diff_lo <= 80.0 <= d.diff_hi  # 12.5 x 32 - 10 x 32
+    assert 85 <= hits <= 100, hits
+
+
+def test_a_a_finds_no_difference_in_at_least_95_percent_of_metrics() -> None:
+    verdicts = []
+    for seed in range(40):
+        rng = np.random.default_rng(5000 + seed)
+        a, b = _sample(rng, 600, 1.0), _sample(rng, 600, 1.0)
+        for m in cmp.METRICS:
+            d = cmp.diff_metric(a, b, m, 0.95, 300, rng)
+            if d.verdict != "not comparable":
+                verdicts.append(d.verdict)
+    worse_or_better = sum(v in ("better", "worse") for v in verdicts)
+    assert len(verdicts) >= 40 * 8
+    assert worse_or_better <= 0.05 * len(verdicts), (worse_or_better, len(verdicts))
+
+
+def test_a_tail_percentile_of_few_requests_gets_no_verdict() -> None:
+    rng = np.random.default_rng(3)
+    d = cmp.diff_metric(_sample(rng, 60, 1.0), _sample(rng, 60, 3.0), cmp.METRIC_BY_NAME["ttft_p99"], 0.95, 300, rng)
+    assert d.verdict == "too few requests"
+    d50 = cmp.diff_metric(_sample(rng, 60, 1.0), _sample(rng, 60, 3.0), cmp.METRIC_BY_NAME["ttft_p50"], 0.95, 300,
+                          rng)
+    assert d50.verdict == "worse"
+
+
+# -- the command and its gate --------------------------------------------------------------------------------
+def test_compare_detects_a_slower_ttft_and_gates_on_it(tmp_path: Path) -> None:
+    slow = _rewrite(HEALTHY, tmp_path / "slow", ttft_scale=1.5)
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(slow), "--json", str(tmp_path / "c.json"),
+                                 "-o", str(tmp_path / "c.html"), "--resamples", "500",
+                                 "--fail-on-regression", "ttft_p50=10%,output_tps=-50%"])
+    assert r.exit_code == exits.REGRESSION, r.output
+    data = orjson.loads((tmp_path / "c.json").read_bytes())
+    m = {x["metric"]: x for x in data["levels"][0]["metrics"]}
+    assert m["ttft_p50"]["verdict"] == "worse"
+    assert 0.4 < m["ttft_p50"]["rel"] < 0.6 and m["ttft_p50"]["rel_lo"] > 0.1
+    assert m["itl_p50"]["verdict"] == "no significant change"  # chunks moved with the first token
+    assert data["regression"] and [g["metric"] for g in data["gate"] if g["regressed"]] == ["ttft_p50"]
+    assert "REGRESSION at c=2: ttft_p50" in r.output
+    html = (tmp_path / "c.html").read_text()
+    assert "Regression" in html and "http://" not in html.replace("http://127.0.0.1", "")
+    # the same change within the allowed +60%: no regression
+    ok = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(slow), "--resamples", "300",
+                                  "--fail-on-regression", "ttft_p50=60%"])
+    assert ok.exit_code == exits.OK, ok.output
+    # B faster than A is never a regression
+    rev = CliRunner().invoke(cli, ["compare", str(slow), str(HEALTHY), "--resamples", "300",
+                                   "--fail-on-regression", "ttft_p50=1%"])
+    assert rev.exit_code == exits.OK and "better" in rev.output, rev.output
+
+
+def test_compare_of_a_run_with_itself_changes_nothing(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(HEALTHY), "--json", str(tmp_path / "c.json"),
+                                 "--resamples", "300", "--fail-on-regression", "ttft_p99=1%,itl_p50=1%"])
+    assert r.exit_code == exits.OK, r.output
+    data = orjson.loads((tmp_path / "c.json").read_bytes())
+    verdicts = {m["verdict"] for m in data["levels"][0]["metrics"]}
+    assert verdicts <= {"no significant change", "too few requests", "not comparable"}, verdicts
+    assert all(f["change"] == "unchanged" for f in data["findings"])
+
+
+def test_comparability_names_the_one_changed_variable_and_refuses_another_model(tmp_path: Path) -> None:
+    b = _rewrite(QUEUE, tmp_path / "b", manifest={"target": {"engine_config": {"max_model_len": 2048,
+                                                                              "max_num_seqs": 16}}})
+    c = cmp.compare(analyze(QUEUE), analyze(b), resamples=200)
+    assert c.comparability["changed"] == [{"what": "engine_config.max_num_seqs", "a": 2, "b": 16}]
+    assert c.comparability["attribution"].startswith("one variable changed (engine_config.max_num_seqs)")
+    other = _rewrite(QUEUE, tmp_path / "other", manifest={"target": {"model": "another-model"}})
+    c2 = cmp.compare(analyze(QUEUE), analyze(other), resamples=200)
+    assert not c2.comparability["comparable"]
+    assert any("model differs" in p for p in c2.comparability["problems"])
+
+
+def test_compare_levels_that_do_not_match_say_so(tmp_path: Path) -> None:
+    c = cmp.compare(analyze(HEALTHY), analyze(QUEUE), resamples=200)  # c=2 against c=16
+    assert c.levels == [] and not c.comparability["comparable"]
+    assert "no load level is common to both runs" in c.comparability["problems"]
+
+
+def test_compare_two_traces_diffs_kernel_classes(tmp_path: Path) -> None:
+    traces = Path(__file__).resolve().parent / "data" / "traces"
+    a = analyze(traces / "a100_alexnet_cuda_sync_events.json.gz")
+    b = analyze(traces / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")
+    c = cmp.compare(a, b, resamples=200)
+    assert c.levels == [] and c.comparability["comparable"]
+    rows = {t["what"]: t for t in c.trace}
+    ka = a.tables["trace_kernel_classes"].groupby("class", observed=True)["total_ms"].sum()
+    assert rows["GPU time, class gemm"]["a"] == pytest.approx(float(ka["gemm"]))
+    r = CliRunner().invoke(cli, ["compare", str(traces / "a100_alexnet_cuda_sync_events.json.gz"),
+                                 str(traces / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")])
+    assert r.exit_code == 0 and "GPU time, class gemm" in r.output, r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--fail-on-regression", "nonsense=5%"], "use METRIC=PCT%"),
+    (["--fail-on-regression", "ttft_p99=abc"], "is not a percentage"),
+    (["--fail-on-regression", "ttft_p99=nan%"], "not a finite percentage"),
+    (["--confidence", "1.5"], "--confidence 1.5"),
+    (["--resamples", "5"], "--resamples 5"),
+])
+def test_bad_options_are_one_line_errors(args: list[str], needle: str) -> None:
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(HEALTHY), *args])
+    assert r.exit_code == exits.USAGE, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
+def test_missing_input_is_a_one_line_error(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(tmp_path / "nope")])
+    assert r.exit_code != 0 and "nope" in r.output and "Traceback" not in r.output
+
+
+# -- verify ---------------------------------------------------------------------------------------------------
+def test_verify_confirms_when_the_predicted_move_happens(tmp_path: Path) -> None:
+    """SCH001 (queue-bound) predicts TTFT down when the cap is raised: a copy with TTFT cut to 30%."""
+    after = _rewrite(QUEUE, tmp_path / "after", ttft_scale=0.3)
+    r = CliRunner().invoke(cli, ["verify", str(QUEUE), str(after), "--json", str(tmp_path / "v.json"),
+                                 "--resamples", "500"])
+    assert r.exit_code == exits.OK, r.output
+    v = orjson.loads((tmp_path / "v.json").read_bytes())
+    assert v["finding"] == "SCH001" and v["outcome"] == "confirmed"
+    ttft = next(m for m in v["moves"] if m["signal"] == "ttft_p50_ms")
+    assert ttft["outcome"] == "as expected" and ttft["rel_hi"] < -0.5
+    assert r.output.startswith("confirmed: SCH001")
+
+
+def test_verify_refutes_when_nothing_moves_and_when_it_moves_the_other_way(tmp_path: Path) -> None:
+    same = CliRunner().invoke(cli, ["verify", str(QUEUE), str(QUEUE), "--resamples", "300"])
+    assert same.exit_code == exits.REFUTED and same.output.startswith("refuted: SCH001"), same.output
+    worse = _rewrite(QUEUE, tmp_path / "worse", ttft_scale=1.6)
+    r = CliRunner().invoke(cli, ["verify", str(QUEUE), str(worse), "--resamples", "300", "--json",
+                                 str(tmp_path / "v.json")])
+    assert r.exit_code == exits.REFUTED, r.output
+    v = orjson.loads((tmp_path / "v.json").read_bytes())
+    assert "moved the other way: ttft_p50_ms" in v["reason"]
+
+
+def test_verify_flags_a_gain_that_breaks_the_slo(tmp_path: Path, queue: Any) -> None:
+    ms = next(s for p, s in zip(queue.phases, queue.phase_signals, strict=True) if not p.is_baseline)
+    limit = ms["itl_p99_ms"].value * 1.01
+    slo = {"options": {"slo": {"itl_p99": limit}}}
+    before = _rewrite(QUEUE, tmp_path / "before", manifest=slo)
+    after = _rewrite(QUEUE, tmp_path / "after", ttft_scale=0.3, manifest=slo)
+    # itl unchanged in the copy: make it break the SLO by slowing one chunk gap per request
+    rows = []
+    with gzip.open(after / "chunks.jsonl.gz", "rb") as f:
+        for line in f:
+            c = orjson.loads(line)
+            if len(c["t_ns"]) > 3:
+                c["t_ns"] = c["t_ns"][:2] + [t + int(limit * 3e6) for t in c["t_ns"][2:]]
+            rows.append(orjson.dumps(c))
+    with gzip.open(after / "chunks.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(rows) + b"\n")
+    v = cmp.verify(analyze(before), analyze(after), resamples=300)
+    assert v.outcome == "confirmed" and v.slo_broken and v.slo_broken[0].startswith("itl_p99")
+    assert not v.gain and "breaks the SLO" in v.headline()
+
+
+def test_verify_of_a_finding_that_did_not_fire_is_a_one_line_error() -> None:
+    r = CliRunner().invoke(cli, ["verify", str(QUEUE), str(QUEUE), "--finding", "TRC001"])
+    assert r.exit_code == exits.USAGE and "did not fire" in r.output and "Traceback" not in r.output
+
+
+def test_cost_per_useful_request_with_intervals_and_the_no_gain_judgement(tmp_path: Path) -> None:
+    """The same runs on a deployment twice the price: not faster, so costs double per request; a 1.5x faster
+    TTFT on a 3x pricier deployment is flagged as no gain per useful request."""
+    a = analyze(HEALTHY)
+    c = cmp.compare(a, a, resamples=300, cost_per_hour=(2.0, 4.0))
+    d = c.metric("cost_per_request")
+    rps = c.metric("request_rps").a
+    assert d.a == pytest.approx(2.0 / (rps * 3600)) and d.b == pytest.approx(2 * d.a)
+    assert d.verdict == "worse" and d.rel == pytest.approx(1.0)
+    assert c.metric("cost_per_mtok").a == pytest.approx(2.0 / (c.metric("output_tps").a * 3600) * 1e6)
+    fast = _rewrite(HEALTHY, tmp_path / "fast", ttft_scale=0.3)
+    r = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(fast), "--cost-per-hour", "2,6", "--resamples", "300"])
+    assert r.exit_code == 0, r.output
+    assert "no gain:" in r.output and "faster (ttft_p50" in r.output, r.output
+    bad = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(fast), "--cost-per-hour", "-1"])
+    assert bad.exit_code == exits.USAGE and "positive" in bad.output

@@ -1,0 +1,81 @@
+"""diagnose experiment: which flag it changes and how, what it refuses to run, and its one-line errors."""
+
+from __future__ import annotations
+
+import http.server
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from diagnose.cli import exits
+from diagnose.cli.main import cli
+from diagnose.experiment_run import LaunchError, apply_flag, launch, plan
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
+CMD = ["vllm", "serve", "m", "--port", "8000", "--max-num-seqs", "2", "--enforce-eager"]
+
+
+def test_apply_flag_replaces_adds_and_removes() -> None:
+    assert apply_flag(CMD, "--max-num-seqs", "16") == [*CMD[:6], "16", "--enforce-eager"]
+    assert apply_flag(["x", "--max-num-seqs=2"], "--max-num-seqs", "16") == ["x", "--max-num-seqs", "16"]
+    assert apply_flag(["x"], "--max-num-batched-tokens", "4096") == ["x", "--max-num-batched-tokens", "4096"]
+    assert apply_flag(CMD, "--enforce-eager (remove)", "on") == CMD[:-1]
+    assert apply_flag(["x"], "--enable-prefix-caching", "on") == ["x", "--enable-prefix-caching"]
+    assert apply_flag(["x", "--enable-prefix-caching"], "--enable-prefix-caching", "off") == ["x"]
+
+
+def test_plan_changes_the_top_findings_engine_flag() -> None:
+    p, why = plan(SAMPLES / "vllm_cpu_queue_bound", CMD)
+    assert why == "" and p is not None
+    assert (p.finding, p.variable, p.flag, p.value) == ("SCH001", "max_num_seqs", "--max-num-seqs", "16")
+    assert p.argv_after == [*CMD[:6], "16", "--enforce-eager"]
+    # a chosen flag instead of the finding's variable (to test a variable that is not the cause)
+    q, _ = plan(SAMPLES / "vllm_cpu_queue_bound", CMD, override=("--max-num-batched-tokens", "4096"))
+    assert q is not None and q.argv_after[-2:] == ["--max-num-batched-tokens", "4096"]
+
+
+def test_plan_refuses_what_it_cannot_set() -> None:
+    p, why = plan(SAMPLES / "vllm_cpu_queue_bound", CMD, finding="TRC001")
+    assert p is None and "did not fire" in why
+    p2, why2 = plan(SAMPLES / "vllm_cpu_host_contention", CMD)  # its top cause is a deployment change
+    assert p2 is None and "does not change for you" in why2, why2
+
+
+def test_launch_reports_a_command_that_exits(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="exited with status 3"):
+        launch([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], "http://127.0.0.1:9",
+               tmp_path / "s.log", timeout_s=20)
+    with pytest.raises(LaunchError, match="cannot start the server command"):
+        launch(["/nonexistent/server"], "http://127.0.0.1:9", tmp_path / "t.log", timeout_s=5)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def test_experiment_never_touches_a_server_it_did_not_start(busy_port: int, tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["experiment", "--launch", "true", "--url", f"http://127.0.0.1:{busy_port}",
+                                 "-o", str(tmp_path / "e")])
+    assert r.exit_code == exits.ERROR and "already answers" in r.output, r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_experiment_with_a_failing_server_command_is_one_line(tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["experiment", "--launch", f"{sys.executable} -c 'raise SystemExit(4)'",
+                                 "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "e"), "--startup-timeout", "20"])
+    assert r.exit_code == exits.TARGET and "exited with status 4" in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_plan_refuses_an_invalid_first_run() -> None:
+    p, why = plan(SAMPLES / "vllm_cpu_client_bound", CMD)
+    assert p is None and why.startswith("the first run is invalid"), why
