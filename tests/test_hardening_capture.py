@@ -1,5 +1,5 @@
 """Issue 12, the capture side: attach against servers that misbehave (tests/servers/faults.py, the truth server)
-and a disk that fills up. Each test names the defect it keeps out; docs/robustness-capture.md lists them."""
+and a disk that fills up. Each test names the defect it keeps out; docs/robustness.md (part 2) lists them."""
 
 from __future__ import annotations
 
