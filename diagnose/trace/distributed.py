@@ -45,12 +45,14 @@ class ScaleOut:
     """How to fan the ranks out. ``scheduler``: the address of a running Dask scheduler; else a local cluster
     of ``workers`` processes (None: one per core, and only for sets of at least ``AUTO_MIN_RANKS`` traces;
     1: the single-process path). ``results_dir``: where the per-rank Parquet files go (None: a temporary
-    directory, removed after the merge)."""
+    directory, removed after the merge). ``only_workers``: run the tasks on these of the scheduler's workers
+    only (addresses or names; e.g. the ones that see the shared filesystem)."""
 
     scheduler: str | None = None
     workers: int | None = None
     results_dir: Path | None = None
-    connect_timeout_s: float | None = None  # None: CONNECT_TIMEOUT_S
+    only_workers: tuple[str, ...] = ()
+    connect_timeout_s: float | None = None  # None: connect_timeout_s()
 
 
 _CURRENT: ContextVar[ScaleOut | None] = ContextVar("diagnose_trace_scale_out", default=None)
@@ -126,11 +128,21 @@ def load_result(s: dict[str, Any]) -> RankResult:
     return r
 
 
+def connect_timeout_s() -> float:
+    """CONNECT_TIMEOUT_S, or Dask's own ``distributed.comm.timeouts.connect`` where that is shorter."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    configured = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", CONNECT_TIMEOUT_S),
+                                 default="s")
+    return min(CONNECT_TIMEOUT_S, float(configured or CONNECT_TIMEOUT_S))
+
+
 @contextmanager
 def _client(cfg: ScaleOut, n_files: int) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
-    timeout = cfg.connect_timeout_s if cfg.connect_timeout_s is not None else CONNECT_TIMEOUT_S
+    timeout = cfg.connect_timeout_s if cfg.connect_timeout_s is not None else connect_timeout_s()
     if cfg.scheduler:
         try:
             client = Client(cfg.scheduler, timeout=timeout)
@@ -160,7 +172,8 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
     try:
         with _client(cfg, len(files)) as client:
             futs = client.map(rank_task, [str(f) for f in files], list(range(len(files))),
-                              [str(out)] * len(files), [include_python] * len(files), pure=False)
+                              [str(out)] * len(files), [include_python] * len(files), pure=False,
+                              workers=list(cfg.only_workers) or None, allow_other_workers=False)
             summaries: list[dict[str, Any]] = []
             for i, fut in enumerate(futs):
                 try:
@@ -168,7 +181,7 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
                 except KilledWorker as e:  # the worker died (out of memory, say): that rank fails, not the set
                     summaries.append({"index": i, "path": str(files[i]), "failed": f"{files[i]}: worker died "
                                       f"while analysing it ({e})"})
-            workers = len(client.nthreads())
+            workers = len(cfg.only_workers) or len(client.nthreads())
             address = client.scheduler.address
         results = [RankResult(index=s["index"], path=Path(s["path"]), error=s["failed"]) if "failed" in s
                    else load_result(s) for s in summaries]
