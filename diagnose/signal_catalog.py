@@ -289,6 +289,7 @@ _TRACE: list[_Entry] = [
     ("trace_collective_skew_p50_us", "us", "median spread of start times of the same collective across ranks"),
     ("trace_collective_skew_p99_us", "us", "P99 of that spread"),
     ("trace_straggler_last_share_ratio", "ratio", "share of collectives the most frequent last rank started last"),
+    ("trace_collective_wait_ratio", "ratio", "share of matched collective kernel time spent waiting for the last rank"),
 ]
 
 

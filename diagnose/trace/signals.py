@@ -89,6 +89,9 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
         _sig(out, "trace_collective_skew_p99_us", np.percentile(sk, 99), "us", "P99 of that spread")
         _sig(out, "trace_straggler_last_share_ratio", rk["last_share_ratio"].max(), "ratio",
              "share of collectives that the most frequent last rank started last")
+        if "wait_us" in rk:
+            _sig(out, "trace_collective_wait_ratio", _ratio(rk["wait_us"].sum(), rk["comm_us"].sum()), "ratio",
+                 "share of matched collective kernel time spent waiting for the last rank to start")
     return out
 
 
