@@ -7,9 +7,9 @@ For each set:
 - **single**: ``analyze_trace(dir)`` in a fresh process (one rank at a time): wall time and the process's peak
   RSS (``ru_maxrss``);
 - **dask**: the same in a fresh client process against a LocalCluster of ``--workers`` worker processes (one
-  thread each) started once by this script (its start-up time is reported apart); the workers are restarted
-  before each set so that each worker's peak RSS (``ru_maxrss``, reported by the tasks) is that set's; the
-  client process's own peak RSS is the merge's;
+  thread each), a fresh cluster per set so that each worker's peak RSS (``ru_maxrss``, reported by the
+  tasks) is that set's; its start-up and the workers' imports are done before the clock starts, as on a
+  running cluster (the start-up is reported apart); the client process's own peak RSS is the merge's;
 - **identical**: the two results (every table but ``analysis_s``, the warnings, the signals) compared.
 
 Then a projection to 1,000 ranks: wall time from a least-squares line over the measured sizes (per path),
@@ -119,39 +119,45 @@ def main() -> None:
 
     from distributed import Client, LocalCluster
 
+    from diagnose.trace.distributed import NO_HTTP_PORT
     from tests.trace.rankset import write_rank_set
 
     rows: list[dict[str, Any]] = []
+    startups: list[float] = []
     with tempfile.TemporaryDirectory(prefix="diagnose-rankset-") as tmp_s:
         tmp = Path(tmp_s)
-        t0 = time.perf_counter()
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-            startup = time.perf_counter() - t0
-            for label, src, sizes in sources:
-                if not src.is_file():
-                    print(f"skipped {label}: {src} not found", file=sys.stderr)
-                    continue
-                for n in sizes:
-                    d = tmp / f"{src.name}-{n}"
-                    tg = time.perf_counter()
-                    write_rank_set(src, d, n, delayed=n // 2 + 1)
-                    gen = time.perf_counter() - tg
-                    single = run_child(d, tmp / "single.pkl", None)
-                    client.restart()  # fresh workers: their peak RSS is this set's
-                    client.run(warm)  # ... but warm, as on a running cluster (imports done)
+        for label, src, sizes in sources:
+            if not src.is_file():
+                print(f"skipped {label}: {src} not found", file=sys.stderr)
+                continue
+            for n in sizes:
+                d = tmp / f"{src.name}-{n}"
+                tg = time.perf_counter()
+                write_rank_set(src, d, n, delayed=n // 2 + 1)
+                gen = time.perf_counter() - tg
+                single = run_child(d, tmp / "single.pkl", None)
+                t0 = time.perf_counter()  # a fresh cluster per set: each worker's peak RSS is this set's
+                with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=logging.ERROR,
+                                  scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, Client(cluster) as client:
+                    client.wait_for_workers(args.workers, timeout=300)
+                    client.run(warm)  # ... and warm, as on a running cluster (imports done)
+                    startups.append(time.perf_counter() - t0)
                     dask = run_child(d, tmp / "dask.pkl", cluster.scheduler_address)
-                    so = dask["scale_out"]
-                    row = {"source": label, "ranks": n, "raw_mb": sum(f.stat().st_size for f in d.iterdir()) / 2**20,
-                           "gen_s": gen, "single_s": single["wall_s"], "single_rss": single["peak_rss_bytes"],
-                           "dask_s": dask["wall_s"], "client_rss": dask["peak_rss_bytes"],
-                           "worker_rss": so["worker_peak_rss_bytes"], "workers": so["workers"],
-                           "identical": identical(single, dask), "analysed": single["ranks"]}
-                    rows.append(row)
-                    print(json.dumps({k: v for k, v in row.items()}, default=str), flush=True)
-                    for f in d.iterdir():
-                        f.unlink()
-                    d.rmdir()
+                so = dask["scale_out"]
+                if so["workers"] != args.workers:
+                    raise SystemExit(f"{so['workers']} of {args.workers} workers ran the {n}-rank set")
+                row = {"source": label, "ranks": n, "raw_mb": sum(f.stat().st_size for f in d.iterdir()) / 2**20,
+                       "gen_s": gen, "single_s": single["wall_s"], "single_rss": single["peak_rss_bytes"],
+                       "dask_s": dask["wall_s"], "client_rss": dask["peak_rss_bytes"],
+                       "worker_rss": so["worker_peak_rss_bytes"], "workers": so["workers"],
+                       "identical": identical(single, dask), "analysed": single["ranks"]}
+                rows.append(row)
+                print(json.dumps(row, default=str), flush=True)
+                for f in d.iterdir():
+                    f.unlink()
+                d.rmdir()
+        startup = sum(startups) / max(len(startups), 1)
         md = report(rows, startup, args.workers)
     print(md)
     if args.write:
@@ -172,8 +178,9 @@ def report(rows: list[dict[str, Any]], startup: float, workers: int) -> str:
         "Rank sets built from real traces (tests/trace/rankset.py: copies of the rank shifted by 3 µs × (rank mod 7), "
         "rank n/2+1 delayed by 5 ms; gzip level 1). **single**: `analyze_trace(dir)` in a fresh process, one rank "
         "at a time. **dask**: the same call in a fresh client process with `ScaleOut(scheduler=...)` against a "
-        f"LocalCluster of {workers} worker processes (1 thread each; started once, {startup:.1f} s, not counted; "
-        "restarted before each set, then their imports done, as on a running cluster). Wall times exclude "
+        f"LocalCluster of {workers} worker processes (1 thread each; a fresh cluster per set, so that each worker's peak is that set's; its start-up, "
+        f"{startup:.1f} s on average, and the workers' imports are done before the clock starts, as on a running "
+        "cluster). Wall times exclude "
         "the client's imports. Peak memory = `ru_maxrss` of the process (for the workers: reported by "
         "each worker's tasks, so the worker's peak over the set). **identical** = every table (but "
         "`analysis_s`), warning and signal equal.",

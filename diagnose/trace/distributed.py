@@ -21,6 +21,7 @@ import logging
 import os
 import resource
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,8 @@ from diagnose.trace.multirank import RankResult, reduce_file
 AUTO_MIN_RANKS = 8  # without --workers, a local cluster is started for sets of at least this many rank traces
 CONNECT_TIMEOUT_S = 10.0  # waiting for a scheduler that does not answer
 COMM_FILE = "comm.parquet"
+# the scheduler's HTTP server (health, metrics) starts even without a dashboard: on a free port, never 8787
+NO_HTTP_PORT = {"dashboard_address": ":0"}
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> 
     return {"index": r.index, "path": str(r.path), "rank": r.rank, "has_rank": r.has_rank, "error": r.error,
             "meta": r.meta, "events": r.events, "unit": r.unit, "categories": r.categories, "warnings": r.warnings,
             "span_us": r.span_us, "rows": r.rows, "dir": str(out), "tables": written,
-            "comm": r.comm_ts_us is not None, "pid": os.getpid(), "peak_rss_bytes": _peak_rss_bytes()}
+            "comm": r.comm_ts_us is not None, "worker": f"{socket.gethostname()}:{os.getpid()}",
+            "peak_rss_bytes": _peak_rss_bytes()}
 
 
 def load_result(s: dict[str, Any]) -> RankResult:
@@ -154,7 +158,8 @@ def _client(cfg: ScaleOut, n_files: int) -> Iterator[Any]:
         return
     n = max(1, min(cfg.workers or cores(), n_files))
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+                      silence_logs=logging.ERROR, scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, \
+            Client(cluster) as client:
         yield client
 
 
@@ -181,6 +186,9 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
                 except KilledWorker as e:  # the worker died (out of memory, say): that rank fails, not the set
                     summaries.append({"index": i, "path": str(files[i]), "failed": f"{files[i]}: worker died "
                                       f"while analysing it ({e})"})
+                except ModuleNotFoundError as e:  # a scheduler whose workers lack diagnose
+                    raise DiagnoseError(f"the workers of the Dask scheduler at {client.scheduler.address} cannot "
+                                        f"import {e.name}: install diagnose where they run") from e
             workers = len(cfg.only_workers) or len(client.nthreads())
             address = client.scheduler.address
         results = [RankResult(index=s["index"], path=Path(s["path"]), error=s["failed"]) if "failed" in s
@@ -189,10 +197,10 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
         log.setLevel(level)
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
-    peaks: dict[int, int] = {}
+    peaks: dict[str, int] = {}  # worker process -> its peak RSS (the largest its tasks reported)
     for s in summaries:
-        if "pid" in s:
-            peaks[s["pid"]] = max(peaks.get(s["pid"], 0), s["peak_rss_bytes"])
+        if "worker" in s:
+            peaks[s["worker"]] = max(peaks.get(s["worker"], 0), s["peak_rss_bytes"])
     extra = {"scale_out": {"scheduler": cfg.scheduler or address, "local": not cfg.scheduler, "workers": workers,
                            "worker_peak_rss_bytes": sorted(peaks.values()),
                            "results_dir": None if own_dir else str(out)}}

@@ -21,7 +21,7 @@ import pytest
 
 from diagnose.errors import InputError
 from diagnose.trace import TraceAnalysis, analyze_trace
-from diagnose.trace.distributed import ScaleOut, fans_out, scale_out
+from diagnose.trace.distributed import NO_HTTP_PORT, ScaleOut, fans_out, scale_out
 from diagnose.trace.multirank import collective_skew
 from tests.trace.helpers import DATA
 from tests.trace.rankset import write_rank_set
@@ -34,7 +34,7 @@ def cluster() -> Iterator[Any]:
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as c:
+                      silence_logs=logging.ERROR, scheduler_kwargs=NO_HTTP_PORT) as c:
         yield c
 
 
