@@ -89,9 +89,9 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
 @click.option("--scheduler", metavar="ADDRESS",
               help="Trace sets: analyse the ranks on this running Dask scheduler (tcp://host:8786); its workers "
                    "must see the traces at the same paths.")
-@click.option("--workers", type=click.IntRange(min=1),
+@click.option("--workers", type=click.IntRange(min=1), metavar="N",
               help="Trace sets: local worker processes, one rank each at a time (default: one per core for sets "
-                   "of 8 or more ranks; 1: analyse in this process).")
+                   "of 8 or more ranks on 4 or more cores, else 1; 1: analyse in this process).")
 def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
             threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
             fail_on: str | None, quiet: bool, scheduler: str | None = None, workers: int | None = None) -> None:

@@ -36,7 +36,11 @@ import pandas as pd
 from diagnose.errors import DiagnoseError
 from diagnose.trace.multirank import RankResult, reduce_file
 
-AUTO_MIN_RANKS = 8  # without --workers, a local cluster is started for sets of at least this many rank traces
+# Without --workers / --scheduler, a local cluster is started for sets of at least AUTO_MIN_RANKS rank traces on
+# machines with at least AUTO_MIN_CORES cores; below that the cluster's start-up and the workers competing for
+# two cores cost more than they save (benchmarks/results/trace_ranks_dask.md, measured on 2 cores).
+AUTO_MIN_RANKS = 8
+AUTO_MIN_CORES = 4
 CONNECT_TIMEOUT_S = 10.0  # waiting for a scheduler that does not answer
 COMM_FILE = "comm.parquet"
 # the scheduler's HTTP server (health, metrics) starts even without a dashboard: on a free port, never 8787
@@ -46,8 +50,8 @@ NO_HTTP_PORT = {"dashboard_address": ":0"}
 @dataclass(frozen=True)
 class ScaleOut:
     """How to fan the ranks out. ``scheduler``: the address of a running Dask scheduler; else a local cluster
-    of ``workers`` processes (None: one per core, and only for sets of at least ``AUTO_MIN_RANKS`` traces;
-    1: the single-process path). ``results_dir``: where the per-rank Parquet files go (None: a temporary
+    of ``workers`` processes (None: one per core, and only for sets of at least ``AUTO_MIN_RANKS`` traces on
+    at least ``AUTO_MIN_CORES`` cores; 1: the single-process path). ``results_dir``: where the per-rank Parquet files go (None: a temporary
     directory, removed after the merge). ``only_workers``: run the tasks on these of the scheduler's workers
     only (addresses or names; e.g. the ones that see the shared filesystem)."""
 
@@ -87,7 +91,7 @@ def fans_out(cfg: ScaleOut, n_files: int) -> bool:
     if cfg.scheduler:
         return True
     if cfg.workers is None:
-        return cores() > 1 and n_files >= AUTO_MIN_RANKS
+        return cores() >= AUTO_MIN_CORES and n_files >= AUTO_MIN_RANKS
     return cfg.workers > 1 and n_files > 1
 
 

@@ -189,7 +189,7 @@ def test_when_the_set_fans_out() -> None:
     from diagnose.trace import distributed
 
     auto = ScaleOut()
-    assert fans_out(auto, distributed.AUTO_MIN_RANKS) == (distributed.cores() > 1)
+    assert fans_out(auto, distributed.AUTO_MIN_RANKS) == (distributed.cores() >= distributed.AUTO_MIN_CORES)
     assert not fans_out(auto, distributed.AUTO_MIN_RANKS - 1)
 
 
