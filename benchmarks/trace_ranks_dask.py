@@ -5,9 +5,9 @@ copy of the source rank shifted by 3 µs x (rank mod 7), one rank delayed by 5 m
 For each set:
 
 - **single**: ``analyze_trace(dir)`` in a fresh process (one rank at a time): wall time and the process's peak
-  RSS (``ru_maxrss``);
+  RSS (VmHWM);
 - **dask**: the same in a fresh client process against a LocalCluster of ``--workers`` worker processes (one
-  thread each), a fresh cluster per set so that each worker's peak RSS (``ru_maxrss``, reported by the
+  thread each), a fresh cluster per set so that each worker's peak RSS (VmHWM, reported by the
   tasks) is that set's; its start-up and the workers' imports are done before the clock starts, as on a
   running cluster (the start-up is reported apart); the client process's own peak RSS is the merge's;
 - **identical**: the two results (every table but ``analysis_s``, the warnings, the signals) compared.
@@ -43,9 +43,9 @@ SOURCES = [  # (label, trace, set sizes)
      SHARED / "a100_16rank_nccl_cudagraph_rank0.json.gz", (8, 64)),
 ]
 CHILD = """
-import pickle, resource, sys, time
+import pickle, sys, time
 from diagnose.trace import analyze_trace
-from diagnose.trace.distributed import ScaleOut, scale_out
+from diagnose.trace.distributed import ScaleOut, peak_rss_bytes, scale_out
 import distributed, pyarrow.parquet  # imported before the clock starts, in both modes
 def main():
     d, out, sched = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -58,7 +58,7 @@ def main():
     wall = time.perf_counter() - t0
     t = dict(a.tables)
     t["trace_summary"] = t["trace_summary"].drop(columns=["analysis_s"])
-    res = {"wall_s": wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    res = {"wall_s": wall, "peak_rss_bytes": peak_rss_bytes(),
            "scale_out": a.summary.get("scale_out"), "tables": t, "warnings": a.warnings,
            "signals": [(s.name, s.value, s.unit) for s in a.signals], "ranks": len(a.summary["ranks"])}
     with open(out, "wb") as f:
@@ -117,6 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     sources = [(SOURCES[0][0], SOURCES[0][1], (8,))] if args.quick else SOURCES
 
+    import dask.config
     from distributed import Client, LocalCluster
 
     from diagnose.trace.distributed import NO_HTTP_PORT
@@ -137,7 +138,8 @@ def main() -> None:
                 gen = time.perf_counter() - tg
                 single = run_child(d, tmp / "single.pkl", None)
                 t0 = time.perf_counter()  # a fresh cluster per set: each worker's peak RSS is this set's
-                with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                with dask.config.set({"distributed.worker.profile.enabled": False}), \
+                        LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                                   dashboard_address=None, silence_logs=logging.ERROR,
                                   scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, Client(cluster) as client:
                     client.wait_for_workers(args.workers, timeout=300)
@@ -181,8 +183,9 @@ def report(rows: list[dict[str, Any]], startup: float, workers: int) -> str:
         f"LocalCluster of {workers} worker processes (1 thread each; a fresh cluster per set, so that each worker's peak is that set's; its start-up, "
         f"{startup:.1f} s on average, and the workers' imports are done before the clock starts, as on a running "
         "cluster). Wall times exclude "
-        "the client's imports. Peak memory = `ru_maxrss` of the process (for the workers: reported by "
-        "each worker's tasks, so the worker's peak over the set). **identical** = every table (but "
+        "the client's imports. Peak memory = VmHWM of the process (for the workers: reported by each "
+        "worker's tasks, so the worker's peak over the set; not `ru_maxrss`, which on Linux also counts the RSS "
+        "of the forking parent before the exec). **identical** = every table (but "
         "`analysis_s`), warning and signal equal.",
         "",
         "| source rank | ranks | raw gz MB | single s | dask s | single / dask | single peak MB | dask peak MB per "

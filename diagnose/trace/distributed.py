@@ -95,9 +95,17 @@ def fans_out(cfg: ScaleOut, n_files: int) -> bool:
     return cfg.workers > 1 and n_files > 1
 
 
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports kB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far. On Linux VmHWM of /proc/self/status: ``ru_maxrss`` also
+    counts the RSS of the process that forked it before the exec (a worker would report its parent's peak)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # macOS: bytes; elsewhere kB
     return int(peak) if os.uname().sysname == "Darwin" else int(peak) * 1024
 
 
@@ -118,7 +126,7 @@ def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> 
             "meta": r.meta, "events": r.events, "unit": r.unit, "categories": r.categories, "warnings": r.warnings,
             "span_us": r.span_us, "rows": r.rows, "dir": str(out), "tables": written,
             "comm": r.comm_ts_us is not None, "worker": f"{socket.gethostname()}:{os.getpid()}",
-            "peak_rss_bytes": _peak_rss_bytes()}
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 def load_result(s: dict[str, Any]) -> RankResult:
@@ -161,8 +169,12 @@ def _client(cfg: ScaleOut, n_files: int) -> Iterator[Any]:
             yield client
         return
     n = max(1, min(cfg.workers or cores(), n_files))
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR, scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, \
+    import dask.config
+
+    # the workers' statistical profiler samples the task thread every 10 ms: pure overhead here
+    with dask.config.set({"distributed.worker.profile.enabled": False}), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                         silence_logs=logging.ERROR, scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, \
             Client(cluster) as client:
         yield client
 
