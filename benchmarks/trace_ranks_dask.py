@@ -145,15 +145,15 @@ def main() -> None:
                     client.wait_for_workers(args.workers, timeout=300)
                     client.run(warm)  # ... and warm, as on a running cluster (imports done)
                     startups.append(time.perf_counter() - t0)
-                    dask = run_child(d, tmp / "dask.pkl", cluster.scheduler_address)
-                so = dask["scale_out"]
+                    dres = run_child(d, tmp / "dask.pkl", cluster.scheduler_address)
+                so = dres["scale_out"]
                 if so["workers"] != args.workers:
                     raise SystemExit(f"{so['workers']} of {args.workers} workers ran the {n}-rank set")
                 row = {"source": label, "ranks": n, "raw_mb": sum(f.stat().st_size for f in d.iterdir()) / 2**20,
                        "gen_s": gen, "single_s": single["wall_s"], "single_rss": single["peak_rss_bytes"],
-                       "dask_s": dask["wall_s"], "client_rss": dask["peak_rss_bytes"],
+                       "dask_s": dres["wall_s"], "client_rss": dres["peak_rss_bytes"],
                        "worker_rss": so["worker_peak_rss_bytes"], "workers": so["workers"],
-                       "identical": identical(single, dask), "analysed": single["ranks"]}
+                       "identical": identical(single, dres), "analysed": single["ranks"]}
                 rows.append(row)
                 print(json.dumps(row, default=str), flush=True)
                 for f in d.iterdir():

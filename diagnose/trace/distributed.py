@@ -23,6 +23,7 @@ import resource
 import shutil
 import socket
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -190,29 +191,31 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
     log = logging.getLogger("distributed")
     level = log.level
     log.setLevel(logging.ERROR)  # the client's own chatter (reconnects, slow event loop) is not the user's
-    try:
-        with _client(cfg, len(files)) as client:
-            futs = client.map(rank_task, [str(f) for f in files], list(range(len(files))),
-                              [str(out)] * len(files), [include_python] * len(files), pure=False,
-                              workers=list(cfg.only_workers) or None, allow_other_workers=False)
-            summaries: list[dict[str, Any]] = []
-            for i, fut in enumerate(futs):
-                try:
-                    summaries.append(fut.result())
-                except KilledWorker as e:  # the worker died (out of memory, say): that rank fails, not the set
-                    summaries.append({"index": i, "path": str(files[i]), "failed": f"{files[i]}: worker died "
-                                      f"while analysing it ({e})"})
-                except ModuleNotFoundError as e:  # a scheduler whose workers lack diagnose
-                    raise DiagnoseError(f"the workers of the Dask scheduler at {client.scheduler.address} cannot "
-                                        f"import {e.name}: install diagnose where they run") from e
-            workers = len(cfg.only_workers) or len(client.nthreads())
-            address = client.scheduler.address
-        results = [RankResult(index=s["index"], path=Path(s["path"]), error=s["failed"]) if "failed" in s
-                   else load_result(s) for s in summaries]
-    finally:
-        log.setLevel(level)
-        if own_dir:
-            shutil.rmtree(out, ignore_errors=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"distributed(\.|$)")  # nor its warnings (slow scratch dirs, ports)
+        try:
+            with _client(cfg, len(files)) as client:
+                futs = client.map(rank_task, [str(f) for f in files], list(range(len(files))),
+                                  [str(out)] * len(files), [include_python] * len(files), pure=False,
+                                  workers=list(cfg.only_workers) or None, allow_other_workers=False)
+                summaries: list[dict[str, Any]] = []
+                for i, fut in enumerate(futs):
+                    try:
+                        summaries.append(fut.result())
+                    except KilledWorker as e:  # the worker died (out of memory, say): that rank fails, not the set
+                        summaries.append({"index": i, "path": str(files[i]), "failed": f"{files[i]}: worker died "
+                                          f"while analysing it ({e})"})
+                    except ModuleNotFoundError as e:  # a scheduler whose workers lack diagnose
+                        raise DiagnoseError(f"the workers of the Dask scheduler at {client.scheduler.address} cannot "
+                                            f"import {e.name}: install diagnose where they run") from e
+                workers = len(cfg.only_workers) or len(client.nthreads())
+                address = client.scheduler.address
+            results = [RankResult(index=s["index"], path=Path(s["path"]), error=s["failed"]) if "failed" in s
+                       else load_result(s) for s in summaries]
+        finally:
+            log.setLevel(level)
+            if own_dir:
+                shutil.rmtree(out, ignore_errors=True)
     peaks: dict[str, int] = {}  # worker process -> its peak RSS (the largest its tasks reported)
     for s in summaries:
         if "worker" in s:
