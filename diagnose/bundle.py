@@ -8,26 +8,31 @@ schema version, and reads streams tolerating a truncated last line. See docs/bun
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import os
 import platform
 import shutil
 import socket
+import stat
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
-from diagnose import __version__
+from diagnose import __version__, schema
 from diagnose.errors import BundleError
 from diagnose.manifest import Manifest, read_manifest
 from diagnose.model import Phase, ProbeStatus
+from diagnose.redact import Redactor
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = (1,)
@@ -59,23 +64,43 @@ def serialize_records(records: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
 
 
-class StreamWriter:
-    """Appends JSON records to one stream file, one per line, flushed after every write."""
+RESERVE_BYTES = 1 << 20  # kept free for the final manifest write (disk full: issue 12, defect 3)
+RESERVE = ".diagnose-reserve"  # the preallocated file that holds that space; removed when the bundle is finished
+FILE_MODE_PRIVATE = 0o600  # a bundle that holds prompt or output text (--store-text): owner only
+DIR_MODE_PRIVATE = 0o700
 
-    def __init__(self, path: Path, lock: threading.Lock) -> None:
+
+def _write_error(path: Path, e: OSError) -> str:
+    return f"cannot write {path}: {e.strerror or e}"
+
+
+class StreamWriter:
+    """Appends JSON records to one stream file, one per line, written through after every write.
+
+    A write that fails (disk full, I/O error) is undone to the last whole record, so the file holds every
+    record that fit and no torn line; the writer then drops whatever comes after and reports the failure
+    once to ``on_error`` (the bundle's, which stops the capture). It never raises for a write error."""
+
+    def __init__(self, path: Path, lock: threading.Lock, *, mode: int = 0o666,
+                 on_error: Callable[[str], None] | None = None) -> None:
         self.path = path
-        self._fh: IO[bytes] | None = open(path, "ab")  # noqa: SIM115 - closed by close()
+        try:
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+            self._size = os.fstat(self._fd).st_size
+        except OSError as e:
+            self._fd = None
+            self._size = 0
+            self.error: str | None = _write_error(path, e)
+            if on_error is not None:
+                on_error(self.error)
+        else:
+            self.error = None
         self._lock = lock
+        self._on_error = on_error
         self.records = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        with self._lock:
-            if self._fh is None:
-                return
-            self._fh.write(line)
-            self._fh.flush()
-            self.records += 1
+        self.write_serialized(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n", 1)
 
     def write_many(self, records: list[dict[str, Any]]) -> None:
         if records:
@@ -85,35 +110,74 @@ class StreamWriter:
         """Appends ``n`` records already turned into lines by :func:`serialize_records` (lets a caller
         serialise on its own thread and leave only the file write to another)."""
         with self._lock:
-            if self._fh is None:
+            if self._fd is None:
                 return
-            self._fh.write(data)
-            self._fh.flush()
+            view = memoryview(data)
+            try:
+                while view:
+                    k = os.write(self._fd, view)
+                    view = view[k:]
+            except OSError as e:
+                self._fail(e)
+                return
+            self._size += len(data)
             self.records += n
+
+    def _fail(self, e: OSError) -> None:
+        fd, self._fd = self._fd, None
+        self.error = _write_error(self.path, e)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._size)  # back to the last whole record: no torn line
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self._on_error is not None:
+            self._on_error(self.error)
 
     def close(self) -> None:
         with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
 
 
 class BundleWriter:
-    """Creates a bundle directory and keeps its manifest current while probes write their streams."""
+    """Creates a bundle directory and keeps its manifest current while probes write their streams.
+
+    Everything written goes through one :class:`~diagnose.redact.Redactor` (``redactor``): the manifest is
+    redacted as a whole on every write; probes redact free text they take from the server (the load probe's
+    error details) before it reaches a stream. ``private`` (the bundle holds prompt or output text) makes the
+    directory 0700 and every file 0600.
+
+    A write error during the capture (disk full) never raises out of a probe's bookkeeping: the first one is
+    kept in ``write_error`` and passed to ``on_write_error`` (the capture stops then), later ones are dropped.
+    Space for the final manifest is held in reserve from the start (a preallocated file, released just
+    before the final write), so even a full disk ends with a manifest that says the capture failed and why.
+    """
 
     def __init__(self, path: str | Path, *, target: dict[str, Any] | None = None,
                  workload: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, redactor: Redactor | None = None, private: bool = False) -> None:
         self.path = Path(path)
         if self.path.exists() and any(self.path.iterdir()):
             if not overwrite:
                 raise BundleError(f"output directory {self.path} exists and is not empty (use --force to replace it)")
             shutil.rmtree(self.path)
+        self.private = private
+        self.redactor = redactor or Redactor()
+        self.write_error: str | None = None
+        self.on_write_error: Callable[[str], None] | None = None
+        dmode = DIR_MODE_PRIVATE if private else 0o777
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / "artifacts").mkdir(exist_ok=True)
+            self.path.mkdir(parents=True, exist_ok=True, mode=dmode)
+            (self.path / "artifacts").mkdir(exist_ok=True, mode=dmode)
+            if private:  # mkdir's mode is masked by the umask and leaves an existing directory as it was
+                os.chmod(self.path, DIR_MODE_PRIVATE)
+                os.chmod(self.path / "artifacts", DIR_MODE_PRIVATE)
         except OSError as e:
             raise BundleError(f"cannot create bundle directory {self.path}: {e.strerror or e}") from e
+        self._file_mode = FILE_MODE_PRIVATE if private else 0o666
         self._lock = threading.RLock()
         self._streams: dict[str, StreamWriter] = {}
         unix_ns = time.time_ns()
@@ -140,7 +204,8 @@ class BundleWriter:
             "streams": {},
             "artifacts": {},
         }
-        self.write_manifest()
+        self._write_manifest()  # raises: a bundle that cannot be started is an error before any capture
+        self._reserve()
 
     # -- time --------------------------------------------------------------------------------------
     def mono_to_rel_s(self, mono_ns: int) -> float:
@@ -150,21 +215,69 @@ class BundleWriter:
     def unix_to_rel_s(self, unix_ns: int) -> float:
         return (unix_ns - self.anchor_unix_ns) / 1e9
 
+    # -- write errors ------------------------------------------------------------------------------
+    def _reserve(self) -> None:
+        p = self.path / RESERVE
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode)
+            try:
+                try:
+                    os.posix_fallocate(fd, 0, RESERVE_BYTES)
+                except (AttributeError, OSError):  # no fallocate here (or the fs lacks it): real zeros
+                    os.write(fd, bytes(RESERVE_BYTES))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                p.unlink()
+            raise BundleError(f"cannot write {self.path}: {e.strerror or e} (no room for the bundle)") from e
+
+    def _release_reserve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / RESERVE).unlink()
+
+    def note_write_error(self, msg: str) -> None:
+        """The first write error of the capture: kept, and passed on to ``on_write_error`` (once)."""
+        with self._lock:
+            if self.write_error is not None:
+                return
+            self.write_error = msg
+            cb = self.on_write_error
+        if cb is not None:
+            cb(msg)
+
     # -- manifest ----------------------------------------------------------------------------------
-    def write_manifest(self) -> None:
+    def _write_manifest(self) -> None:
+        """Writes the manifest (atomically: temp file, fsync, rename); raises BundleError naming the file.
+        A failed write leaves no temp file behind."""
         with self._lock:
             for name, sw in self._streams.items():
                 self.manifest["streams"][name]["records"] = sw.records
-            data = orjson.dumps(self.manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+            data = orjson.dumps(self.redactor.value(self.manifest), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
             tmp = self.path / (MANIFEST + ".tmp")
             try:
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 os.replace(tmp, self.path / MANIFEST)
             except OSError as e:
-                raise BundleError(f"cannot write {self.path / MANIFEST}: {e.strerror or e}") from e
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise BundleError(_write_error(self.path / MANIFEST, e)) from e
+
+    def write_manifest(self) -> None:
+        """The manifest as it stands, during the capture: a write error is noted (``write_error``), not
+        raised, so that a probe's bookkeeping (a status, a new stream) never fails because the disk did;
+        the final write (:meth:`finish`) uses the reserve and raises if even that fails."""
+        try:
+            self._write_manifest()
+        except BundleError as e:
+            self.note_write_error(str(e))
 
     def update(self, section: str, values: dict[str, Any]) -> None:
         with self._lock:
@@ -184,7 +297,8 @@ class BundleWriter:
             if sw is None:
                 # a lock per stream: a slow write to one stream (the load probe writes its chunk records
                 # from an I/O thread) never holds up a writer of another
-                sw = StreamWriter(self.path / f"{name}.jsonl", threading.Lock())
+                sw = StreamWriter(self.path / f"{name}.jsonl", threading.Lock(), mode=self._file_mode,
+                                  on_error=self.note_write_error)
                 self._streams[name] = sw
                 self.manifest["streams"][name] = {"file": f"{name}.jsonl", "description": description, "records": 0}
                 self.write_manifest()
@@ -203,6 +317,10 @@ class BundleWriter:
             self.write_manifest()
 
     def finish(self, *, interrupted: str | None = None) -> None:
+        """The final manifest: the end time, and whether the capture is complete; a write error during the
+        capture marks it failed with the reason (``capture.interrupted``, ``capture.error``). The reserve is
+        released just before, so this write fits on a disk the capture filled. Raises BundleError (naming the
+        file) only if even that fails."""
         with self._lock:
             for sw in self._streams.values():
                 sw.close()
@@ -210,21 +328,133 @@ class BundleWriter:
             cap = self.manifest["capture"]
             cap["ended_unix_ns"] = now
             cap["ended_at"] = utc_iso(now)
+            if self.write_error is not None:
+                cap["error"] = self.write_error
+                interrupted = f"capture failed: {self.write_error}" + (f" ({interrupted})" if interrupted else "")
             cap["interrupted"] = interrupted
             cap["complete"] = interrupted is None
-            self.write_manifest()
+            self._release_reserve()
+            self._write_manifest()
+            if self.private:
+                for p in self.path.rglob("*"):
+                    with contextlib.suppress(OSError):
+                        os.chmod(p, DIR_MODE_PRIVATE if p.is_dir() else FILE_MODE_PRIVATE)
 
 
 # ---------------------------------------------------------------------------------------------------
+MAX_LINE = 32 << 20  # a stream line longer than this is skipped and counted (never held whole in memory)
+# which probe writes which stream: a stream the manifest lists but that is missing or emptied marks its probe
+STREAM_PROBE = {"requests": "load", "chunks": "load", "phases": "load", "client_health": "load",
+                "metrics": "prometheus", "metric_families": "prometheus", "host_samples": "pyspy",
+                "gpu_samples": "nvml", "spans": "otel"}
+
+
+def regular_file(p: Path) -> bool:
+    """``p`` is a regular file (after symlinks): never a FIFO, a device or a directory, which would hang or
+    mislead a reader."""
+    try:
+        return stat.S_ISREG(p.stat().st_mode)
+    except OSError:
+        return False
+
+
+def open_regular(p: Path) -> io.BufferedReader:
+    """``p`` opened for reading, refusing anything but a regular file without blocking (a FIFO opened
+    non-blocking returns at once; fstat then says what it is). OSError / BundleError on failure."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise BundleError(f"{p}: {kind} (expected a regular file)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(fh: io.BufferedIOBase, limit: int, block: int = 1 << 20) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line without its newline) of a binary file read in ``block``-sized pieces; a line longer
+    than ``limit`` comes as (n, None) and is dropped as it is read, so memory stays bounded by ``limit`` plus
+    one block whatever the file holds (a sparse file of zero bytes is one endless line)."""
+    n = 0
+    parts: list[bytes] = []  # the start of the current line
+    plen = 0
+    skipping = False  # inside an over-long line: drop everything up to its newline
+    while True:
+        blk = fh.read1(block)  # one read: a gzip member boundary or a corrupt block never swallows data before it
+        if not blk:
+            break
+        k = blk.find(b"\n")
+        if k < 0:
+            if not skipping:
+                parts.append(blk)
+                plen += len(blk)
+                if plen > limit:
+                    parts, plen, skipping = [], 0, True
+            continue
+        head, rest = blk[:k], blk[k + 1:]
+        n += 1
+        if skipping or plen + len(head) > limit:
+            yield n, None
+        else:
+            yield n, b"".join(parts) + head if parts else head
+        parts, plen, skipping = [], 0, False
+        lines = rest.split(b"\n")
+        tail = lines.pop()
+        for ln in lines:
+            n += 1
+            yield n, (None if len(ln) > limit else ln)
+        if tail:
+            parts, plen = [tail], len(tail)
+            if plen > limit:
+                parts, plen, skipping = [], 0, True
+    if skipping:
+        yield n + 1, None
+    elif parts:
+        yield n + 1, b"".join(parts)
+
+
+def _inside(p: Path, root: Path) -> bool:
+    """``p``, symlinks followed, lies inside ``root`` (a symlink loop counts as outside)."""
+    try:
+        return p.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
+
+
+@dataclass
+class _StreamTally:
+    """What one full pass over a stream file found (for the warning and the manifest comparison)."""
+
+    good: int = 0
+    undecodable: list[int] = field(default_factory=list)  # line numbers
+    schema: list[tuple[int, str]] = field(default_factory=list)  # (line, why)
+    overlong: list[int] = field(default_factory=list)
+    ended: str = ""  # why the file ended early ("" when read to the end)
+
+
+def lines_text(lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:5]))
+    return f"line{'s' if len(lines) > 1 else ''} {shown}{', ...' if len(lines) > 5 else ''}"
 @dataclass
 class Bundle:
-    """A capture bundle opened for reading."""
+    """A capture bundle opened for reading.
+
+    Every stream record is checked against its schema (diagnose/schema.py) as it is read; what a reader skips
+    (undecodable, wrong-typed, over-long lines, a file that ends early) is counted with file and line in
+    ``warnings``, once per file. :meth:`check_streams` compares what was read with the manifest's counts;
+    :meth:`artifact_file` confines artifact paths to the bundle directory."""
 
     path: Path
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     kind: str = "bundle"  # "bundle" (on disk) | "trace" | "spans" (a lone input adapted in memory)
     thresholds: dict[str, float] = field(default_factory=dict)  # the analysis's (pipeline sets them); {}: defaults
+    probe_problems: dict[str, str] = field(default_factory=dict)  # probe -> why its evidence is missing or broken
+    _tallies: dict[str, _StreamTally] = field(default_factory=dict, repr=False)
+    _noted: set[str] = field(default_factory=set, repr=False)
 
     @property
     def source(self) -> Path:
@@ -244,6 +474,19 @@ class Bundle:
     def capture_end_unix_ns(self) -> int | None:
         return self.meta.capture.ended_unix_ns
 
+    def warn(self, message: str) -> None:
+        """Adds ``message`` to ``warnings`` once (streams are read by several normalisers)."""
+        if message not in self._noted:
+            self._noted.add(message)
+            self.warnings.append(message)
+
+    def degrade_probe(self, probe: str, reason: str) -> None:
+        """Marks ``probe`` failed with ``reason`` in :meth:`probe_statuses` (its stream or artifact is missing or
+        unreadable), and says so in ``warnings``."""
+        if probe not in self.probe_problems:
+            self.probe_problems[probe] = reason
+            self.warn(f"probe {probe} counted as failed: {reason}")
+
     def phases(self) -> list[Phase]:
         """The load phases (``phases`` stream), in order; a record without an integer start is skipped."""
         out = [p for rec in self.iter_records("phases") if (p := Phase.from_record(rec, self.anchor_mono_ns))]
@@ -258,50 +501,165 @@ class Bundle:
         return self.meta.capture.anchor.monotonic_ns
 
     def probe_statuses(self) -> list[ProbeStatus]:
-        return list(self.meta.probes)
+        out = []
+        seen = set()
+        for s in self.meta.probes:
+            seen.add(s.name)
+            why = self.probe_problems.get(s.name)
+            if why and s.state in ("ok", "running"):
+                s = ProbeStatus(s.name, "failed", f"{why} (recorded: {s.state}{', ' + s.reason if s.reason else ''})",
+                                s.detail)
+            out.append(s)
+        out += [ProbeStatus(name, "failed", why) for name, why in self.probe_problems.items() if name not in seen]
+        return out
+
+    def listed_streams(self) -> dict[str, dict[str, Any]]:
+        """The manifest's ``streams`` entries that are objects (the manifest check vouches for the rest)."""
+        streams = self.manifest.get("streams")
+        return {str(k): v for k, v in streams.items() if isinstance(v, dict)} if isinstance(streams, dict) else {}
 
     def stream_file(self, name: str) -> Path | None:
-        for cand in (f"{name}.jsonl", f"{name}.jsonl.gz"):
-            p = self.path / cand
-            if p.exists():
-                return p
-        return None
+        """The file of stream ``name``: the one the manifest names when it exists, else ``<name>.jsonl`` or
+        ``<name>.jsonl.gz``; when both exist, the non-empty one (an empty ``.jsonl`` beside a full ``.jsonl.gz``
+        is a leftover, said in ``warnings``). A path that is not a regular file (a FIFO, a directory) is
+        never opened: a warning, and the stream counts as missing."""
+        cands = [self.path / f"{name}.jsonl", self.path / f"{name}.jsonl.gz"]
+        listed = self.listed_streams().get(name, {}).get("file")
+        if isinstance(listed, str) and listed in (c.name for c in cands):
+            cands.sort(key=lambda c: c.name != listed)
+        present = [c for c in cands if os.path.lexists(c)]
+        root = self.path.resolve()
+        inside = [c for c in present if _inside(c, root)]
+        for c in present:
+            if c not in inside:
+                self.warn(f"{c}: a link that leads outside the bundle directory; stream {name} not read")
+        regular = [c for c in inside if regular_file(c)]
+        for c in inside:
+            if c not in regular:
+                self.warn(f"{c}: not a regular file (a FIFO, device or directory); stream {name} not read")
+        if len(regular) > 1:
+            sizes = {c: c.stat().st_size for c in regular}
+            full = [c for c in regular if sizes[c] > 0] or regular
+            chosen = full[0]
+            others = ", ".join(c.name for c in regular if c != chosen)
+            self.warn(f"{self.path}: stream {name} has two files; read {chosen.name}, ignored {others}"
+                      + (" (empty)" if all(sizes[c] == 0 for c in regular if c != chosen) else ""))
+            return chosen
+        return regular[0] if regular else None
 
     def has_stream(self, name: str) -> bool:
         return self.stream_file(name) is not None
 
     def iter_records(self, name: str) -> Iterator[dict[str, Any]]:
-        """Records of one stream; a truncated or corrupt line is skipped and noted in ``warnings``."""
+        """Records of one stream that match its schema (diagnose/schema.py). A truncated, undecodable,
+        over-long or wrong-typed line is skipped; a compressed file that ends early or is corrupt keeps the
+        records before the damage; each is counted with its file and line in ``warnings``."""
+        for _n, rec in self.iter_numbered(name):
+            yield rec
+
+    def iter_numbered(self, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(line number, record) for :meth:`iter_records`' records (a normaliser that checks more names the
+        line)."""
         p = self.stream_file(name)
         if p is None:
             return
-        bad = 0
+        t = _StreamTally()
         try:
-            opener = gzip.open if p.suffix == ".gz" else open
-            with opener(p, "rb") as fh:
-                for raw in fh:
+            with open_regular(p) as raw_fh:
+                fh = gzip.GzipFile(fileobj=raw_fh, mode="rb") if p.name.endswith(".gz") else raw_fh
+                for n, raw in _lines(fh, MAX_LINE, 64 << 10 if p.name.endswith(".gz") else 1 << 20):
+                    if raw is None:
+                        t.overlong.append(n)
+                        continue
                     line = raw.strip()
                     if not line:
                         continue
                     try:
                         rec = orjson.loads(line)
                     except orjson.JSONDecodeError:
-                        bad += 1
+                        t.undecodable.append(n)
                         continue
-                    if isinstance(rec, dict):
-                        yield rec
-                    else:
-                        bad += 1
-        except (OSError, EOFError) as e:
-            self.warnings.append(f"{p}: stream ends early ({e}); records before that point were kept")
-        if bad:
-            self.warnings.append(f"{p}: skipped {bad} unreadable line(s) (truncated or corrupt)")
+                    if not isinstance(rec, dict):
+                        t.undecodable.append(n)
+                        continue
+                    why = schema.check(name, rec)
+                    if why is not None:
+                        t.schema.append((n, why))
+                        continue
+                    t.good += 1
+                    yield n, rec
+        except (OSError, EOFError, zlib.error, BundleError) as e:
+            t.ended = str(getattr(e, "strerror", None) or e)
+        self._tallies[name] = t
+        self._note_tally(p, t)
+
+    def _note_tally(self, p: Path, t: _StreamTally) -> None:
+        if t.ended:
+            self.warn(f"{p}: stream ends early ({t.ended}); the {t.good} record(s) before that point were kept")
+        if t.undecodable:
+            self.warn(f"{p}: skipped {len(t.undecodable)} unreadable line(s) (truncated or corrupt JSON, or not an "
+                      f"object): {lines_text(t.undecodable)}")
+        if t.overlong:
+            self.warn(f"{p}: skipped {len(t.overlong)} line(s) too long to be a record (over {MAX_LINE >> 20} MiB): "
+                      f"{lines_text(t.overlong)}")
+        if t.schema:
+            first_line, why = t.schema[0]
+            self.warn(f"{p}: skipped {len(t.schema)} record(s) that do not match the schema: "
+                      f"{lines_text([n for n, _ in t.schema])} (line {first_line}: {why})")
 
     def records(self, name: str) -> list[dict[str, Any]]:
         return list(self.iter_records(name))
 
+    def check_streams(self) -> None:
+        """Compares the manifest's record counts with what was read: a listed stream that is missing, or that
+        gave fewer records than the manifest counts, is a warning, and a missing or empty one marks the probe
+        that wrote it as failed."""
+        for name, entry in sorted(self.listed_streams().items()):
+            listed = entry.get("records")
+            n = listed if isinstance(listed, int) and not isinstance(listed, bool) and listed >= 0 else None
+            p = self.stream_file(name)
+            probe = STREAM_PROBE.get(name)
+            if p is None:
+                what = f"stream {name} is listed in the manifest" + (f" with {n} records" if n else "")
+                self.warn(f"{self.path}: {what} but its file is missing or unreadable")
+                if probe and n != 0:
+                    self.degrade_probe(probe, f"stream {name} missing")
+                continue
+            if name not in self._tallies:
+                for _ in self.iter_records(name):
+                    pass
+            got = self._tallies[name].good
+            if n is not None and got < n:
+                self.warn(f"{p}: read {got} of the {n} records the manifest counts")
+                if got == 0 and probe:
+                    self.degrade_probe(probe, f"stream {name} holds no readable record (manifest: {n})")
+
     def artifacts(self) -> dict[str, dict[str, Any]]:
-        return dict(self.manifest.get("artifacts") or {})
+        arts = self.manifest.get("artifacts")
+        return {str(k): v for k, v in arts.items() if isinstance(v, dict)} if isinstance(arts, dict) else {}
+
+    def artifact_file(self, name: str, entry: dict[str, Any]) -> Path | None:
+        """The file of artifact ``name``, confined to the bundle directory: an absolute path, a path with
+        ``..`` or a symlink that leads outside the bundle is refused (a warning, never opened), as is a path
+        that is missing or not a regular file."""
+        rel = entry.get("file")
+        rel = rel if isinstance(rel, str) and rel else f"artifacts/{name}"
+        root = self.path.resolve()
+        cand = Path(rel)
+        try:
+            real = (root / cand).resolve()
+        except (OSError, RuntimeError):
+            real = None
+        if cand.is_absolute() or real is None or not real.is_relative_to(root):
+            self.warn(f"artifact {name}: its path leads outside the bundle directory; not read")
+            return None
+        if not real.exists():
+            self.warn(f"artifact {name}: {self.path / rel} is missing")
+            return None
+        if not regular_file(real):
+            self.warn(f"artifact {name}: {self.path / rel} is not a regular file; not read")
+            return None
+        return real
 
 
 @dataclass
@@ -326,8 +684,20 @@ class MemoryBundle(Bundle):
     def has_stream(self, name: str) -> bool:
         return bool(self.streams.get(name))
 
-    def iter_records(self, name: str) -> Iterator[dict[str, Any]]:
-        yield from self.streams.get(name, ())
+    def check_streams(self) -> None:
+        return None
+
+    def iter_numbered(self, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        bad: list[tuple[int, str]] = []
+        for n, rec in enumerate(self.streams.get(name, ()), 1):
+            why = schema.check(name, rec) if isinstance(rec, dict) else "not an object"
+            if why is None:
+                yield n, rec
+            else:
+                bad.append((n, why))
+        if bad:
+            self.warn(f"{self.source}: skipped {len(bad)} {name} record(s) that do not match the schema: "
+                      f"{lines_text([n for n, _ in bad]).replace('line', 'record')} (record {bad[0][0]}: {bad[0][1]})")
 
 
 def open_bundle(path: str | Path) -> Bundle:
@@ -337,10 +707,11 @@ def open_bundle(path: str | Path) -> Bundle:
     if not p.is_dir():
         raise BundleError(f"{p} is not a capture bundle (a bundle is a directory with manifest.json)")
     mf = p / MANIFEST
-    if not mf.exists():
+    if not os.path.lexists(mf):
         raise BundleError(f"{p} is not a capture bundle: it has no {MANIFEST}")
     try:
-        manifest = orjson.loads(mf.read_bytes())
+        with open_regular(mf) as fh:
+            manifest = orjson.loads(fh.read(MAX_LINE + 1))
     except orjson.JSONDecodeError as e:
         raise BundleError(f"{mf}: not valid JSON ({e})") from e
     except OSError as e:
@@ -348,13 +719,16 @@ def open_bundle(path: str | Path) -> Bundle:
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: expected a JSON object")
     ver = manifest.get("schema_version")
-    if ver not in SUPPORTED_SCHEMA_VERSIONS:
+    if ver not in SUPPORTED_SCHEMA_VERSIONS or isinstance(ver, bool):
         raise BundleError(
             f"{mf}: unknown schema_version {ver!r}; this diagnose {__version__} reads "
             f"{', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))}"
         )
     b = Bundle(path=p, manifest=manifest)
     b.meta  # noqa: B018 - the schema check, here: a bad manifest is one line before any analysis starts
+    if not isinstance((manifest.get("capture") or {}).get("clock_anchor"), dict):
+        b.warn(f"{mf}: capture.clock_anchor is missing; times are read on the probes' own clock (no wall-clock "
+               "mapping for traces or spans)")
     if b.partial:
         why = b.meta.capture.interrupted or "capture did not finish (no end recorded)"
         b.warnings.append(f"partial capture: {why}")

@@ -21,6 +21,7 @@ from diagnose.engines import EngineInfo, detect_engine
 from diagnose.errors import TargetError
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Probe, Target
+from diagnose.redact import Redactor, excerpt
 
 STOP_GRACE_S = 45.0  # how long probes get to finish after the stop signal (profiler stop can be slow)
 
@@ -29,6 +30,8 @@ STOP_GRACE_S = 45.0  # how long probes get to finish after the stop signal (prof
 class CaptureResult:
     statuses: dict[str, ProbeStatus] = field(default_factory=dict)
     interrupted: str | None = None
+    write_error: str | None = None  # the bundle could not be written (disk full): the capture failed
+    target_gone: str | None = None  # the server stopped answering during the capture (when, how)
 
     @property
     def load_failed(self) -> bool:
@@ -36,26 +39,35 @@ class CaptureResult:
         return st is not None and st.state == "failed"
 
 
-async def check_target(target: Target, timeout_s: float = 10.0) -> EngineInfo:
-    """Fail fast, with one line, when the server cannot be reached or refuses us; detect the engine."""
-    url = target.url.rstrip("/")
+async def check_target(target: Target, timeout_s: float = 10.0, *, need_model: bool = False) -> EngineInfo:
+    """Fail fast, with one line, when the server cannot be reached or refuses us; detect the engine.
+
+    ``need_model``: the capture sends load and no ``--model`` was given, so ``/v1/models`` must answer: an
+    error status is reported as what it is (issue 12, defect 18), not as "lists no model"."""
+    shown = target.safe_url
+    models_url = target.endpoint("/v1/models")
     try:
         async with aiohttp.ClientSession() as session:
             try:
-                async with session.get(f"{url}/v1/models", headers=target.headers(),
+                async with session.get(models_url, headers=target.headers(),
                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                     status = r.status
+                    body = (await r.content.read(2048)).decode("utf-8", "replace") if status != 200 else ""
             except aiohttp.ClientConnectorError as e:
-                raise TargetError(f"cannot reach {url}: {_conn_reason(e)}") from e
+                raise TargetError(f"cannot reach {shown}: {_conn_reason(e)}") from e
             except asyncio.TimeoutError as e:
-                raise TargetError(f"cannot reach {url}: no answer within {timeout_s:.0f} s") from e
+                raise TargetError(f"cannot reach {shown}: no answer within {timeout_s:.0f} s") from e
             except aiohttp.ClientError as e:
-                raise TargetError(f"cannot talk to {url}: {type(e).__name__}: {e}") from e
+                raise TargetError(f"cannot talk to {shown}: {type(e).__name__}") from e
             if status in (401, 403):
-                raise TargetError(f"{url}/v1/models answered HTTP {status}: pass the API key with --api-key-env VAR")
-            info = await detect_engine(url, session, headers=target.headers())
+                raise TargetError(f"{shown}/v1/models answered HTTP {status}: pass the API key with --api-key-env VAR")
+            if status != 200 and need_model:
+                said = excerpt(Redactor(target.secrets()).text(body), 120)
+                raise TargetError(f"{shown}/v1/models answered HTTP {status}" + (f" ({said})" if said else "")
+                                  + ": the server cannot list its models; fix the server or pass --model")
+            info = await detect_engine(target.url, session, headers=target.headers())
     except ValueError as e:  # malformed URL
-        raise TargetError(f"bad URL {url!r}: {e}") from e
+        raise TargetError(f"bad URL {shown!r}: {Redactor(target.secrets()).text(str(e))}") from e
     return info
 
 
@@ -101,6 +113,19 @@ async def run_capture(bundle: BundleWriter, target: Target, probes: list[Probe],
         else:
             hard_stop.set()
 
+    def on_write_error(msg: str) -> None:  # the first write error (disk full): stop, keep what fit
+        if result.write_error is None:
+            result.write_error = msg
+            log("stopping the capture: the bundle cannot be written (every record that fit is kept)")
+            stop.set()
+
+    # a stream write fails on the load probe's I/O thread: hop to the loop
+    def write_error_threadsafe(msg: str) -> None:
+        loop.call_soon_threadsafe(on_write_error, msg)
+
+    bundle.on_write_error = write_error_threadsafe
+    if bundle.write_error is not None:
+        on_write_error(bundle.write_error)
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -157,7 +182,12 @@ async def run_capture(bundle: BundleWriter, target: Target, probes: list[Probe],
         for sig in installed:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-        bundle.finish(interrupted=result.interrupted)
+        bundle.on_write_error = None
+        gone = ctx.shared.get("target_gone")
+        if gone and result.interrupted is None:
+            result.target_gone = str(gone)
+        bundle.finish(interrupted=result.interrupted or result.target_gone)
+        result.write_error = result.write_error or bundle.write_error
     return result
 
 

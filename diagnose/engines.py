@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from diagnose.redact import join_url
+
 if TYPE_CHECKING:  # aiohttp is imported where it is used: the parse worker imports this module too
     import aiohttp
 
@@ -247,7 +249,7 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
     name = "unknown"
     version: str | None = None
     config: dict[str, Any] = {}
-    models_doc = await _get(session, f"{base}/v1/models", timeout_s, headers)
+    models_doc = await _get(session, join_url(base, "/v1/models"), timeout_s, headers)
     data = models_doc.get("data") if isinstance(models_doc, dict) else None
     models = tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")) if isinstance(data, list) else ()
     owners = {str(m.get("owned_by", "")).lower() for m in data if isinstance(m, dict)} if isinstance(data, list) else set()
@@ -258,11 +260,11 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             break
 
     if name in ("vllm", "unknown"):
-        ver = await _get(session, f"{base}/version", timeout_s, headers)
+        ver = await _get(session, join_url(base, "/version"), timeout_s, headers)
         if isinstance(ver, dict) and isinstance(ver.get("version"), str):
             version = ver["version"]  # vLLM and TRT-LLM both answer {"version": ...}: not proof of either
     if name in ("sglang", "unknown", "vllm"):
-        info = await _get(session, f"{base}/server_info", timeout_s, headers)
+        info = await _get(session, join_url(base, "/server_info"), timeout_s, headers)
         if isinstance(info, dict):
             config.update(_config_from_server_info(info))
             if name == "unknown" and "version" in info and ("frontend" in info or "internal_states" in info):
@@ -271,7 +273,7 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             if name == "sglang" and isinstance(info.get("version"), str):
                 version = info["version"]
     if name in ("tgi", "unknown"):
-        info = await _get(session, f"{base}/info", timeout_s, headers)
+        info = await _get(session, join_url(base, "/info"), timeout_s, headers)
         if isinstance(info, dict) and "model_id" in info and ("router" in info or "max_batch_total_tokens" in info
                                                               or "max_concurrent_requests" in info):
             name = "tgi"
@@ -280,7 +282,7 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             if isinstance(info.get("max_concurrent_requests"), int):
                 config.setdefault("max_concurrent_requests", info["max_concurrent_requests"])
     if name in ("llamacpp", "unknown"):
-        props = await _get(session, f"{base}/props", timeout_s, headers)
+        props = await _get(session, join_url(base, "/props"), timeout_s, headers)
         if isinstance(props, dict) and ("build_info" in props or "total_slots" in props):
             if name == "unknown":
                 name = "llamacpp"
@@ -290,7 +292,7 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
             if isinstance(props.get("total_slots"), int):
                 config.setdefault("max_num_seqs", props["total_slots"])
     if name == "unknown":
-        text = await _get(session, f"{base}/metrics", timeout_s, headers, as_json=False)
+        text = await _get(session, join_url(base, "/metrics"), timeout_s, headers, as_json=False)
         if isinstance(text, str):
             names = (line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
                      if line and not line.startswith("#"))

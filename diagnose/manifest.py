@@ -88,11 +88,18 @@ class _Reader:
         return v
 
 
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e18
+
+
 def read_manifest(d: Any, where: str) -> Manifest:
     """The typed manifest of the decoded ``manifest.json`` ``d``; ``where`` names the file in errors."""
     r = _Reader(where)
     if not isinstance(d, Mapping):
         raise BundleError(f"{where}: expected a JSON object")
+    kind = d.get("kind") or "capture"
+    if not isinstance(kind, str):
+        raise r.fail("kind", "a string", kind)
     cap = r.obj(d, "capture", "capture")
     anc = r.obj(cap, "clock_anchor", "capture.clock_anchor")
     anchor = ClockAnchor(r.int_or_none(anc, "unix_ns", "capture.clock_anchor.unix_ns") or 0,
@@ -128,7 +135,31 @@ def read_manifest(d: Any, where: str) -> Manifest:
     for key in ("slo",):
         if options.get(key) is not None and not isinstance(options.get(key), Mapping):
             raise r.fail(f"options.{key}", "an object", options.get(key))
+    for name, limit in (r.obj(options, "slo", "options.slo")).items():
+        if limit is not None and not _finite_number(limit):
+            raise r.fail(f"options.slo.{name}", "a number (ms)", limit)
+    for name, entry in r.obj(d, "streams", "streams").items():
+        if not isinstance(entry, Mapping):
+            raise r.fail(f"streams.{name}", "an object", entry)
+        rec = entry.get("records")
+        if rec is not None and (isinstance(rec, bool) or not isinstance(rec, int) or not 0 <= rec < 2**63):
+            raise r.fail(f"streams.{name}.records", "a record count", rec)
+        r.str_or_none(entry, "file", f"streams.{name}.file")
+    for name, entry in r.obj(d, "artifacts", "artifacts").items():
+        if not isinstance(entry, Mapping):
+            raise r.fail(f"artifacts.{name}", "an object", entry)
+        r.str_or_none(entry, "file", f"artifacts.{name}.file")
+        r.str_or_none(entry, "kind", f"artifacts.{name}.kind")
+    workload = r.obj(d, "workload", "workload")
+    wl_phases = workload.get("phases")
+    if wl_phases is not None and not isinstance(wl_phases, list):
+        raise r.fail("workload.phases", "a list", wl_phases)
+    for i, ph in enumerate(wl_phases or []):
+        if not isinstance(ph, Mapping):
+            raise r.fail(f"workload.phases[{i}]", "an object", ph)
+    r.obj(d, "tool", "tool")
+    r.obj(d, "host", "host")
     ver = d.get("schema_version")
     return Manifest(schema_version=ver if isinstance(ver, int) and not isinstance(ver, bool) else None,
-                    kind=str(d.get("kind") or "capture"), capture=capture, target=target, probes=tuple(probes),
+                    kind=kind, capture=capture, target=target, probes=tuple(probes),
                     options=options, raw=d)

@@ -12,6 +12,7 @@ The view (reports/view_model.py) and the renderer (reports/render.py) take the A
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -19,12 +20,12 @@ from types import ModuleType
 import pandas as pd
 
 from diagnose.analysis import Analysis
-from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle
+from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.errors import BundleError, InputError
 from diagnose.model import NotEvaluated, Phase, Signal, Window
 from diagnose.normalize import derived, load_normalizers
 from diagnose.rules.engine import evaluate
-from diagnose.rules.spec import load_rules, load_thresholds
+from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
 
 InputKind = str  # "bundle" | "trace" | "spans"
@@ -33,14 +34,19 @@ InputKind = str  # "bundle" | "trace" | "spans"
 # -- stage 0: the input, as a bundle ---------------------------------------------------------------------
 def detect_input(path: Path) -> InputKind:
     """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
-    if not path.exists():
+    if not os.path.lexists(path):
         raise InputError(f"{path}: no such file or directory")
+    if not path.exists():
+        raise InputError(f"{path}: a symbolic link to nothing")
     if path.is_dir():
         if (path / "manifest.json").exists():
             return "bundle"
         if any(path.glob("*.json")) or any(path.glob("*.json.gz")):
             return "trace"
         raise BundleError(f"{path} is not a capture bundle (no manifest.json) and holds no trace files")
+    if not regular_file(path):
+        raise InputError(f"{path}: not a regular file (a FIFO, device or socket); expected a bundle directory, "
+                         "a trace or a span file")
     name = path.name.lower()
     if name.endswith((".json", ".json.gz", ".jsonl")):
         head = _head(path)
@@ -52,14 +58,15 @@ def detect_input(path: Path) -> InputKind:
 
 def _head(path: Path, n: int = 4096) -> bytes:
     import gzip
+    import zlib
 
     try:
-        if path.name.lower().endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                return fh.read(n)
-        with open(path, "rb") as fh:
-            return fh.read(n)
-    except (OSError, EOFError):
+        with open_regular(path) as raw:
+            if path.name.lower().endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="rb") as fh:
+                    return fh.read(n)
+            return raw.read(n)
+    except (OSError, EOFError, zlib.error, BundleError):
         return b""  # the trace reader reports the real problem with its own message
 
 
@@ -120,12 +127,38 @@ def normalize(bundle: Bundle, normalizers: Iterable[ModuleType] | None = None) -
 def run_window(bundle: Bundle, phases: Sequence[Phase]) -> Window:
     """The measured window: from the first measured phase's start to the last one's end, baseline excluded."""
     measured = [p for p in phases if not p.is_baseline]
-    baseline = tuple(p.phase for p in phases if p.is_baseline)
+    baseline = tuple(p.phase for p in phases if p.is_baseline) or planned_baseline(bundle, phases)
     if measured:
         return Window(min(p.start_s for p in measured), max(p.end_s for p in measured), None, "run", baseline)
     end = bundle.capture_end_unix_ns
     end_s = (end - bundle.anchor_unix_ns) / 1e9 if end else math.inf
     return Window(0.0, end_s, None, "run", baseline)
+
+
+def planned_baseline(bundle: Bundle, phases: Sequence[Phase]) -> tuple[int, ...]:
+    """The baseline phases the manifest's workload planned, when the ``phases`` stream gave none (emptied or
+    lost): their requests must stay out of the run's statistics all the same."""
+    if phases:
+        return ()
+    planned = (bundle.manifest.get("workload") or {}).get("phases") if isinstance(
+        bundle.manifest.get("workload"), dict) else None
+    out = tuple(int(p["index"]) for p in planned or [] if isinstance(p, dict) and p.get("role") == "baseline"
+                and isinstance(p.get("index"), int) and not isinstance(p.get("index"), bool))
+    if out:
+        bundle.warn(f"{bundle.path}: no load phase was read; the baseline phase(s) {', '.join(map(str, out))} the "
+                    "manifest's workload planned are left out of the statistics")
+    return out
+
+
+def load_ran(bundle: Bundle, phases: Sequence[Phase]) -> bool:
+    """Whether the capture sent a workload (so measured requests are expected): a phase was read, or the
+    manifest says the load probe ran or lists a ``requests`` stream."""
+    if phases:
+        return True
+    if bundle.kind != "bundle":
+        return False
+    load = next((s for s in bundle.meta.probes if s.name == "load"), None)
+    return (load is not None and load.state not in ("skipped", "unavailable")) or "requests" in bundle.listed_streams()
 
 
 def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
@@ -156,13 +189,30 @@ def analyze(path: str | Path, *, rules_dirs: Sequence[str | Path] = (), threshol
                           threshold_files=threshold_files, threshold_overrides=threshold_overrides)
 
 
+_CATALOG_CACHE: dict[tuple[int, int], list[RuleSpec]] = {}
+
+
+def _rules(rules_dirs: Sequence[str | Path]) -> list[RuleSpec]:
+    """The rules: the built-in catalog alone is parsed once per process (keyed on its files' count and
+    newest mtime, so an edited catalog is read again); with ``--rules`` directories, read every time."""
+    if rules_dirs:
+        return load_rules(rules_dirs)
+    files = rule_files([CATALOG_DIR])
+    key = (len(files), max((f.stat().st_mtime_ns for f in files), default=0))
+    if key not in _CATALOG_CACHE:
+        _CATALOG_CACHE.clear()
+        _CATALOG_CACHE[key] = load_rules(())
+    return list(_CATALOG_CACHE[key])
+
+
 def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
                    threshold_overrides: dict[str, float] | None = None) -> Analysis:
-    specs = load_rules(rules_dirs)
+    specs = _rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
     bundle.thresholds = dict(thresholds)  # the few table-stage judgements (client stalls) use the same numbers
     tables = normalize(bundle, mods)
+    bundle.check_streams()
     phases = bundle.phases()
     window = run_window(bundle, phases)
     signals = compute_signals(tables, window, mods)
@@ -172,7 +222,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     sweep = len(measured) > 1
     res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
                    [p.name for p in measured] if sweep else [])
-    verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=bool(phases))
+    verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=load_ran(bundle, phases))
     analysis = Analysis(
         source=str(bundle.path if bundle.kind == "bundle" else bundle.source),
         manifest=bundle.manifest,

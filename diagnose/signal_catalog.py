@@ -34,6 +34,7 @@ OTEL = "diagnose.normalize.otel"
 HOST = "diagnose.normalize.host"
 GPU = "diagnose.normalize.gpu"
 TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for a bundle
+FLEET = "diagnose.normalize.fleet"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -289,7 +290,44 @@ _TRACE: list[_Entry] = [
     ("trace_collective_skew_p50_us", "us", "median spread of start times of the same collective across ranks"),
     ("trace_collective_skew_p99_us", "us", "P99 of that spread"),
     ("trace_straggler_last_share_ratio", "ratio", "share of collectives the most frequent last rank started last"),
-    ("trace_collective_wait_ratio", "ratio", "share of matched collective kernel time spent waiting for the last rank"),
+    *[(f"trace_gpu_idle_{k}_ratio", "ratio", f"share of GPU idle time attributed to {k.replace('_', ' ')}")
+      for k in ("queued", "graph_internal")],
+    ("trace_gpu_launch_idle_ratio", "ratio", "GPU idle in gaps a launch explains, share of the window"),
+    ("trace_idle_gaps_count", "count", "GPU idle gaps (all streams merged)"),
+    ("trace_gpu_pre_trace_ms", "ms", "GPU idle before the trace's own work began (excluded from the shares)"),
+    ("trace_capture_flag", "flag", "the trace records a CUDA/HIP graph capture, not serving"),
+    ("trace_eager_kernel_ratio", "ratio", "share of launched kernels launched one by one (not in a graph replay)"),
+    ("trace_eager_kernels_count", "count", "kernels launched one by one"),
+    ("trace_comm_wait_ratio", "ratio", "share of communication kernel time spent waiting for peer ranks"),
+    ("trace_comm_wait_kernels_count", "count", "collectives that waited for a peer rank"),
+    ("trace_comm_kernels_count", "count", "communication kernels"),
+    ("trace_gpu_comm_wait_exposed_ratio", "ratio", "exposed communication waiting for peers, share of the window"),
+    ("trace_gpu_comm_transfer_exposed_ratio", "ratio", "exposed communication transferring, share of the window"),
+    ("trace_custom_allreduce_ratio", "ratio", "share of communication time in custom (non-NCCL) all-reduce kernels"),
+    ("trace_sync_overlap_gpu_busy_ratio", "ratio", "share of in-step sync time during which the GPU was busy"),
+    ("trace_sync_blocking_steps_count", "count", "steps whose syncs while the GPU was idle exceed 5% of the step"),
+    ("trace_collectives_count", "count", "collectives matched across ranks"),
+    ("trace_straggler_rank", "count", "the rank that started the most collectives last (a rank number)"),
+    ("trace_straggler_lag_p50_us", "us", "median lag of that rank behind the earliest rank at each collective"),
+]
+
+# fleet (diagnose/normalize/fleet.py, docs/fleet.md): across the replicas of a Prometheus selector; the
+# description of a per-replica signal is the replica's name (labels), shown by rules as {label.<signal>}
+_FLEET: list[_Entry] = [
+    ("fleet_replicas", "replicas", "replicas the selector found in the window"),
+    ("fleet_load_mean", "requests", "the fleet's mean of each replica's mean requests in flight (Little's law on "
+     "its e2e latency histogram; running + waiting gauges without one)"),
+    ("fleet_load_busiest_mean", "requests", "the busiest replica's mean requests in flight"),
+    ("fleet_load_idlest_mean", "requests", "the least loaded replica's mean requests in flight"),
+    ("fleet_load_imbalance_ratio", "ratio", "busiest replica's mean requests in flight / the fleet's mean"),
+    ("fleet_request_rate_imbalance_ratio", "ratio", "highest replica finished-request rate / the fleet's mean"),
+    ("fleet_queue_busiest_mean", "requests", "the most queued replica's mean waiting requests"),
+    ("fleet_kv_usage_busiest_max_ratio", "ratio", "the highest KV-cache usage any replica reached"),
+    ("fleet_prefix_hit_max_ratio", "ratio", "the highest replica prefix-cache hit rate (hit / queried tokens)"),
+    ("fleet_prefix_hit_min_ratio", "ratio", "the lowest replica prefix-cache hit rate (hit / queried tokens)"),
+    ("fleet_prefix_hit_spread_ratio", "ratio", "prefix-cache hit rate, highest replica - lowest replica"),
+    ("fleet_restarts_total", "restarts", "replica restarts in the window (process start time changes or counter "
+     "resets), summed over replicas"),
 ]
 
 
@@ -298,6 +336,7 @@ def _build() -> dict[str, SignalSpec]:
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
         (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
+        (FLEET, "server", _FLEET),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:

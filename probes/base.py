@@ -4,6 +4,7 @@ brings its own options to ``diagnose attach``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from diagnose.bundle import BundleWriter
 from diagnose.model import ProbeStatus
+from diagnose.redact import join_url, safe_url, url_secrets
 
 if TYPE_CHECKING:
     from diagnose.workload import WorkloadSpec
@@ -28,8 +30,27 @@ class Target:
     pid: int | None = None  # server PID when known (host-stack probe)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    basic_auth: str | None = None  # "user:password" from the URL's userinfo (never written to disk)
+
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.api_key:
+            return {"Authorization": f"Bearer {self.api_key}"}
+        if self.basic_auth:
+            return {"Authorization": "Basic " + base64.b64encode(self.basic_auth.encode()).decode("ascii")}
+        return {}
+
+    def endpoint(self, path: str) -> str:
+        """The URL of ``path`` on this server (the base URL's own query string kept, not mangled)."""
+        return join_url(self.url, path)
+
+    @property
+    def safe_url(self) -> str:
+        """The base URL as it may be shown or stored: no credentials, no secret query values."""
+        return safe_url(self.url)
+
+    def secrets(self) -> list[str]:
+        """Every secret this target carries (the redactor's list)."""
+        return [x for x in (self.api_key, self.basic_auth, *url_secrets(self.url), *self.headers().values()) if x]
 
 
 @dataclass

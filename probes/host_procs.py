@@ -9,6 +9,7 @@ and last core only, never a command line: command lines can hold secrets).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -67,11 +68,50 @@ def _is_python(p: psutil.Process) -> bool:
     return exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
 
 
+def python_state(pid: int) -> str:
+    """"python" when ``pid`` runs a Python interpreter (what py-spy can sample), "other" when it does not,
+    "denied" when this process may not look, "gone" when there is no such process."""
+    try:
+        p = psutil.Process(pid)
+        exe = os.path.basename(p.exe() or "")
+        cmd = p.cmdline()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except (psutil.AccessDenied, PermissionError):
+        return "denied"
+    except (psutil.Error, OSError):
+        return "gone"
+    python = exe.startswith("python") or bool(cmd and (cmd[0].startswith("VLLM::") or "python" in cmd[0]))
+    return "python" if python else "other"
+
+
+def own_tree() -> set[int]:
+    """diagnose's own processes, never the server's: this one, its ancestors (what started it) and the helpers
+    it started (the metrics parse worker; py-spy is not Python anyway). A server diagnose started itself
+    (``diagnose run``) is its child too, and stays in."""
+    me = psutil.Process()
+    out = {me.pid}
+    with contextlib.suppress(psutil.Error):
+        out.update(p.pid for p in me.parents())
+    with contextlib.suppress(psutil.Error):
+        for c in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if any("diagnose.probes." in a for a in c.cmdline()[:4]):
+                    out.add(c.pid)
+    return out
+
+
 def engine_tree(root_pid: int) -> list[ProcInfo]:
-    """The root process and every Python descendant, with a serving role guessed from its title."""
+    """The root process and every Python descendant, with a serving role guessed from its title.
+
+    diagnose's own process and its children are never part of it (``--pid 1`` is everyone's ancestor:
+    issue 12, defect 13)."""
     root = psutil.Process(root_pid)
+    mine = own_tree() - {root_pid}
     out: list[ProcInfo] = []
     for p in [root, *root.children(recursive=True)]:
+        if p.pid in mine:
+            continue
         try:
             name, cmd, ppid = p.name(), p.cmdline(), p.ppid()
         except (psutil.Error, OSError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import ssl
 from collections import deque
@@ -19,6 +20,18 @@ from urllib.parse import urlsplit
 import orjson
 
 from diagnose.probes.sse import SseConnection, StreamResult, now_ns
+
+CLIENT_LIMIT = "client limit:"  # how an error detail starts when the client, not the server, ran out
+
+
+def client_fd_limit_detail(e: OSError) -> str:
+    """EMFILE/ENFILE named for what it is: this process's (or the system's) open-file limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    which = "the system's open-file table is full (ENFILE)" if e.errno == errno.ENFILE else \
+        f"the load client ran out of file descriptors (EMFILE; ulimit -n is {soft}, hard limit {hard})"
+    return f"{CLIENT_LIMIT} {which}: this is diagnose's own limit, not the server's; raise ulimit -n or lower the concurrency"
 
 
 class RequestFailed(Exception):
@@ -42,6 +55,7 @@ class HttpClient:
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.prefix = u.path.rstrip("/")
+        self.query = f"?{u.query}" if u.query else ""  # the base URL's own query, kept after every path
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if u.scheme == "https" else None
         hostport = self.host if u.port is None else f"{self.host}:{u.port}"
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
@@ -86,6 +100,8 @@ class HttpClient:
             raise RequestFailed("connect", f"connect to {self.host}:{self.port} timed out "
                                            f"after {self.connect_timeout_s:g} s") from e
         except (OSError, socket.gaierror) as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise RequestFailed("connect", client_fd_limit_detail(e)) from e
             raise RequestFailed("connect", f"cannot connect to {self.host}:{self.port}: "
                                            f"{e.strerror or e}") from e
         sock = proto.transport.get_extra_info("socket") if proto.transport else None
@@ -106,12 +122,21 @@ class HttpClient:
                 return c, True
         return await self._connect(), False
 
+    def _done_with(self, conn: SseConnection, res: StreamResult) -> None:
+        """This request no longer uses ``conn``. A connection whose response completed went back to the pool
+        in ``_release`` (on the parse turn) and another worker may already have taken it and be waiting on it:
+        it stays in the busy set then, so the watchdog still times that request out (issue 12, defect 20: the
+        unconditional discard here hid such connections from the watchdog, so a stalled stream hung the
+        capture, and halved the in-flight count)."""
+        if conn.res is None or conn.res is res:
+            self._busy.discard(conn)
+
     def in_flight(self) -> int:
         return len(self._busy)
 
     # -- requests ----------------------------------------------------------------------------
     def _request_bytes(self, method: str, path: str, body: bytes | None, extra: dict[str, str] | None) -> bytes:
-        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head_tail
+        head = f"{method} {self.prefix}{path}{self.query} HTTP/1.1\r\n".encode("latin-1") + self._head_tail
         if extra:
             head += "".join(f"{k}: {v}\r\n" for k, v in extra.items()).encode("latin-1")
         if body is not None:
@@ -148,13 +173,15 @@ class HttpClient:
             try:
                 await fut
             except asyncio.CancelledError:
-                conn.res, conn.fut = None, None
-                conn.closed = True
-                self._busy.discard(conn)
-                if conn.transport is not None:
-                    conn.transport.close()
+                if conn.res is res:  # still ours: abandon the half-read response with its connection
+                    conn.res, conn.fut = None, None
+                    conn.closed = True
+                    self._busy.discard(conn)
+                    if conn.transport is not None:
+                        conn.transport.close()
+                # else it finished and went back to the pool (perhaps already in another worker's hands)
                 raise
-            self._busy.discard(conn)
+            self._done_with(conn, res)
             if res.error == "reset" and reused and conn.retry and attempt == 0:
                 # a pooled connection the server had closed: retry once on a fresh one
                 res.error = res.error_detail = None
@@ -183,7 +210,7 @@ class HttpClient:
             conn._fail("timeout", f"no answer in {timeout_s:g} s")
             raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
         finally:
-            self._busy.discard(conn)
+            self._done_with(conn, res)
         if res.error and res.status is None:
             raise RequestFailed(res.error, f"{method} {path}: {res.error_detail}")
         return res.status or 0, res.body

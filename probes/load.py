@@ -41,14 +41,20 @@ from diagnose.bundle import StreamWriter, serialize_records
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
-from diagnose.probes.http_client import HttpClient, RequestFailed
+from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
+from diagnose.redact import Redactor, excerpt, scrub_text
 from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration
 
 CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
+# the same answer (HTTP 401, 429, 500, a malformed stream, a timeout...) to this many requests in a row, with no
+# success between: every further request would get it too, so the load stops (issue 12, defect 11: an
+# all-401 server otherwise took 20 thousand requests in 4 s)
+ABORT_AFTER_SAME_FAILURES = 50
+MAX_RETRY_AFTER_S = 10.0  # a Retry-After (429/503) pauses new requests this long at most
 STOP_GRACE_S = 5.0  # after an outside stop, in-flight requests get this long before being cancelled
 FLUSH_SLICE = 4  # chunk records serialised per event-loop turn by the periodic flush (~0.1-0.3 ms at 256 tokens)
 FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until FLUSH_BUDGET_MS is spent
@@ -97,6 +103,12 @@ class _LoadRun:
         self.stopping = False
         self.abort_reason = ""
         self.consecutive_connect_failures = 0
+        self.same_failures = 0  # failures in a row with one answer (fail_kind), no success between
+        self.fail_kind = ""
+        self.answers: Counter[str] = Counter()  # failures by what the server answered ("HTTP 401", "timeout")
+        self.last_failure = ""
+        self.hold_until_ns = 0  # no new request before this (the server's Retry-After)
+        self.redactor = Redactor(ctx.target.secrets())
         self.counts: Counter[str] = Counter()
         self.options: dict[str, Any] = {}
         self.model: str | None = None
@@ -207,6 +219,12 @@ class _LoadRun:
             return ProbeStatus("load", "failed", self.abort_reason, detail)
         if ok == 0:
             what = ", ".join(f"{v} {k}" for k, v in errors.items()) or "no requests were sent"
+            if self.answers:  # what the server answered, as the last stderr line and the report say it
+                what += ": " + ", ".join(f"{v} {'answered ' if k.startswith('HTTP') else ''}{k}"
+                                         for k, v in self.answers.most_common())
+                what += f"; last: {self.last_failure}" if self.last_failure else ""
+                if self.notes.get("retry_after_holds"):
+                    what += f"; Retry-After honoured {self.notes['retry_after_holds']} time(s)"
             return ProbeStatus("load", "failed", f"no request succeeded ({what})", detail)
         reason = f"{ok} ok, {failed} failed" + (" (stopped early)" if interrupted else "")
         return ProbeStatus("load", "ok", reason, detail)
@@ -283,8 +301,18 @@ class _LoadRun:
                          trace_id, span_id, res)
         return res
 
+    def _clean_detail(self, detail: str, prompt: str, min_words: int = 3) -> str:
+        """A server's error text as it may be stored: secrets redacted, the request's own prompt removed
+        (unless --store-text), one bounded line (issue 12, defect 1)."""
+        d = self.redactor.text(detail)
+        if not self.spec.store_text:
+            d = scrub_text(d, (prompt,), min_words)
+        return excerpt(d)
+
     def _record(self, rid: str, phase: int, warmup: bool, intended_ns: int | None, capped: bool, text: str,
                 ptok: int, psource: str, trace_id: str, span_id: str, res: StreamResult) -> None:
+        if res.error_detail:
+            res.error_detail = self._clean_detail(res.error_detail, text)
         usage = res.usage or {}
         details = usage.get("prompt_tokens_details")
         rec: dict[str, Any] = {
@@ -311,18 +339,57 @@ class _LoadRun:
         st.done += 1
         if res.error is None:
             self.consecutive_connect_failures = 0
+            self.same_failures = 0
             if res.t_ns:
                 st.ttft_ms.append((res.t_ns[0] - res.sent_ns) / 1e6)
                 if len(res.t_ns) > 1:
                     st.itl_ms.append((res.t_ns[-1] - res.t_ns[0]) / 1e6 / (len(res.t_ns) - 1))
         elif cat != "incomplete":
             st.errors += 1
+            self._note_failure(res)
             if cat in CONNECT_ERRORS:
                 self.consecutive_connect_failures += 1
                 if self.consecutive_connect_failures >= ABORT_AFTER_CONNECT_FAILURES and not self.abort_reason:
                     self.abort_reason = (f"server stopped accepting connections ({res.error_detail}); "
                                          f"stopped after {ABORT_AFTER_CONNECT_FAILURES} failures in a row")
                     self.stopping = True
+
+    def _note_failure(self, res: StreamResult) -> None:
+        """Back-off: a Retry-After pauses new requests; the same answer to ABORT_AFTER_SAME_FAILURES requests
+        in a row stops the load, saying what the server answered; the client's own file limit stops it at once."""
+        detail = res.error_detail or ""
+        if detail.startswith(CLIENT_LIMIT) and not self.abort_reason:
+            self.abort_reason = f"{detail}; stopped sending"
+            self.stopping = True
+            return
+        if res.retry_after_s is not None and res.retry_after_s > 0:
+            hold = now_ns() + int(min(res.retry_after_s, MAX_RETRY_AFTER_S) * 1e9)
+            self.hold_until_ns = max(self.hold_until_ns, hold)
+            self.notes["retry_after_holds"] = int(self.notes.get("retry_after_holds", 0)) + 1
+            self.notes["retry_after_s_last"] = res.retry_after_s
+        kind = f"HTTP {res.status}" if res.status and res.status != 200 else str(res.error)
+        self.answers[kind] += 1
+        self.last_failure = detail
+        if res.error in CONNECT_ERRORS:
+            return  # counted by consecutive_connect_failures
+        if kind == self.fail_kind:
+            self.same_failures += 1
+        else:
+            self.fail_kind, self.same_failures = kind, 1
+        if self.same_failures >= ABORT_AFTER_SAME_FAILURES and not self.abort_reason:
+            what = f"answered {kind}" if kind.startswith("HTTP") else f"failed with {kind}"
+            self.abort_reason = (f"the server {what} to {self.same_failures} requests in a row, none succeeding"
+                                 f" (last: {detail or kind}); stopped sending")
+            self.stopping = True
+
+    async def _hold(self) -> bool:
+        """Waits out a Retry-After pause (until ``hold_until_ns`` or the capture stops); True if it waited."""
+        delay = (self.hold_until_ns - now_ns()) / 1e9
+        if delay <= 0 or self.stopping:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.ctx.stop.wait(), delay)
+        return True
 
     # -- set-up ---------------------------------------------------------------------------------
     async def _resolve_model(self) -> str | None:
@@ -349,6 +416,8 @@ class _LoadRun:
                 await self.client.stream(self.path, self._body(" hello world", 2), res,
                                          {"x-request-id": f"{self.token}-preflight"})
                 if res.status != 400:
+                    if res.error_detail:
+                        res.error_detail = self._clean_detail(res.error_detail, " hello world", 2)
                     return res
         return res
 
@@ -373,6 +442,10 @@ class _LoadRun:
                     warm = False
                 else:
                     return
+                if await self._hold():
+                    prev = None  # a pause the server asked for is no schedule lag of the client
+                    if self.stopping or (deadline is not None and now_ns() >= deadline):
+                        return
                 res = await self._one(ph.index, warm, prev)
                 prev = res.end_ns or now_ns()
 
@@ -399,6 +472,12 @@ class _LoadRun:
                 t_next += gap() * 1e9
                 if deadline is not None and t_next >= deadline:
                     break
+                if self.hold_until_ns > t_next:  # Retry-After: the arrivals it covers are not sent
+                    await self._hold()
+                    t_next = max(t_next, float(now_ns()))
+                    if self.stopping:
+                        break
+                    continue
                 delay = (t_next - now_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -489,7 +568,7 @@ class _LoadRun:
             pre = await self._negotiate()
             if pre.error in CONNECT_ERRORS:
                 self.counts[pre.error or "?"] += 1
-                self.abort_reason = f"cannot reach {self.ctx.target.url}: {pre.error_detail}"
+                self.abort_reason = f"cannot reach {self.ctx.target.safe_url}: {pre.error_detail}"
                 return self._status(False)
             self.notes["preflight"] = "ok" if pre.ok else f"{pre.error}: {pre.error_detail}"
             gc.collect()

@@ -12,6 +12,8 @@ protobuf; ``grpc://host:port`` or a URL on port 4317 is OTLP/gRPC. Pass ``protoc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -111,7 +113,7 @@ class OtlpExportProbe:
     name = "otel_export"
 
     def __init__(self, endpoint: str, *, protocol: str | None = None, service_name: str = "diagnose-client",
-                 interval_s: float = 2.0, timeout_s: float = 5.0) -> None:
+                 interval_s: float = 2.0, timeout_s: float = 2.0, connect_timeout_s: float = 1.0) -> None:
         self.protocol, self.endpoint = resolve_endpoint(endpoint, protocol)
         self.service_name = service_name
         self.interval_s = interval_s
@@ -120,6 +122,8 @@ class OtlpExportProbe:
         self.failed = 0
         self.skipped = 0
         self.batches_failed = 0
+        self.connect_timeout_s = connect_timeout_s
+        self.dead = ""  # why the collector is given up on (the first failure): later batches are not sent
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         return True, ""
@@ -144,20 +148,57 @@ class OtlpExportProbe:
         self.skipped += len(spans) - len(good)
         if not good:
             return
+        if self.dead:  # one failed batch costs up to the timeout: the rest are counted, not sent
+            self.failed += len(good)
+            return
         if exporter.export(good) == SpanExportResult.SUCCESS:
             self.exported += len(good)
         else:
             self.failed += len(good)
             self.batches_failed += 1
+            self.dead = f"a batch of {len(good)} span(s) was refused or timed out after {self.timeout_s:g} s"
+
+    async def _reachable(self) -> str:
+        """'' when the collector accepts a TCP connection within ``connect_timeout_s``, else why not."""
+        from yarl import URL
+
+        u = URL(self.endpoint)
+        host, port = u.host or "", u.port or (443 if u.scheme == "https" else 80)
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(host, port), self.connect_timeout_s)
+        except asyncio.TimeoutError:
+            return f"no answer from {host}:{port} within {self.connect_timeout_s:g} s"
+        except OSError as e:
+            return f"cannot connect to {host}:{port} ({e.strerror or e})"
+        w.close()
+        with contextlib.suppress(OSError):
+            await w.wait_closed()
+        return ""
 
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         resource = Resource.create({"service.name": self.service_name, "diagnose.version": __version__,
-                                    "diagnose.target": ctx.target.url})
+                                    "diagnose.target": ctx.target.safe_url})
         scope = InstrumentationScope("diagnose.load", __version__)
-        exporter = await asyncio.to_thread(self._exporter)
+        detail: dict[str, Any] = {"endpoint": self.endpoint, "protocol": self.protocol}
+        why = await self._reachable()
+        if why:  # a dead collector: counted span by span as usual, but nothing is sent (no retries, no wait)
+            self.dead = f"collector unreachable: {why}"
+        # the exporter logs every retry and failure itself: the probe's status says it once instead
+        otel_log = logging.getLogger("opentelemetry")
+        saved = (otel_log.level, otel_log.propagate)
+        otel_log.setLevel(logging.CRITICAL + 1)
+        otel_log.propagate = False
+        try:
+            return await self._run(ctx, resource, scope, detail)
+        finally:
+            otel_log.setLevel(saved[0])
+            otel_log.propagate = saved[1]
+
+    async def _run(self, ctx: CaptureContext, resource: Any, scope: Any, detail: dict[str, Any]) -> ProbeStatus:
+        exporter = None if self.dead else await asyncio.to_thread(self._exporter)
         tail = RequestTail(ctx.bundle.path / "requests.jsonl")
         try:
             while not ctx.stop.is_set():
@@ -174,14 +215,17 @@ class OtlpExportProbe:
                 if await self._step(exporter, tail, ctx, resource, scope):
                     quiet_since = time.monotonic()
         finally:
-            await asyncio.to_thread(exporter.shutdown)
-        detail = {"endpoint": self.endpoint, "protocol": self.protocol, "exported": self.exported,
-                  "failed": self.failed, "skipped_without_ids": self.skipped}
+            if exporter is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.to_thread(exporter.shutdown), self.timeout_s + 1.0)
+        detail.update({"exported": self.exported, "failed": self.failed, "skipped_without_ids": self.skipped})
+        if self.dead:
+            detail["gave_up"] = self.dead
         if self.failed and not self.exported:
             return ProbeStatus(self.name, "failed", f"could not export client spans to {self.endpoint} "
-                               f"({self.failed} span(s) in {self.batches_failed} batch(es) refused or unreachable)",
+                               f"({self.failed} span(s) not exported: {self.dead or 'refused or unreachable'})",
                                detail)
-        reason = f"{self.failed} span(s) could not be exported" if self.failed else ""
+        reason = (f"{self.failed} span(s) could not be exported ({self.dead})" if self.failed else "")
         return ProbeStatus(self.name, "ok", reason, detail)
 
     async def _step(self, exporter: Any, tail: RequestTail, ctx: CaptureContext, resource: Any,

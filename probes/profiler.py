@@ -100,7 +100,7 @@ class ProfilerProbe:
         notes: list[str] = []
         async with aiohttp.ClientSession(headers=ctx.target.headers()) as session:
             t0 = time.monotonic_ns()
-            code, text, err = await _post(session, ctx.target.url + "/start_profile",
+            code, text, err = await _post(session, ctx.target.endpoint("/start_profile"),
                                           self._start_body(engine, prefix), self.start_timeout_s)
             detail["start_ms"] = round((time.monotonic_ns() - t0) / 1e6, 1)
             if code == 404:
@@ -115,7 +115,7 @@ class ProfilerProbe:
             await self._wait_window(ctx, before, prefix)
             t1 = time.monotonic_ns()
             detail["window_end_ns"] = t1
-            code, text, err = await _post(session, ctx.target.url + "/stop_profile", {}, self.stop_timeout_s)
+            code, text, err = await _post(session, ctx.target.endpoint("/stop_profile"), {}, self.stop_timeout_s)
             t2 = time.monotonic_ns()
             detail["stop_done_ns"] = t2  # the engine may be slowed until here (the frontend trace is written)
             detail["stop_ms"] = round((t2 - t1) / 1e6, 1)

@@ -38,6 +38,12 @@ from diagnose.workload import parse_duration
 
 __all__ = ["PrometheusProbe", "ScrapeError", "parse_scrape", "prefilter"]
 
+# A vLLM scrape is 50-300 KB; a 60 MB /metrics once took a 4 s capture to 93 s (issue 12, defect 14).
+MAX_SCRAPE_BYTES = 8 << 20
+STOP_CATEGORIES = ("too_large", "parse_timeout")  # recurring and costly: the probe stops scraping
+GONE_CATEGORIES = ("refused", "connect", "timeout")  # the server did not answer at all
+GONE_AFTER = 3  # scrapes in a row: the server stopped answering (issue 12, defect 15)
+
 
 @dataclass
 class _Stats:
@@ -51,6 +57,8 @@ class _Stats:
     samples_last: int = 0
     parse_note: str = ""
     parsed_in_worker: int = 0
+    gone: str = ""  # the server stopped answering: when and how
+    outages: list[str] = field(default_factory=list)  # it stopped answering and came back
 
     def fail(self, e: ScrapeError) -> None:
         self.failed += 1
@@ -81,19 +89,22 @@ class PrometheusProbe:
 
     def __init__(self, interval_s: float = 1.0, path: str = "/metrics", timeout_s: float | None = None,
                  keep_all: bool = False, settle_s: float = 0.2,
-                 parse_in: Literal["process", "thread"] = "process") -> None:
+                 parse_in: Literal["process", "thread"] = "process", max_bytes: int = MAX_SCRAPE_BYTES,
+                 parse_timeout_s: float | None = None) -> None:
         self.interval_s = float(interval_s)
         self.path = path if path.startswith("/") else "/" + path
         self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
         self.keep_all = keep_all
         self.settle_s = max(0.0, float(settle_s))
         self.parse_in = parse_in
+        self.max_bytes = int(max_bytes)
+        self.parse_timeout_s = float(parse_timeout_s) if parse_timeout_s else max(5.0, 2.0 * self.interval_s)
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
             return False, f"scrape interval must be a positive number of seconds, got {self.interval_s}"
         if not ctx.target.url.startswith(("http://", "https://")):
-            return False, f"target URL {ctx.target.url!r} is not http(s)"
+            return False, f"target URL {ctx.target.safe_url!r} is not http(s)"
         return True, ""
 
     async def _fetch(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[str, int, int]:
@@ -103,7 +114,18 @@ class PrometheusProbe:
             async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
                 if r.status != 200:
                     raise ScrapeError(f"http_{r.status}", f"GET {url} answered HTTP {r.status}")
-                raw = await r.read()
+                if r.content_length is not None and r.content_length > self.max_bytes:
+                    raise ScrapeError("too_large", f"GET {url}: a {r.content_length}-byte answer is over the "
+                                                   f"{self.max_bytes}-byte scrape limit")
+                parts: list[bytes] = []
+                n = 0
+                async for part in r.content.iter_chunked(1 << 16):
+                    n += len(part)
+                    if n > self.max_bytes:
+                        raise ScrapeError("too_large", f"GET {url}: the answer passed the {self.max_bytes}-byte "
+                                                       "scrape limit (stopped reading)")
+                    parts.append(part)
+                raw = b"".join(parts)
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
             raise ScrapeError("refused" if refused else "connect", f"GET {url}: {e.os_error or e}") from e
@@ -119,7 +141,7 @@ class PrometheusProbe:
         return text, t0, t1
 
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
-        url = ctx.target.url.rstrip("/") + self.path
+        url = ctx.target.endpoint(self.path)
         # identity: prometheus_client gzips at level 9 when asked (aiohttp asks by default), ~1.1 ms of the
         # server's CPU per 50 KB scrape, to save bandwidth that loopback does not need
         headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity", **ctx.target.headers()}
@@ -148,6 +170,17 @@ class PrometheusProbe:
                 worker = None
 
         async def parse(text: str) -> tuple[list[list[Any]], list[dict[str, str]]]:
+            try:
+                return await asyncio.wait_for(parse_any(text), self.parse_timeout_s)
+            except asyncio.TimeoutError:
+                nonlocal worker
+                if worker is not None:  # the child is stuck in that parse: end it (a thread cannot be)
+                    await worker.close(kill=True)
+                    worker = None
+                raise ScrapeError("parse_timeout", f"parsing a {len(text)}-byte scrape of {url} took over "
+                                                   f"{self.parse_timeout_s:g} s") from None
+
+        async def parse_any(text: str) -> tuple[list[list[Any]], list[dict[str, str]]]:
             nonlocal worker
             if worker is not None and worker.failed:
                 stats.parse_note = "parse worker did not start; parsing in a thread"
@@ -196,7 +229,13 @@ class PrometheusProbe:
                     return ProbeStatus(self.name, "unavailable", f"no Prometheus metrics at {url}: {e}",
                                        detail={"category": e.category})
                 stats.fail(e)
+                if e.category in STOP_CATEGORIES:
+                    return ProbeStatus(self.name, "unavailable", f"no usable Prometheus metrics at {url}: {e}",
+                                       detail={**stats.detail(), "category": e.category, "stopped": str(e)})
             start = time.monotonic()
+            t_start = time.monotonic()
+            in_a_row = 0  # scrapes in a row the server did not answer (after it had answered)
+            stopped = ""
             k = 1
             while True:
                 if not ctx.stop.is_set():
@@ -212,14 +251,42 @@ class PrometheusProbe:
                     await asyncio.sleep(self.settle_s)
                 try:  # the scrape after stop closes the window for counters and histograms
                     await scrape(session)
+                    in_a_row = 0
+                    if stats.gone:  # it came back (a restart, a long pause): an outage, not the end
+                        stats.outages.append(stats.gone)
+                        stats.gone = ""
+                        ctx.shared.pop("target_gone", None)
                 except ScrapeError as e:
                     stats.fail(e)
+                    if e.category in STOP_CATEGORIES:  # every later scrape would cost as much: stop here
+                        stopped = f"{e}; scraping stopped"
+                        break
+                    # under load a busy server may answer /metrics late: only a refusal means gone then
+                    gone_cats = GONE_CATEGORIES if ctx.options.get("observe") else GONE_CATEGORIES[:2]
+                    if e.category in gone_cats and stats.ok:
+                        in_a_row += 1
+                        if in_a_row == GONE_AFTER and not final:
+                            stats.gone = (f"the server stopped answering {time.monotonic() - t_start:.1f} s into "
+                                          f"the capture ({GONE_AFTER} scrapes in a row failed; last: {e})")
+                            ctx.shared.setdefault("target_gone", stats.gone)
+                            if ctx.options.get("observe"):
+                                ctx.stop.set()  # nothing else measures the server: the capture ends here
+                                break
                 if final:
                     break
         detail = stats.detail()
+        if stopped:
+            detail["stopped"] = stopped
+        if stats.outages:
+            detail["outages"] = list(stats.outages)
+        if stats.gone:
+            detail["server_gone"] = True
+            return ProbeStatus(self.name, "failed", f"{stats.gone}; {stats.ok} scrapes before that", detail=detail)
         if stats.ok == 0:
             return ProbeStatus(self.name, "failed", f"no scrape of {url} succeeded: {stats.last_error}", detail=detail)
         reason = f"{stats.ok} scrapes" + (f", {stats.failed} failed ({stats.last_error})" if stats.failed else "")
+        if stopped:
+            reason += f"; {stopped}"
         return ProbeStatus(self.name, "ok", reason, detail=detail)
 
 

@@ -128,12 +128,16 @@ class ParseWorker:
             raise WorkerGone("parse worker answered garbage")
         return out
 
-    async def close(self) -> None:
+    async def close(self, kill: bool = False) -> None:
+        """Ends the child: stdin closed (it exits when idle), or ``kill`` (stuck in a parse)."""
         if self._ready is not None and not self._ready.done():
             self._ready.cancel()
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()

@@ -62,6 +62,7 @@ from diagnose.probes.host_procs import (
     engine_tree,
     pid_listening_on,
     port_of,
+    python_state,
     read_system_cpu,
     read_thread_cpu,
 )
@@ -76,6 +77,7 @@ PTRACE_FIX = ("py-spy needs ptrace on the server's processes: run diagnose as th
               "(or root), grant CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE), or set "
               "/proc/sys/kernel/yama/ptrace_scope to 0 (sysctl kernel.yama.ptrace_scope=0)")
 _PERM = re.compile(r"permission denied|operation not permitted|EPERM|ptrace", re.I)
+_PERM_DENIED = re.compile(r"permission denied|operation not permitted|EPERM", re.I)
 _RAW_LINE = re.compile(r"^thread \((\d+)\)(?::\s*(.*?))?;(.*)\s(\d+)$")
 
 
@@ -157,7 +159,7 @@ class PySpyProbe:
             return (pid, "") if psutil.pid_exists(pid) else (None, f"no process with PID {pid}")
         port = self.port or port_of(ctx.target.url)
         if port is None:
-            return None, f"cannot tell the server's port from {ctx.target.url!r}; pass its PID"
+            return None, f"cannot tell the server's port from {ctx.target.safe_url!r}; pass its PID"
         pid = pid_listening_on(port)
         if pid is None:
             return None, (f"no local process visible listening on port {port} (server on another host or "
@@ -170,6 +172,16 @@ class PySpyProbe:
         pid, why = self._root_pid(ctx)
         if pid is None:
             return False, why
+        if pid == os.getpid():
+            return False, f"PID {pid} is diagnose itself, not the server: pass the server's PID"
+        state = python_state(pid)
+        if state == "other":
+            return False, (f"PID {pid} is not a Python process ({_proc_name(pid)}): py-spy samples Python "
+                           "only; pass the server's own PID")
+        if state == "denied":
+            return False, f"cannot inspect PID {pid} ({_proc_name(pid)}): access denied. {PTRACE_FIX}"
+        if state == "gone":
+            return False, f"no process with PID {pid}"
         return True, ""
 
     # -- run -----------------------------------------------------------------------------------
@@ -383,12 +395,34 @@ def _reap(popen: subprocess.Popen[bytes], timeout_s: float) -> float:
         time.sleep(0.02)
 
 
+def _proc_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "gone"
+
+
 def _explain(stderr: str) -> str:
-    line = next((s.strip() for s in reversed(stderr.splitlines()) if s.strip()), "py-spy failed")
+    """py-spy's own reason in one line: its ``Error:`` line, else the panic's message, else its last line.
+    A permission problem is blamed only when py-spy says permission was denied, not whenever its message
+    mentions ptrace (issue 12, defect 13: a non-Python process was blamed on ptrace, as root)."""
+    lines = [s.strip() for s in stderr.splitlines() if s.strip()]
+    err = next((s for s in lines if s.lower().startswith("error:")), None)
+    panic = next((s for s in lines if "panicked at" in s), None)
+    if err is not None:
+        line = err.split(":", 1)[1].strip() or err
+    elif panic is not None:  # "thread 'main' panicked at src/x.rs:1:2:" then the message on the next line
+        i = lines.index(panic)
+        after = panic.split("panicked at", 1)[1]
+        msg = after.split(":", 3)[-1].strip() if after.count(":") >= 3 else ""
+        line = msg or (lines[i + 1] if i + 1 < len(lines) else "py-spy crashed")
+        line = f"py-spy crashed: {line}"
+    else:
+        line = lines[-1] if lines else "py-spy failed"
     line = line[:300]
-    if _PERM.search(stderr):
+    if _PERM_DENIED.search(stderr):  # (as root too: a container without CAP_SYS_PTRACE refuses root)
         return f"py-spy was refused ({line}). {PTRACE_FIX}"
-    return f"py-spy failed: {line}"
+    return line if line.startswith("py-spy") else f"py-spy failed: {line}"
 
 
 # -- attach options -------------------------------------------------------------------------------------

@@ -56,10 +56,26 @@ class StreamResult:
     text: list[str] | None = None  # only when text is stored
     cum_tokens: int = 0  # last cumulative usage.completion_tokens seen on a content chunk
     body: bytes = b""  # the body of a non-SSE response (first 2 KiB)
+    retry_after_s: float | None = None  # the response's Retry-After, in seconds (429/503)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def retry_after_s(value: str) -> float | None:
+    """A Retry-After header value (delta-seconds or an HTTP date) in seconds from now; None if unreadable."""
+    v = value.strip()
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+
+        return max(0.0, parsedate_to_datetime(v).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 def status_category(status: int) -> str:
@@ -166,6 +182,8 @@ class SseConnection(asyncio.Protocol):
         self.keep_alive = conn_hdr != "close" and parts[0] != "HTTP/1.0"
         self.is_sse = status == 200 and "text/event-stream" in hdrs.get("content-type", "")
         self.content_type = hdrs.get("content-type", "?")
+        if status != 200 and "retry-after" in hdrs:
+            res.retry_after_s = retry_after_s(hdrs["retry-after"])
         if rest:
             self._body(rest, t)
         elif self.remaining == 0:
@@ -397,7 +415,8 @@ class SseConnection(asyncio.Protocol):
         if "error" in obj or obj.get("object") == "error":
             err = obj.get("error", obj)
             msg = err.get("message", err) if isinstance(err, dict) else err
-            self._fail("http_5xx", f"error event in stream: {str(msg)[:200]}")
+            # kept whole up to the body limit: the load probe redacts and cuts it to an excerpt before storing
+            self._fail("http_5xx", f"error event in stream: {str(msg)[:_MAX_ERROR_BODY]}")
             return
         usage = obj.get("usage")
         choices = obj.get("choices")
@@ -435,7 +454,8 @@ class SseConnection(asyncio.Protocol):
         if not self.expect_sse:
             pass  # a plain call: the caller reads status and body
         elif status != 200:
-            detail = bytes(self.body[:300]).decode("utf-8", "replace").strip().replace("\n", " ")
+            # the whole kept body (2 KiB): the load probe redacts it, then keeps an excerpt (diagnose.redact)
+            detail = bytes(self.body).decode("utf-8", "replace").strip().replace("\n", " ")
             res.error = status_category(status)
             res.error_detail = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
         elif not self.is_sse:

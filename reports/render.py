@@ -6,6 +6,7 @@ reports/charts.py, which escapes every text it embeds, and are the only markup p
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -107,12 +108,15 @@ def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Seq
     """Render and write the report; returns the path written. Raises ReportError with a one-line reason."""
     p = Path(path)
     html = render_html(analysis, sections)
+    tmp = p.with_name(p.name + ".tmp")
     try:
         if p.parent and not p.parent.exists():
             p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, p)
     except OSError as e:
+        # a full disk (or a file-size limit) leaves a partial temp file: never leave it behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         raise ReportError(f"cannot write report {p}: {e.strerror or e}") from e
     return p

@@ -55,11 +55,26 @@ class _SafeFormatter(string.Formatter):
 _FMT = _SafeFormatter()
 
 
+class _Labels(SimpleNamespace):
+    """``{label.<signal>}``: the signal's description; 'unknown' when the signal is missing."""
+
+    def __init__(self, descriptions: Mapping[str, str]) -> None:
+        super().__init__()
+        self._d = dict(descriptions)
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._d.get(name) or "unknown"
+
+
 def render_text(template: str, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
                 extra: Mapping[str, Any] | None = None) -> str:
     values: dict[str, Any] = {k: s.value for k, s in signals.items()}
     values["thr"] = SimpleNamespace(**thresholds)
     values["phase"] = "run"
+    # {label.<signal>}: a signal's description, e.g. the replica a fleet signal is about (docs/fleet.md)
+    values["label"] = _Labels({k: s.description for k, s in signals.items()})
     if extra:
         values.update(extra)
     try:

@@ -27,7 +27,7 @@ from diagnose.rules.spec import (
 from diagnose.signal_catalog import CATALOG, is_known
 
 # template fields that are not signals (rules/engine.py render_text)
-TEMPLATE_NAMES = ("thr", "phase")
+TEMPLATE_NAMES = ("thr", "phase", "label")
 
 
 def unknown_signal(name: str, where: str) -> str:
@@ -48,6 +48,18 @@ def template_fields(texts: Iterable[str]) -> set[str]:
         for _lit, field, _spec, _conv in parsed:
             if field:
                 out.add(field.split(".", 1)[0].split("[", 1)[0])
+    return out
+
+
+def label_fields(texts: Iterable[str]) -> set[str]:
+    """The signal names of the ``{label.<signal>}`` references (a signal's description, render_text)."""
+    out: set[str] = set()
+    for text in texts:
+        try:
+            parsed = list(string.Formatter().parse(text))
+        except ValueError:
+            continue
+        out.update(field.split(".", 1)[1] for _l, field, _s, _c in parsed if field and field.startswith("label."))
     return out
 
 
@@ -86,6 +98,9 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
         for name in sorted(template_fields(_texts(spec)) - set(TEMPLATE_NAMES)):
             if not is_known(name):
                 problems.append(unknown_signal(name, f"{f}: text template"))
+        for name in sorted(label_fields(_texts(spec))):
+            if not is_known(name):
+                problems.append(unknown_signal(name, f"{f}: text template {{label.{name}}}"))
         for name in sorted(referenced_thresholds(spec.raw)):
             if name not in thresholds:
                 problems.append(f"{f}: unknown threshold ${name} (not in rules/thresholds.yaml)")

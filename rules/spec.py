@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ from diagnose.rules.conditions import referenced_signals
 CATALOG_DIR = Path(__file__).parent / "catalog"
 THRESHOLDS_FILE = Path(__file__).parent / "thresholds.yaml"
 _SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace")
+FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace", "fleet")
 SCOPES = ("run", "phase")
 # symptom: restates what is out of line (high TTFT, latency grows with load); cause: names why. The verdict and
 # the ranking put causes first: a symptom never outranks a cause that fired beside it.
@@ -176,15 +178,21 @@ def rule_files(dirs: Iterable[Path]) -> list[Path]:
 
 def load_raw(path: Path) -> Any:
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block for ever, a device mislead
+            raise InputError(f"{path}: not a regular file")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
         # libyaml's loader when PyYAML has it: same SafeConstructor, about 10x faster than the pure-Python one
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise InputError(f"{path}:{where} invalid YAML ({problem})") from e
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def load_rules(extra_dirs: Iterable[str | Path] = ()) -> list[RuleSpec]:
@@ -222,6 +230,8 @@ def load_thresholds(files: Iterable[str | Path] = (), overrides: dict[str, float
     for name, value in (overrides or {}).items():
         if name not in out:
             raise InputError(f"--threshold {name}: unknown threshold (see `diagnose rules thresholds`)")
+        if not math.isfinite(float(value)):
+            raise InputError(f"--threshold {name}: {value} is not a finite number")
         out[name] = float(value)
     return out
 
@@ -244,8 +254,8 @@ def _threshold_file(path: Path, flat_ok: bool = False) -> dict[str, dict[str, An
             entry = {"value": v}
         else:
             raise InputError(f"{path}: threshold {k!r} needs a numeric value")
-        if isinstance(val, bool) or not isinstance(val, (int, float)):
-            raise InputError(f"{path}: threshold {k!r} needs a numeric value")
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+            raise InputError(f"{path}: threshold {k!r} needs a finite numeric value")
         entry["value"] = float(val)
         out[str(k)] = entry
     return out

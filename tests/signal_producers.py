@@ -159,6 +159,13 @@ def synthetic_host_with_foreign_scan(tmp: Path) -> Path:
     return tmp / "b"
 
 
+def synthetic_fleet(tmp: Path) -> Path:
+    """A fleet bundle (diagnose attach --prometheus) from the answers recorded from a real Prometheus."""
+    from tests.fleet_prom import recorded_bundle
+
+    return recorded_bundle(tmp / "fleet")
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -167,7 +174,7 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
         out.extend(from_trace(t))
     for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
                               synthetic_nvml_with_nvlink, synthetic_short_client_stall,
-                              synthetic_host_with_foreign_scan)):
+                              synthetic_host_with_foreign_scan, synthetic_fleet)):
         d = tmp / f"s{i}"
         d.mkdir()
         out.extend(from_bundle(make(d)))

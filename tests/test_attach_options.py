@@ -35,6 +35,7 @@ EXPECTED = {
     "--no-nvml", "--nvml-interval", "--profile-iterations", "--profiler-dir", "--profile-client", "--observe",
     "--store-text", "--progress", "--no-progress", "--realtime", "--report", "-h", "--help",
 }
+EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own (docs/fleet.md)
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +24,31 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
             raise InputError(f"--threshold {v!r}: use name=value")
         k, val = v.split("=", 1)
         try:
-            out[k.strip()] = float(val)
+            num = float(val)
         except ValueError as e:
             raise InputError(f"--threshold {v!r}: {val!r} is not a number") from e
+        if not math.isfinite(num):
+            raise InputError(f"--threshold {v!r}: {val!r} is not a finite number")
+        out[k.strip()] = num
     return out
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes ``path`` through a temp file renamed into place; on failure (a full disk) the temp file is
+    removed and the OSError raised (the caller names the path)."""
+    import contextlib
+    import os
+
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if e.filename is None or str(e.filename) == str(tmp):
+            e.filename = str(path)
+        raise
 
 
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
@@ -68,7 +91,17 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         ],
         "probes": [s.to_json() for s in a.probe_statuses],
         "warnings": a.warnings,
+        **_trace_json(a),
     }
+
+
+def _trace_json(a: Analysis) -> dict[str, Any]:
+    """Kernel traces: the per-step table, its percentiles and the graph mode (docs/trace-analysis.md)."""
+    tables = a.tables
+    keys = (("steps", "trace_steps"), ("step_percentiles", "trace_step_percentiles"), ("graph_mode", "trace_graph_mode"))
+    out = {k: json.loads(tables[t].to_json(orient="records")) for k, t in keys
+           if t in tables and not tables[t].empty}
+    return {"trace": out} if out else {}
 
 
 @click.command(epilog=exits.epilog(exits.ANALYZE_CODES))
@@ -82,7 +115,9 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
               help="A YAML file of threshold overrides (name: value).")
 @click.option("--threshold", "threshold_values", multiple=True, metavar="NAME=VALUE",
               help="Override one threshold (repeatable); `diagnose rules thresholds` lists them.")
-@click.option("--include-python", is_flag=True, help="Traces: also analyse python_function events (slower).")
+@click.option("--include-python", is_flag=True,
+              help="Traces: also keep every python_function event and add the top Python functions by time to the "
+                   "report (trace_python_functions; slower). vLLM V1 step frames are kept without it.")
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
               help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
@@ -117,8 +152,8 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     try:
         write_report(analysis, output)
         if json_out is not None:
-            json_out.write_bytes(orjson.dumps(analysis_json(analysis),
-                                              option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+            write_atomic(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
+                                                | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
     except OSError as e:
         raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
     if not quiet:

@@ -24,9 +24,11 @@ from diagnose.model import ProbeStatus
 from diagnose.probes import probe_specs
 from diagnose.probes.base import Options, Probe, ProbeOption, ProbeSetup, ProbeSpec, Target
 from diagnose.realtime import RealtimePriority
+from diagnose.redact import Redactor, safe_url, url_secrets
 from diagnose.workload import WorkloadSpec, parse_duration, parse_slo
 
 HELP_COL_MAX = 30  # click's default: the option column of every help section is this wide
+FD_MARGIN = 128  # files besides the load's connections: streams, probes' pipes and sockets, the interpreter's
 
 
 def click_option(opt: ProbeOption) -> click.Option:
@@ -122,8 +124,72 @@ def _api_key(api_key_env: str | None) -> str | None:
     return os.environ.get("OPENAI_API_KEY") or None
 
 
+def _split_url(given: str) -> tuple[str, str | None]:
+    """(base URL without credentials and without a trailing /v1, "user:password" or None).
+
+    Credentials in the URL become a Basic ``Authorization`` header and are never stored (issue 12, defect 2);
+    the URL's query string is kept as it is for every endpoint (``Target.endpoint``)."""
+    from yarl import URL
+
+    shown = safe_url(given)
+    if not given.startswith(("http://", "https://")):
+        raise InputError(f"--url {shown!r}: expected http://HOST:PORT")
+    try:
+        u = URL(given)
+        host = u.host
+    except (ValueError, TypeError) as e:
+        raise InputError(f"--url {shown!r}: not a URL ({Redactor(url_secrets(given)).text(str(e))})") from None
+    if not host:
+        raise InputError(f"--url {shown!r}: expected http://HOST:PORT")
+    auth = None
+    if u.user is not None or u.password is not None:
+        auth = f"{u.user or ''}:{u.password or ''}"
+        u = u.with_user(None)
+    path = u.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    base = str(u.with_path(path or "/").with_query(None)).rstrip("/")
+    return (f"{base}?{u.raw_query_string}" if u.raw_query_string else base), auth
+
+
+def fd_limit_check(needed: int) -> str | None:
+    """Makes sure this process may open ``needed`` files (the load client's connections and the bundle's
+    files): raises the soft RLIMIT_NOFILE up to the hard limit when that is enough, and returns a note saying
+    so; raises InputError when even the hard limit is too low (issue 12, defect 12: running out of file
+    descriptors is the client's own limit, never the server's)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        new = needed if hard == resource.RLIM_INFINITY else min(hard, max(needed, 4096))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as e:
+            raise InputError(f"this run needs {needed} open files but this process may open {soft} "
+                             f"(ulimit -n) and raising it failed ({e}): run `ulimit -n {needed}` first") from None
+        return f"raised this process's open-file limit from {soft} to {new} (ulimit -n) for {needed} files"
+    raise InputError(f"this run needs up to {needed} open files (one connection per request in flight, plus the "
+                     f"bundle's) but this process may open only {soft} (ulimit -n; hard limit {hard}): that is "
+                     f"diagnose's own limit, not the server's; raise it (ulimit -n {needed}) or lower --concurrency")
+
+
+def _files_needed(workload: WorkloadSpec | None) -> int | None:
+    """Open files the load probe may need at once (None: not bounded, an open loop without a cap)."""
+    if workload is None:
+        return FD_MARGIN
+    most = 0
+    for ph in workload.phases:
+        c = ph.concurrency if ph.rate is None else ph.max_concurrency
+        if c is None:
+            return None
+        most = max(most, int(c))
+    return most + FD_MARGIN
+
+
 @click.command(cls=AttachCommand)
-@click.option("--url", required=True, help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
+@click.option("--url", help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Bundle directory (default: ./diagnose-<time>).")
 @click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from this environment variable "
@@ -139,15 +205,23 @@ def _api_key(api_key_env: str | None) -> str | None:
                    "run. Threads and processes the capture starts inherit it (like chrt -r 1). If not permitted, "
                    "the capture runs at normal priority and the bundle says so.")
 @click.option("--report", type=click.Path(path_type=Path), help="Also analyse the bundle into this HTML report.")
+@click.option("--prometheus", metavar="URL", help="Diagnose a fleet instead of one server: read every replica's "
+              "engine metrics from this Prometheus query API (Prometheus, Thanos, Mimir; docs/fleet.md). No --url.")
+@click.option("--selector", metavar="'{job=\"vllm\"}'", help="With --prometheus: the label matchers that pick "
+              "the fleet's series (default: every series with engine metrics).")
+@click.option("--since", metavar="DURATION", help="With --prometheus: how far back to read (default 1h). With "
+              "--observe the fleet is watched from now for --duration instead.")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
+    if o["prometheus"]:
+        from diagnose.fleet.attach import attach_fleet
+
+        raise click.exceptions.Exit(attach_fleet(o))
+    if not o["url"]:
+        raise click.UsageError("Missing option '--url' (or --prometheus URL to diagnose a fleet).")
     _event_loop_policy()
-    url = str(o["url"]).rstrip("/")
-    if url.endswith("/v1"):
-        url = url[:-3]
-    if not url.startswith(("http://", "https://")):
-        raise InputError(f"--url {o['url']!r}: expected http://HOST:PORT")
-    target = Target(url=url, api_key=_api_key(o["api_key_env"]))
+    url, basic_auth = _split_url(str(o["url"]))
+    target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
     slo = parse_slo(o["slo"])
     workload: WorkloadSpec | None = None
     if not o["observe"]:
@@ -173,15 +247,22 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
                   slo: dict[str, float], rt: RealtimePriority | None = None) -> int:
     from diagnose.capture import check_target, run_capture
 
-    def log(msg: str) -> None:
-        click.echo(msg, err=True)
+    redactor = Redactor(target.secrets())
 
-    info = await check_target(target)
+    def log(msg: str) -> None:  # every line on stderr is redacted like the bundle
+        click.echo(redactor.text(msg), err=True)
+
+    needed = _files_needed(workload)
+    if needed is not None:
+        note = fd_limit_check(needed)
+        if note:
+            log(f"note: {note}")
+    info = await check_target(target, need_model=workload is not None and not workload.model)
     target.engine = info.name
     target.engine_version = info.version
     target.model = (workload.model if workload else None) or (info.models[0] if info.models else None)
     if workload is not None and target.model is None:
-        raise InputError(f"{target.url}/v1/models lists no model: pass --model")
+        raise InputError(f"{target.safe_url}/v1/models lists no model: pass --model")
     options: dict[str, Any] = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"])}
     for spec in probe_specs():
         if spec.record is not None:
@@ -190,15 +271,16 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
         options["realtime"] = dict(rt.info)
         if not rt.info["applied"]:
             log(f"warning: {rt.info['reason']}")
-    bundle = BundleWriter(out, overwrite=o["force"], options=options,
+    bundle = BundleWriter(out, overwrite=o["force"], options=options, redactor=redactor,
+                          private=bool(o["store_text"]),
                           workload=workload.to_json() if workload else {"mode": "observe"},
-                          target={"url": target.url, "engine": info.name, "engine_version": info.version,
+                          target={"url": target.safe_url, "engine": info.name, "engine_version": info.version,
                                   "model": target.model, "models": list(info.models),
                                   "engine_evidence": list(info.evidence), "engine_config": info.config})
     duration = parse_duration(o["duration"]) if (o["observe"] and o["duration"]) else None
     if o["observe"] and duration is None:
         duration = 30.0
-    log(f"capturing {info.name} {info.version or ''} at {target.url} (model {target.model}) into {out}")
+    log(f"capturing {info.name} {info.version or ''} at {target.safe_url} (model {target.model}) into {out}")
     result = await run_capture(bundle, target, probes, duration_s=duration, options=options, log=log)
     if rt is not None:
         rt.restore()  # the capture is over: the report below runs at normal priority
@@ -206,7 +288,14 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
     for name, st in sorted(result.statuses.items()):
         detail = f": {st.reason}" if st.reason else ""
         log(f"  {name:12} {st.state}{detail}")
-    log(f"bundle: {out}" + (" (partial)" if result.interrupted else ""))
+    log(f"bundle: {out}" + (" (partial)" if result.interrupted or result.write_error or result.target_gone else ""))
+    if result.write_error:
+        # the one line that says what failed and where; the manifest marks the capture failed with it
+        log(f"diagnose: error: {result.write_error} (capture failed; the bundle keeps every record that fit)")
+        return 1
+    why = _failure(result.statuses, bool(o["observe"]))
+    if why:
+        log(f"capture failed: {why}")
     if o["report"]:
         from diagnose.cli.analyze import run_analysis, verdict_line
         from diagnose.reports.render import write_report
@@ -216,9 +305,22 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
         log(f"{verdict_line(analysis)}\nreport: {o['report']}")
     if result.interrupted:
         return 130
-    if result.load_failed:
+    if why:
         return 1
     return 0
+
+
+def _failure(statuses: dict[str, ProbeStatus], observe: bool) -> str | None:
+    """Why the capture failed, for its last stderr line: the load probe failed (every request failed, the
+    server went away) or, with --observe, the server stopped answering its metrics endpoint."""
+    st = statuses.get("load")
+    if st is not None and st.state == "failed":
+        return f"load: {st.reason}"
+    if observe:
+        pr = statuses.get("prometheus")
+        if pr is not None and pr.detail.get("server_gone"):
+            return f"prometheus: {pr.reason}"
+    return None
 
 
 def _note_realtime(bundle: BundleWriter, statuses: dict[str, ProbeStatus], info: dict[str, Any]) -> None:

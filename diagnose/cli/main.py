@@ -23,6 +23,7 @@ from diagnose.errors import DiagnoseError
 COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
     "analyze": "diagnose.cli.analyze:analyze",
+    "export": "diagnose.cli.export:export",
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
 }

@@ -58,7 +58,13 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     gap_v: list[np.ndarray] = []
     gap_tok: list[np.ndarray] = []
     gap_phase: list[Any] = []
+    seen: set[Any] = set()
+    dups: list[Any] = []
     for r in bundle.iter_records("requests"):
+        if r["rid"] in seen:  # a request recorded twice: counted once (the first record)
+            dups.append(r["rid"])
+            continue
+        seen.add(r["rid"])
         sent = _f(r.get("sent_ns"))
         end = _f(r.get("end_ns"))
         first = _f(r.get("first_token_ns"))
@@ -98,6 +104,10 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             "finish_reason": r.get("finish_reason"), "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
             "profiled": overlaps(sent, end, windows),
         })
+    if dups:
+        shown = ", ".join(map(str, dups[:3])) + (", ..." if len(dups) > 3 else "")
+        bundle.warn(f"{bundle.stream_file('requests')}: skipped {len(dups)} duplicate request record(s) "
+                    f"(request ids seen before: {shown}); each request counted once")
     out: dict[str, pd.DataFrame] = {"requests": pd.DataFrame(rows, columns=REQUEST_COLUMNS)}
     out["client_excluded"] = pd.DataFrame([{"reason": "profiler", "start_s": (a - anchor) / 1e9,
                                             "end_s": (b - anchor) / 1e9} for a, b in windows],

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.bundle import Bundle, lines_text
 from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
 from diagnose.model import Signal, Source
 from diagnose.normalize.prom_hist import (
@@ -45,6 +46,8 @@ METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "ki
 HIST_COLUMNS = ["t0_s", "t_s", "signal", "le", "count"]
 HIST_SUM_COLUMNS = ["t0_s", "t_s", "signal", "count", "sum"]
 
+MAX_VALUE = 1e18  # a sample beyond this (1e308, an integer >= 2**63) is malformed: sums and rates would overflow
+
 _Series = dict[tuple[tuple[str, str], ...], dict[str, Any]]
 
 
@@ -53,7 +56,7 @@ def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]],
     bad = 0
     for s in samples if isinstance(samples, list) else []:
         if (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and isinstance(s[1], dict)
-                and isinstance(s[2], (int, float)) and not isinstance(s[2], bool)):
+                and isinstance(s[2], (int, float)) and not isinstance(s[2], bool) and -MAX_VALUE <= s[2] <= MAX_VALUE):
             idx[s[0]].append((s[1], float(s[2])))
         elif not (isinstance(s, list) and len(s) == 3 and s[2] is None):
             bad += 1
@@ -114,10 +117,12 @@ def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None, restarted: boo
 
 
 def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
-    records = [r for r in bundle.iter_records("metrics") if isinstance(r.get("t_ns"), int)]
-    if not records:
+    numbered = list(bundle.iter_numbered("metrics"))
+    if not numbered:
         return {}
-    records.sort(key=lambda r: r["t_ns"])
+    numbered.sort(key=lambda nr: nr[1]["t_ns"])
+    records = [r for _n, r in numbered]
+    bad_lines: list[int] = []
     fam_names = [str(f.get("name", "")) for f in bundle.iter_records("metric_families")]
     sample_names = (str(s[0]) for s in records[0].get("samples") or [] if isinstance(s, list) and s)
     engine = (engine_from_metric_names(fam_names) or engine_from_metric_names(sample_names)
@@ -133,10 +138,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
     bad_total = 0
     start_time: float | None = None
-    for rec in records:
+    for line, rec in numbered:
         t_s = (rec["t_ns"] - anchor) / 1e9
         idx, bad = _index(rec.get("samples"))
         bad_total += bad
+        if bad:
+            bad_lines.append(line)
         started = next((v for _l, v in idx.get("process_start_time_seconds", [])), None)
         restarted = started is not None and start_time is not None and started != start_time
         start_time = started if started is not None else start_time
@@ -172,7 +179,9 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                 sum_rows.append({"t0_s": agg["t0"], "t_s": t_s, "signal": ref.signal, "count": agg["count"],
                                  "sum": agg["sum"]})
     if bad_total:
-        bundle.warnings.append(f"{bundle.path}/metrics.jsonl: skipped {bad_total} malformed sample(s)")
+        bundle.warn(f"{bundle.stream_file('metrics') or bundle.path / 'metrics.jsonl'}: skipped {bad_total} "
+                    f"malformed sample(s) (not [name, labels, value] with a finite value within 1e18) on "
+                    f"{lines_text(sorted(bad_lines))}")
     metrics = pd.DataFrame(rows, columns=[c for c in METRIC_COLUMNS if c not in ("t0_s", "delta")])
     metrics = _add_deltas(metrics, {s["t_s"] for s in scrapes if s["restarted"]})
     target = bundle.manifest.get("target") or {}
@@ -213,6 +222,19 @@ def _add_deltas(df: pd.DataFrame, restarts: set[float]) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------------
+_BY_SIGNAL: ContextVar[dict[int, dict[Any, pd.DataFrame]] | None] = ContextVar("prometheus_by_signal", default=None)
+
+
+def _rows(df: pd.DataFrame, signal: str) -> pd.DataFrame:
+    """The rows of one signal: from :func:`signals`' split of the table when there is one (same rows, same
+    order), else by filtering."""
+    split = _BY_SIGNAL.get()
+    of = split.get(id(df)) if split is not None else None
+    if of is not None:
+        return of.get(signal, df.iloc[0:0])
+    return df[df["signal"] == signal]
+
+
 def _overlapping(df: pd.DataFrame, window: Window) -> pd.DataFrame:
     """Scrape intervals (t0_s, t_s] that overlap the window."""
     return df[(df["t_s"] > window.start_s) & (df["t0_s"] < window.end_s)]
@@ -223,7 +245,8 @@ def gauge_series(tables: dict[str, pd.DataFrame], signal: str, window: Window | 
     df = tables.get("metrics")
     if df is None or df.empty:
         return []
-    g = df[(df["signal"] == signal) & (df["kind"] == "gauge")]
+    g = _rows(df, signal)
+    g = g[g["kind"] == "gauge"]
     if window is not None:
         g = g[(g["t_s"] >= window.start_s) & (g["t_s"] <= window.end_s)]
     if g.empty:
@@ -238,7 +261,8 @@ def counter_increase(tables: dict[str, pd.DataFrame], signal: str, window: Windo
     df = tables.get("metrics")
     if df is None or df.empty:
         return None
-    c = _overlapping(df[(df["signal"] == signal) & (df["kind"] == "counter")], window)
+    c = _rows(df, signal)
+    c = _overlapping(c[c["kind"] == "counter"], window)
     d = c["delta"].dropna()
     return float(d.sum()) if len(d) else None
 
@@ -248,7 +272,7 @@ def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) ->
     df = tables.get("metrics_hist")
     if df is None or df.empty:
         return [], []
-    h = _overlapping(df[df["signal"] == signal], window)
+    h = _overlapping(_rows(df, signal), window)
     if h.empty:
         return [], []
     s = h.groupby("le")["count"].sum().sort_index()
@@ -268,7 +292,7 @@ def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> t
     df = tables.get("metrics_hist_sum")
     if df is None or df.empty:
         return None
-    h = _overlapping(df[df["signal"] == signal], window)
+    h = _overlapping(_rows(df, signal), window)
     n = float(h["count"].sum())
     return (float(h["sum"].sum()) / n, n) if n > 0 else None
 
@@ -294,7 +318,7 @@ def littles_mean(tables: dict[str, pd.DataFrame], hists: tuple[str, ...], window
     span: dict[float, float] = {}
     n = 0.0
     for h in hists:
-        rows = _overlapping(df[df["signal"] == h], window)
+        rows = _overlapping(_rows(df, h), window)
         if rows.empty:
             return None
         n = max(n, float(rows["count"].sum()))
@@ -354,6 +378,17 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     if "metrics" not in tables:
         return []
     tables = without_excluded(tables)
+    # each metric table split by signal once per call: the helpers below look one signal up many times
+    split = {id(df): dict(tuple(df.groupby("signal", sort=False))) for name in ("metrics", "metrics_hist",
+             "metrics_hist_sum") if (df := tables.get(name)) is not None and not df.empty}
+    token = _BY_SIGNAL.set(split)
+    try:
+        return _signals(tables, window)
+    finally:
+        _BY_SIGNAL.reset(token)
+
+
+def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     out: list[Signal] = []
     engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
     littles: dict[str, float] = {}  # the time-weighted means by Little's law, for the in-flight split below
@@ -462,7 +497,8 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
     for sig, name, unit, desc in (("generation_tokens", "server_output_tps", "tokens/s", "generated tokens per second"),
                                   ("process_cpu_seconds", "server_process_cpu_ratio", "cores",
                                    "API-server process CPU time per second (1.0 = one core busy)")):
-        c = _overlapping(df[(df["signal"] == sig) & (df["kind"] == "counter")], window).dropna(subset=["delta"])
+        c = _rows(df, sig)
+        c = _overlapping(c[c["kind"] == "counter"], window).dropna(subset=["delta"])
         span = float((c["t_s"] - c["t0_s"]).groupby(c["dp"]).sum().max()) if len(c) else 0.0
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))

@@ -26,13 +26,17 @@ SPAN_COLUMNS = ["rank", "start_s", "end_s"]
 
 
 def trace_artifacts(bundle: Bundle) -> list[Path]:
+    """The worker traces among the bundle's artifacts, each confined to the bundle directory (a path that
+    leads outside it, or is missing, is a warning and marks the profiler probe failed; never opened)."""
     out = []
     for name, entry in sorted(bundle.artifacts().items()):
-        if not isinstance(entry, dict) or entry.get("kind") != "torch_trace" or entry.get("role") == "frontend":
+        if entry.get("kind") != "torch_trace" or entry.get("role") == "frontend":
             continue
-        p = bundle.path / str(entry.get("file") or f"artifacts/{name}")
-        if p.is_file():
-            out.append(p)
+        p = bundle.artifact_file(name, entry) if bundle.kind == "bundle" else bundle.path / str(entry.get("file"))
+        if p is None:
+            bundle.degrade_probe("profiler", f"trace artifact {name} unusable")
+            continue
+        out.append(p)
     return out
 
 
@@ -57,7 +61,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     except DiagnoseError as e:
         if bundle.kind == "trace":  # the trace is the whole input: its error is the job's error
             raise
+        bundle.warn(f"trace analysis skipped: {e}")
+        bundle.degrade_probe("profiler", "its trace cannot be read")
         return {"trace_warnings": pd.DataFrame({"message": [f"trace analysis skipped: {e}"]}, dtype=object)}
+    for w in a.warnings:  # damaged events the reader dropped: said on the command line and in --json too
+        if "ignored" in w:
+            bundle.warn(f"trace: {w}")
     out = dict(a.tables)
     out["trace_span"] = span_table(out["trace_ranks"], bundle.anchor_unix_ns)
     return out

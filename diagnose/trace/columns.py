@@ -17,6 +17,7 @@ durations, missing names) falls back to a careful per-event path.
 from __future__ import annotations
 
 import operator
+import re
 from collections import Counter
 from typing import Any
 
@@ -29,6 +30,12 @@ GPU_KINDS = ["kernel", "memcpy", "memset"]
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
 CPU_OP_CATS = {"cpu_op", "Operator"}
 ANNOTATION_CATS = {"user_annotation": 0, "gpu_user_annotation": 1}
+PYTHON_CATS = {"python_function", "Python"}
+# The Python frames kept without include_python: engine steps of vLLM V1 (no step annotation there) and its
+# CUDA-graph capture. Matched on the unique names of each piece only, so the other frames cost no more than
+# being dropped.
+STEP_FRAME = re.compile(r"(?:^|/)(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\): "
+                        r"(?:execute_model|capture_model|_capture_cudagraphs)$")
 UNSET: Any = msgspec.UNSET
 
 
@@ -59,6 +66,7 @@ class Event(msgspec.Struct, gc=False):
 
 _NO_ARGS = Args()
 _getcat = operator.attrgetter("cat")
+_getname = operator.attrgetter("name")
 DECODER = msgspec.json.Decoder(list[Event])
 
 
@@ -181,7 +189,9 @@ class _Table:
 
 def _tid(v: Any, tids: dict[Any, int]) -> int:
     if v.__class__ is int:
-        return int(v)
+        return int(v) if -(2**63) <= v < 2**63 else _tid(str(v), tids)
+    if not isinstance(v, (str, float, bool, type(None))):  # an object or array as a thread id: by its text
+        v = repr(v)
     code = tids.get(v)
     if code is None:  # string thread ids ("stream 7", "PyTorch Profiler"): stable negative codes
         code = tids[v] = -(len(tids) + 1)
@@ -196,6 +206,7 @@ class Accumulator:
         self.cpu = _Table(())
         self.ann = _Table(("gpu",))
         self.py = _Table(())
+        self.frames_table = _Table(())
         self.cats: Counter[Any] = Counter()
         self.tids: dict[Any, int] = {}
         self.meta_events: list[Event] = []
@@ -216,21 +227,34 @@ class Accumulator:
             self.meta_events.extend(e for e, c in zip(evs, cl, strict=True) if c is None and e.ph == "M")
         pos = {u: i for i, u in enumerate(uniq)}
         buckets = ((self.gpu, GPU_CATS), (self.runtime, RUNTIME_CATS), (self.cpu, CPU_OP_CATS),
-                   (self.ann, ANNOTATION_CATS), *(((self.py, {"python_function"}),) if self.include_python else ()))
+                   (self.ann, ANNOTATION_CATS), (self.py, PYTHON_CATS))
         for table, cats in buckets:
             want = [pos[c] for c in cats if c in pos]
             if not want:
                 continue
             idx = np.flatnonzero(codes == want[0]) if len(want) == 1 else np.flatnonzero(np.isin(codes, want))
             picked = [evs[int(idx[0])]] if len(idx) == 1 else list(operator.itemgetter(*idx.tolist())(evs))
+            if table is self.py:
+                self._step_frames(picked)
+                if not self.include_python:
+                    continue
             table.add(picked, self.tids)
+
+    def _step_frames(self, evs: list[Event]) -> None:
+        names = list(map(_getname, evs))
+        codes, uniq = pd.factorize(np.asarray(names, dtype=object))
+        hit = [i for i, u in enumerate(uniq) if isinstance(u, str) and STEP_FRAME.search(u)]
+        if hit:
+            sel = np.flatnonzero(np.isin(codes, hit))
+            self.frames_table.add([evs[int(i)] for i in sel], self.tids)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         gpu = self.gpu.frame().rename(columns={"tid": "stream"})
         gpu["kind"] = pd.Categorical.from_codes(gpu["kind"].to_numpy().astype(np.int8), categories=GPU_KINDS)
         ann = self.ann.frame()
         ann["where"] = np.where(ann.pop("gpu").to_numpy() > 0, "gpu", "cpu")
-        out = {"gpu": gpu, "runtime": self.runtime.frame(), "cpu_ops": self.cpu.frame(), "annotations": ann}
+        out = {"gpu": gpu, "runtime": self.runtime.frame(), "cpu_ops": self.cpu.frame(), "annotations": ann,
+               "step_frames": self.frames_table.frame()}
         if self.include_python:
             out["python"] = self.py.frame()
         return out

@@ -43,7 +43,7 @@ from diagnose.trace.multirank import RankResult, reduce_file
 AUTO_MIN_RANKS = 8
 AUTO_MIN_CORES = 4
 CONNECT_TIMEOUT_S = 10.0  # waiting for a scheduler that does not answer
-COMM_FILE = "comm.parquet"
+COMM_FILE = "comm_kernels.parquet"  # not a table name (a table "comm" exists)
 # the scheduler's HTTP server (health, metrics) starts even without a dashboard: on a free port, never 8787
 NO_HTTP_PORT = {"dashboard_address": ":0"}
 
@@ -125,7 +125,7 @@ def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> 
         pd.DataFrame({"ts_us": r.comm_ts_us, "dur_us": r.comm_dur_us}).to_parquet(out / COMM_FILE, index=False)
     return {"index": r.index, "path": str(r.path), "rank": r.rank, "has_rank": r.has_rank, "error": r.error,
             "meta": r.meta, "events": r.events, "unit": r.unit, "categories": r.categories, "warnings": r.warnings,
-            "span_us": r.span_us, "rows": r.rows, "dir": str(out), "tables": written,
+            "span_us": r.span_us, "rows": r.rows, "capture": r.capture, "dir": str(out), "tables": written,
             "comm": r.comm_ts_us is not None, "worker": f"{socket.gethostname()}:{os.getpid()}",
             "peak_rss_bytes": peak_rss_bytes()}
 
@@ -134,7 +134,7 @@ def load_result(s: dict[str, Any]) -> RankResult:
     """A task's summary and Parquet files -> the rank's RankResult, as the single-process path holds it."""
     r = RankResult(index=s["index"], path=Path(s["path"]), rank=s["rank"], has_rank=s["has_rank"], error=s["error"],
                    meta=s["meta"], events=s["events"], unit=s["unit"], categories=s["categories"],
-                   warnings=s["warnings"], span_us=s["span_us"], rows=s["rows"])
+                   warnings=s["warnings"], span_us=s["span_us"], rows=s["rows"], capture=s["capture"])
     d = Path(s["dir"])
     for key in s["tables"]:
         r.tables[key] = pd.read_parquet(d / f"{key}.parquet", engine="pyarrow")

@@ -32,9 +32,10 @@ RANK_COLUMNS = ["rank", "file", "events", "time_unit", "base_time_ns", "start_us
 TABLES = {"streams": "trace_gpu_streams", "idle_streams": "trace_idle_streams", "classes": "trace_kernel_classes",
           "top": "trace_top_kernels", "launch": "trace_launch", "sync": "trace_sync",
           "transfers": "trace_transfers", "steps": "trace_steps", "cpu_ops": "trace_cpu_ops",
-          "python": "trace_python_functions"}
+          "python": "trace_python_functions", "comm": "trace_comm_split"}
 # one row per rank (key in RankResult.rows -> the merged table)
 ROWS = {"gpu_row": "trace_gpu_time", "idle_row": "trace_idle", "launch_row": "trace_launch_summary"}
+TIE_US = 5.0  # ranks whose starts of a collective lie within this of the earliest one tie: nobody is last
 MERGED_ORDER = ["trace_gpu_time", "trace_gpu_streams", "trace_idle", "trace_idle_streams", "trace_kernel_classes",
                 "trace_top_kernels", "trace_launch", "trace_launch_summary", "trace_sync", "trace_transfers",
                 "trace_steps", "trace_cpu_ops"]
@@ -58,6 +59,7 @@ class RankResult:
     span_us: tuple[float, float] | None = None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    capture: bool = False  # the trace records a graph capture, not serving
     comm_ts_us: np.ndarray | None = None  # starts of the communication kernels (None: no GPU events)
     comm_dur_us: np.ndarray | None = None
 
@@ -111,15 +113,21 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
     if spans:
         out.span_us = (min(a for a, _ in spans), max(b for _, b in spans))
     cls = classify_kernels(rt.gpu)
-    launch_ts = timeline.launch_start_for(rt.gpu, rt.runtime)
+    launch_ts, launch_end = timeline.launch_call_for(rt.gpu, rt.runtime)
     sync = launch.sync_intervals(rt.runtime) if not rt.runtime.empty else None
-    st = steps.find_steps(rt.annotations, rt.rank)
-    t["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync)
+    pre: tuple[np.ndarray, np.ndarray] | None = None
+    graph = timeline.graph_kernels(rt.gpu)
+    if not rt.gpu.empty:
+        t["idle_streams"], out.rows["idle_row"], pre = timeline.idle_attribution(
+            rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
+    out.capture = bool(steps.is_capture(rt.annotations, rt.step_frames))
+    st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
+    t["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph)
     t["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:
         return out
     out.rows["gpu_row"], t["streams"] = timeline.gpu_time(rt.gpu, cls, rt.rank)
-    t["idle_streams"], out.rows["idle_row"] = timeline.idle_attribution(rt.gpu, launch_ts, rt.rank)
+    t["comm"] = timeline.comm_split(rt.gpu, cls, rt.rank, timeline.first_comm_of_step(rt.gpu, cls, launch_ts, st))
     t["classes"], t["top"] = kernel_tables(rt, cls)
     t["launch"], out.rows["launch_row"] = launch.launch_stats(rt.gpu, rt.runtime, rt.rank)
     t["transfers"] = launch.transfers(rt.gpu, rt.runtime, rt.rank)
@@ -208,6 +216,10 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
     if include_python:
         tables["trace_python_functions"] = _concat([r.tables.get("python") for r in ok])
     tables["trace_step_summary"] = steps.step_summary(tables["trace_steps"])
+    tables["trace_step_percentiles"] = steps.step_percentiles(tables["trace_steps"])
+    tables["trace_graph_mode"] = steps.graph_mode_table(tables["trace_steps"])
+    tables["trace_comm_split"] = _concat([r.tables.get("comm") for r in ok])
+    tables["trace_capture"] = pd.DataFrame({"rank": [r.rank for r in ok if r.capture]}, dtype="int64")
     comm = {r.rank: r.comm_ts_us for r in ok if r.comm_ts_us is not None}
     durs = {r.rank: r.comm_dur_us for r in ok if r.comm_dur_us is not None}
     per_coll, per_rank, w = collective_skew(comm, durs)
@@ -218,9 +230,12 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
     if not has_gpu:
         warnings.append("no GPU events in the trace (CPU-only, e.g. vLLM's CPU build): analysed CPU ops and "
                         "engine steps only")
+    if not tables["trace_capture"].empty:
+        warnings.append("this is a graph-capture trace, not serving (vLLM capture_<batch>_* annotations or "
+                        "capture_model frames): its idle and launch figures describe the capture, not steps")
     if tables["trace_steps"].empty:
-        warnings.append("no engine-step annotations found (vLLM execute_context_*, SGLang step[...], or "
-                        "ProfilerStep#): per-step analysis skipped")
+        warnings.append("no engine steps found (vLLM execute_context_* annotations or V1 execute_model frames, "
+                        "SGLang step[...], or ProfilerStep#): per-step analysis skipped")
     if failed:
         warnings.append(failed_warning(failed, n_files))
     warnings.extend(notes)
@@ -263,7 +278,8 @@ def collective_skew(comm_starts: dict[int, np.ndarray], comm_durs: dict[int, np.
                     ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Match the i-th communication kernel of every rank; per collective: start skew and the last rank.
 
-    Needs traces captured over the same window with comparable clocks (one host, or synchronised hosts).
+    Needs traces captured over the same window with comparable clocks (one host, or synchronised hosts). A
+    collective whose starts all lie within TIE_US of each other has no last rank (``last_rank`` -1).
     With the kernels' durations, each rank's time in a collective splits into *wait* (from its own start to
     the last rank's start, capped at its duration: the collective cannot progress before every rank is in
     it) and *transfer* (the rest). Returns (per collective, per rank, warnings).
@@ -282,10 +298,11 @@ def collective_skew(comm_starts: dict[int, np.ndarray], comm_durs: dict[int, np.
     earliest = m.min(axis=0)
     latest = m.max(axis=0)
     skew = latest - earliest
-    last = np.array(ranks)[m.argmax(axis=0)]
+    last = np.where(skew > TIE_US, np.array(ranks)[m.argmax(axis=0)], -1)  # -1: a tie, no rank was last
     per_coll = pd.DataFrame({"collective": np.arange(n), "skew_us": skew, "last_rank": last})
     lag = m - earliest
     per_rank = pd.DataFrame({"rank": ranks, "collectives": n, "lag_us_mean": lag.mean(axis=1),
+                             "lag_us_p50": np.percentile(lag, 50, axis=1),
                              "lag_us_p99": np.percentile(lag, 99, axis=1),
                              "times_last": [int((last == r).sum()) for r in ranks]})
     per_rank["last_share_ratio"] = per_rank["times_last"] / max(n, 1)

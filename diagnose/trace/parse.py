@@ -62,6 +62,8 @@ class RankTrace:
     cpu_ops: pd.DataFrame  # name, tid, ts_us, dur_us
     annotations: pd.DataFrame  # name, where (cpu|gpu), tid, ts_us, dur_us
     python: pd.DataFrame | None  # name, tid, ts_us, dur_us (only with include_python)
+    # vLLM V1 step / graph-capture Python frames (columns.STEP_FRAME), kept always: name, tid, ts_us, dur_us
+    step_frames: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["name", "tid", "ts_us", "dur_us"]))
     categories: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     events_total: int = 0
@@ -153,7 +155,7 @@ def _find_events_start(buf: bytes, path: Path) -> tuple[int, dict[str, Any]] | N
     if stripped[:1] == b"[":  # bare array form of the Chrome trace format
         return lead + 1, {}
     if stripped[:1] != b"{":
-        raise InputError(f"{path}: not a trace (expected a JSON object or array, got {stripped[:20]!r})")
+        raise InputError(f"{path}: not a trace (expected a JSON object or array at byte {lead})")
     pos = 0
     while True:
         i = buf.find(b'"traceEvents"', pos)
@@ -199,8 +201,13 @@ def _decode(piece: bytes | memoryview) -> list[Event] | None:
     return events_from_dicts(out) if isinstance(out, list) else None
 
 
-def _split(buf: bytes, final: bool) -> tuple[list[Event], bytes, bool] | None:
-    """Decode the complete events at the front of ``buf``; return (events, rest, closed)."""
+def _split(buf: bytes | bytearray, final: bool, new_from: int = 0) -> tuple[list[Event], bytes, bool] | None:
+    """Decode the complete events at the front of ``buf``; return (events, rest, closed).
+
+    One pass: the cut points (``}, {``) of the last 64 KiB are tried from the end (the usual case: an event
+    boundary close to the end), then, if none decodes, those from ``new_from`` on (the data added since the
+    last try that failed: earlier cut points were tried then), at most 8 each, so one call costs one regex
+    pass over new data plus a bounded number of decodes, whatever the buffer holds."""
     if final:
         # the array ends at one of the last ']' (tail metadata rarely contains one)
         end = len(buf)
@@ -210,20 +217,39 @@ def _split(buf: bytes, final: bool) -> tuple[list[Event], bytes, bool] | None:
                 break
             evs = _decode(memoryview(buf)[:k])
             if evs is not None:
-                return evs, buf[k + 1:], True
+                return evs, bytes(buf[k + 1:]), True
             end = k
         return None
     lo = max(0, len(buf) - 65536)
-    while True:
-        cuts = [m.start() for m in _CUT.finditer(buf, lo)]
-        for c in reversed(cuts[-8:]):
+    first = max(0, new_from - 64)
+    tries = 8 if new_from == 0 else 2  # a buffer that failed before holds a huge event: few, costly tries
+    tried_from = len(buf)
+    for start in ((lo, first) if lo > first else (first,)):
+        cuts = _last_cuts(buf, start, tried_from, tries)
+        for c in cuts:
             evs = _decode(memoryview(buf)[:c + 1])
             if evs is not None:
-                rest = buf[c + 1:].lstrip()
+                rest = bytes(buf[c + 1:]).lstrip()
                 return evs, rest[1:] if rest[:1] == b"," else rest, False
-        if lo == 0:
-            return None
-        lo = max(0, lo - 4 * 65536)
+        tried_from = cuts[-1] if cuts else start
+    return None
+
+
+def _last_cuts(buf: bytes | bytearray, start: int, end: int, n: int, probes: int = 4096) -> list[int]:
+    """Up to ``n`` cut points (the ``}`` of ``}, {``) in ``buf[start:end]``, last first: found by searching
+    backwards for ``}`` (at most ``probes`` of them), so the cost does not grow with how many cut points a
+    huge event holds."""
+    out: list[int] = []
+    k = end
+    for _ in range(probes):
+        k = buf.rfind(b"}", start, k)
+        if k < 0:
+            break
+        if _CUT.match(buf, k):
+            out.append(k)
+            if len(out) >= n:
+                break
+    return out
 
 
 def _tail_meta(tail: bytes) -> dict[str, Any]:
@@ -254,64 +280,59 @@ def read_trace(path: str | Path, *, rank: int | None = None, include_python: boo
 
 
 def _read(p: Path, acc: Accumulator, rank: int | None) -> RankTrace:
-    buf = b""
-    pending: list[bytes] = []
-    pending_len = 0
+    """Linear in the file size whatever it holds: the undecoded data grows in one bytearray (appending is
+    amortised O(1)), a try looks for cut points only in the data added since the last try, and after a try
+    that finds no event boundary the next waits until the undecoded data has doubled. A file without
+    boundaries, a single huge event or megabytes of padding thus costs a few passes over the data, and
+    reaches the size guards in seconds."""
+    buf = bytearray()  # data not yet decoded
+    tried = 0  # bytes of buf already searched for cut points by a try that failed
+    next_try = 1  # the header is looked for at once, then after each doubling
     meta: dict[str, Any] | None = None
-    closed = False
-    tail = b""
     for blk in _prefetched(_blocks(p)):
-        if meta is not None and not closed:
-            pending.append(blk)  # join once per piece, not once per block
-            pending_len += len(blk)
-            if pending_len < PIECE:
-                continue
-            blk = b"".join(pending)
-            pending, pending_len = [], 0
-        buf = buf + blk if buf else blk
+        buf += blk
+        if len(buf) < next_try:
+            continue
         if meta is None:
-            found = _find_events_start(buf, p)
+            found = _find_events_start(bytes(buf), p)
             if found is None:
                 if len(buf) > HEADER_LIMIT:
                     raise InputError(f"{p}: not a torch.profiler trace (no \"traceEvents\" array found)")
+                next_try = 2 * len(buf)
                 continue
             start, meta = found
-            buf = buf[start:]
-        if closed:
-            tail += buf
-            buf = b""
-            continue
-        if len(buf) >= PIECE:
-            res = _split(buf, final=False)
-            if res is None:
-                if len(buf) > MAX_PIECE:
-                    raise InputError(f"{p}: invalid JSON in traceEvents (no event boundary in {len(buf):,} bytes)")
+            del buf[:start]
+            next_try = PIECE
+            if len(buf) < PIECE:
                 continue
-            evs, buf, closed = res
-            acc.consume(evs)
-            del evs
-            if closed:
-                tail, buf = buf, b""
-    if pending:
-        buf += b"".join(pending)
-    if meta is None:
-        found = _find_events_start(buf, p)
-        if found is None:
-            what = "empty file" if not buf.strip() else 'not a torch.profiler trace (no "traceEvents" array found)'
-            raise InputError(f"{p}: {what}")
-        start, meta = found
-        buf = buf[start:]
-    if closed:
-        tail += buf
-    else:
-        res = _split(buf, final=True)
+        res = _split(buf, final=False, new_from=tried)
         if res is None:
-            raise InputError(f"{p}: invalid or truncated JSON in traceEvents (could not decode the last "
-                             f"{len(buf):,} bytes)")
-        evs, rest, closed = res
+            if len(buf) > MAX_PIECE:
+                raise InputError(f"{p}: invalid JSON in traceEvents (no event boundary in {len(buf):,} bytes)")
+            tried, next_try = len(buf), min(2 * len(buf), MAX_PIECE + 1)
+            continue
+        evs, rest, _closed = res  # never closed here: the array's end is found by the final split
         acc.consume(evs)
         del evs
-        tail += rest
+        buf, tried, next_try = bytearray(rest), 0, PIECE
+    data = bytes(buf)
+    del buf
+    if meta is None:
+        found = _find_events_start(data, p)
+        if found is None:
+            what = "empty file" if not data.strip() else 'not a torch.profiler trace (no "traceEvents" array found)'
+            raise InputError(f"{p}: {what}")
+        start, meta = found
+        data = data[start:]
+    if len(data) > MAX_PIECE:
+        raise InputError(f"{p}: invalid JSON in traceEvents (no event boundary in {len(data):,} bytes)")
+    res = _split(data, final=True)
+    if res is None:
+        raise InputError(f"{p}: invalid or truncated JSON in traceEvents (could not decode the last "
+                         f"{len(data):,} bytes)")
+    evs, tail, _closed = res
+    acc.consume(evs)
+    del evs
     meta.update(_tail_meta(tail))
     return _finish(p, rank, meta, acc)
 
@@ -358,6 +379,7 @@ def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: Accumulator) -
     return RankTrace(path=p, rank=r if r is not None else 0, meta=_small_meta(meta, acc.meta_events),
                      gpu=gpu, runtime=frames["runtime"], cpu_ops=frames["cpu_ops"],
                      annotations=frames["annotations"], python=frames.get("python"),
+                     step_frames=frames["step_frames"],
                      categories={str(k): v for k, v in acc.cats.items()}, warnings=warnings,
                      events_total=acc.events, time_unit=unit)
 

@@ -34,11 +34,17 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
     """Every trace signal the tables support (docs/trace-analysis.md)."""
     out: list[Signal] = []
     g = tables.get("trace_gpu_time", pd.DataFrame())
+    idle = tables.get("trace_idle", pd.DataFrame())
+    # the window before the first kernel launched inside the trace that ran promptly, when the GPU was busy
+    # with work the trace does not show, is left out of the window (timeline.idle_attribution)
+    pre = float(idle["pre_trace_us"].fillna(0).sum()) if "pre_trace_us" in idle else 0.0
     if not g.empty:
-        w = float(g["window_us"].sum())
+        w = float(g["window_us"].sum()) - pre
         _sig(out, "trace_gpu_busy_ratio", _ratio(g["busy_us"].sum(), w), "ratio",
-             "GPU busy (union of kernel, memcpy and memset intervals) over first-to-last GPU activity, all ranks")
-        _sig(out, "trace_gpu_idle_ratio", _ratio(g["idle_us"].sum(), w), "ratio", "GPU idle share of the window")
+             "GPU busy (union of kernel, memcpy and memset intervals) over first-to-last GPU activity, all ranks, "
+             "less the window before the trace's own work began")
+        _sig(out, "trace_gpu_idle_ratio", _ratio(g["idle_us"].sum() - pre, w), "ratio",
+             "GPU idle share of the window (less the window before the trace's own work began)")
         _sig(out, "trace_gpu_compute_ratio", _ratio(g["compute_us"].sum(), w), "ratio",
              "union of compute kernels over the window")
         _sig(out, "trace_gpu_comm_exposed_ratio", _ratio(g["comm_exposed_us"].sum(), w), "ratio",
@@ -51,12 +57,28 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
         if len(g) > 1:
             _sig(out, "trace_rank_busy_spread_ratio", g["busy_ratio"].max() - g["busy_ratio"].min(), "ratio",
                  "max minus min GPU busy ratio across ranks")
-    idle = tables.get("trace_idle", pd.DataFrame())
+        _comm_signals(out, tables.get("trace_comm_split", pd.DataFrame()), g, w)
+        if not idle.empty and "launch_explained_us" in idle:
+            _sig(out, "trace_gpu_launch_idle_ratio", _ratio(idle["launch_explained_us"].sum(), w), "ratio",
+                 "GPU idle in gaps a launch explains (up to 200 µs before an eagerly launched kernel that started "
+                 "within 30 µs of its launch call: the CPU was behind; gaps inside graph replays excluded), over "
+                 "the window")
     if not idle.empty:
-        tot = float(idle["idle_us"].sum())
-        for k in ("host_wait", "launch_overhead", "other"):
-            _sig(out, f"trace_gpu_idle_{k}_ratio", _ratio(idle[f"{k}_us"].sum(), tot), "ratio",
-                 f"share of GPU idle time (gaps between activity, all streams merged) attributed to {k}")
+        tot = float(idle["idle_us"].sum()) - pre
+        for k in ("host_wait", "launch_overhead", "other", "queued", "graph_internal"):
+            if f"{k}_us" not in idle:
+                continue
+            v = idle[f"{k}_us"].sum() - (pre if k == "queued" else 0.0)
+            _sig(out, f"trace_gpu_idle_{k}_ratio", _ratio(v, tot), "ratio",
+                 f"share of GPU idle time (gaps between activity, all streams merged, less the window before the "
+                 f"trace's own work) attributed to {k}")
+        _sig(out, "trace_idle_gaps_count", idle["idle_gaps"].sum(), "count", "GPU idle gaps (all streams merged)")
+        _sig(out, "trace_gpu_pre_trace_ms", pre / 1e3, "ms",
+             "GPU idle in the trace before the first kernel that ran promptly after its launch, while kernels "
+             "launched in the trace queued behind work not in it (excluded from the idle shares)")
+    cap = tables.get("trace_capture", pd.DataFrame())
+    if not cap.empty:
+        _sig(out, "trace_capture_flag", 1.0, "flag", "the trace records a CUDA/HIP graph capture, not serving")
     ls = tables.get("trace_launch_summary", pd.DataFrame())
     if not ls.empty and "eager_kernels" in ls:
         eager = float(ls["eager_kernels"].fillna(0).sum())
@@ -71,6 +93,12 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
         gk = float(ls["graph_kernels"].fillna(0).sum()) if "graph_kernels" in ls else 0.0
         _sig(out, "trace_graph_kernel_ratio", _ratio(gk, float(ls["kernels_matched"].sum())), "ratio",
              "share of launched kernels that ran inside CUDA/HIP graph replays")
+        if "eager_kernels" in ls:
+            _sig(out, "trace_eager_kernel_ratio", _ratio(float(ls["eager_kernels"].fillna(0).sum()),
+                                                          float(ls["kernels_matched"].sum())), "ratio",
+                 "share of launched kernels launched one by one (not in a graph replay)")
+            _sig(out, "trace_eager_kernels_count", ls["eager_kernels"].fillna(0).sum(), "count",
+                 "kernels launched one by one")
     sync = tables.get("trace_sync", pd.DataFrame())
     if not sync.empty:
         _sig(out, "trace_sync_total_ms", sync["total_ms"].sum(), "ms",
@@ -87,12 +115,36 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
         _sig(out, "trace_collective_skew_p50_us", np.percentile(sk, 50), "us",
              "median spread of start times of the same collective across ranks")
         _sig(out, "trace_collective_skew_p99_us", np.percentile(sk, 99), "us", "P99 of that spread")
-        _sig(out, "trace_straggler_last_share_ratio", rk["last_share_ratio"].max(), "ratio",
-             "share of collectives that the most frequent last rank started last")
-        if "wait_us" in rk:
-            _sig(out, "trace_collective_wait_ratio", _ratio(rk["wait_us"].sum(), rk["comm_us"].sum()), "ratio",
-                 "share of matched collective kernel time spent waiting for the last rank to start")
+        _sig(out, "trace_collectives_count", len(coll), "count", "collectives matched across ranks")
+        top = rk.sort_values(["last_share_ratio", "lag_us_mean"], ascending=False).iloc[0]
+        _sig(out, "trace_straggler_last_share_ratio", top["last_share_ratio"], "ratio",
+             "share of collectives that the most frequent last rank started last (ties within 5 µs: nobody last)")
+        if top["times_last"] > 0:
+            _sig(out, "trace_straggler_rank", top["rank"], "count", "the rank that started the most collectives last")
+            _sig(out, "trace_straggler_lag_p50_us", top.get("lag_us_p50", top["lag_us_mean"]), "us",
+                 "median lag of that rank behind the earliest rank at each collective")
     return out
+
+
+def _comm_signals(out: list[Signal], cs: pd.DataFrame, g: pd.DataFrame, w: float) -> None:
+    if cs.empty:
+        return
+    tot = float(cs["total_us"].sum())
+    wait = float(cs["wait_us"].sum())
+    share = _ratio(wait, tot)
+    exposed = float(g["comm_exposed_us"].sum())
+    _sig(out, "trace_comm_wait_ratio", share, "ratio",
+         "share of communication kernel time spent waiting for peer ranks (outliers over 4x their kind's median)")
+    _sig(out, "trace_comm_wait_kernels_count", cs["wait_kernels"].sum(), "count",
+         "collectives that waited for a peer (over 4x their kind's median)")
+    _sig(out, "trace_comm_kernels_count", cs["kernels"].sum(), "count", "communication kernels")
+    _sig(out, "trace_gpu_comm_wait_exposed_ratio", _ratio(exposed * share, w), "ratio",
+         "exposed communication spent waiting for peer ranks, over the window")
+    _sig(out, "trace_gpu_comm_transfer_exposed_ratio", _ratio(exposed * (1 - share), w), "ratio",
+         "exposed communication spent transferring, over the window")
+    custom = float(cs.loc[cs["impl"] == "custom all-reduce", "total_us"].sum())
+    _sig(out, "trace_custom_allreduce_ratio", _ratio(custom, tot), "ratio",
+         "share of communication time in custom (non-NCCL) all-reduce kernels")
 
 
 def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
@@ -113,10 +165,16 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
         _sig(out, "trace_step_gpu_busy_ratio", _ratio(st["gpu_busy_us"].sum(), st["gpu_span_us"].sum()), "ratio",
              "GPU busy time of the kernels launched by steps over the steps' GPU spans")
     if st["sync_us"].notna().any():
-        _sig(out, "trace_sync_in_step_ms", st["sync_us"].mean() / 1e3, "ms",
-             "mean CPU time per step in host syncs and synchronous copies")
-        _sig(out, "trace_sync_in_step_ratio", _ratio(st["sync_us"].sum(), st["dur_us"].sum()), "ratio",
-             "share of step time spent in host syncs and synchronous copies")
+        blk = st["sync_blocking_us"] if "sync_blocking_us" in st else st["sync_us"]
+        _sig(out, "trace_sync_in_step_ms", blk.mean() / 1e3, "ms",
+             "mean CPU time per step in host syncs and synchronous copies while the GPU was idle")
+        _sig(out, "trace_sync_in_step_ratio", _ratio(blk.sum(), st["dur_us"].sum()), "ratio",
+             "share of step time spent in host syncs and synchronous copies while the GPU was idle (the part "
+             "of a sync during GPU work does not block it)")
+        _sig(out, "trace_sync_overlap_gpu_busy_ratio", _ratio(st["sync_us"].sum() - blk.sum(), st["sync_us"].sum()),
+             "ratio", "share of in-step sync time during which the GPU was busy")
+        _sig(out, "trace_sync_blocking_steps_count", int((blk > 0.05 * st["dur_us"]).sum()), "count",
+             "steps whose syncs while the GPU was idle exceed 5% of the step")
     dec = st[st["step_type"] == "decode"]
     if not dec.empty:
         _sig(out, "trace_decode_step_p50_ms", dec["dur_us"].median() / 1e3, "ms", "median decode-step duration")

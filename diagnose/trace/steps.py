@@ -8,13 +8,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.trace.timeline import union_len
+from diagnose.trace.classify import KERNEL_CLASSES
+from diagnose.trace.timeline import clipped_union_len, union, union_len
 
 # vLLM: execute_context_1(200)_generation_0(0), execute_32_context_0(sq0sk0..)_generation_32(sq32sk55086..)
 _VLLM = re.compile(r"^execute(?:_\d+)?_context_(\d+)\(([^)]*)\)_generation_(\d+)\(([^)]*)\)")
 # SGLang: step[DECODE bs=32], step[EXTEND bs=4], step[MIXED ...]
 _SGLANG = re.compile(r"^step\[(\w+)(?:[^\]]*?bs=(\d+))?")
 _PROFSTEP = re.compile(r"^ProfilerStep#(\d+)")
+# vLLM V1: no step annotation; the worker's Python frame of each step (kept by columns.STEP_FRAME)
+_V1_FRAME = re.compile(r"(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\): execute_model$")
+# vLLM graph capture: annotation capture_<batch>_<FULL|PIECEWISE> and the capture_model frame
+CAPTURE_ANNOTATION = re.compile(r"^capture_\d+_(?:FULL|PIECEWISE|NONE)|^cuda_graph_capture|^graph_capture")
+CAPTURE_FRAME = re.compile(r"\.py\(\d+\): (?:capture_model|_capture_cudagraphs)$")
+PREFILL_INFER_RATIO = 2.0  # a V1 step whose GPU time exceeds this multiple of the median step is a prefill
 _SGLANG_TYPES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed", "IDLE": "idle"}
 MEMORY_BOUND_CLASSES = ("memory", "norm_elementwise", "attention", "sampling")
 
@@ -46,37 +53,71 @@ def parse_step_name(name: str) -> dict[str, Any] | None:
     return None
 
 
-def find_steps(annotations: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """One row per engine step (CPU-side annotation), the most specific source only."""
+STEP_COLUMNS = ["rank", "step", "source", "step_type", "kind_from", "ts_us", "dur_us", "prefill_reqs",
+                "prefill_tokens", "decode_reqs", "decode_tokens"]
+
+
+def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
+    if frames is None or frames.empty:
+        return []
+    names = frames["name"].astype(str).to_numpy()
+    hit = np.array([bool(_V1_FRAME.search(n)) for n in names], dtype=bool)
+    return [{"ts_us": ts, "dur_us": dur, "source": "vllm_v1_frame", "step_type": "unknown", "prefill_reqs": 0,
+             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0}
+            for ts, dur in zip(frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit], strict=True)]
+
+
+def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
+    """A vLLM graph-capture trace (capture_<batch>_FULL annotations or a capture_model frame)."""
+    names = [str(n) for n in pd.unique(annotations["name"].astype(str).to_numpy())] if len(annotations) else []
+    if frames is not None and len(frames):
+        names += [str(n) for n in pd.unique(frames["name"].astype(str).to_numpy())]
+    return any(CAPTURE_ANNOTATION.search(n) or CAPTURE_FRAME.search(n) for n in names)
+
+
+def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per engine step, the most specific source only: vLLM V0 annotations, SGLang annotations,
+    vLLM V1 ``execute_model`` frames, then ``ProfilerStep#``."""
     ann = annotations[annotations["where"] == "cpu"]
-    cols = ["rank", "step", "source", "step_type", "ts_us", "dur_us", "prefill_reqs", "prefill_tokens",
-            "decode_reqs", "decode_tokens"]
-    if ann.empty:
+    cols = STEP_COLUMNS
+    v1 = _frame_steps(frames)
+    if ann.empty and not v1:
         return pd.DataFrame(columns=cols)
-    names = ann["name"].astype(str)
+    names = ann["name"].astype(str) if len(ann) else pd.Series([], dtype=object)
     parsed = {n: parse_step_name(n) for n in pd.unique(names.to_numpy())}
     rows = []
     for name, ts, dur in zip(names.to_numpy(), ann["ts_us"].to_numpy(), ann["dur_us"].to_numpy(), strict=True):
-        p = parsed[name]
+        p = parsed[str(name)]
         if p is not None:
             rows.append({"ts_us": ts, "dur_us": dur, **p})
+    rows += v1
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
-    best = next(s for s in ("vllm", "sglang", "profiler_step") if (df["source"] == s).any())
+    best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "profiler_step") if (df["source"] == s).any())
     df = df[df["source"] == best].sort_values("ts_us", ignore_index=True)
+    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best == "vllm_v1_frame" else
+                       "none" if best == "profiler_step" else "annotation name")
     df.insert(0, "step", np.arange(len(df)))
     df.insert(0, "rank", rank)
     return df[cols]
 
 
 def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_ts: np.ndarray,
-                 sync: tuple[np.ndarray, np.ndarray] | None) -> pd.DataFrame:
+                 sync: tuple[np.ndarray, np.ndarray] | None,
+                 pre_trace: tuple[np.ndarray, np.ndarray] | None = None,
+                 graph_kernel: np.ndarray | None = None) -> pd.DataFrame:
     """Adds per-step GPU use, memory-bound kernel time, host-sync time and the CPU gap before each step.
 
     A kernel belongs to the step whose CPU interval contains the start of the runtime call that launched it.
     ``gpu_busy_ratio`` = union of the step's kernel intervals / the step's GPU span (step start to the later of
-    the step end and its last kernel end).
+    the step end and its last kernel end). ``gpu_dur_us`` = first kernel start to last kernel end of the step;
+    the GPU idle inside the step's span is located: ``idle_before_first_us`` (step start to first kernel),
+    ``idle_between_us`` (between the step's kernels, e.g. between graph replays), ``idle_after_last_us``
+    (last kernel end to the CPU step end). ``sync_blocking_us`` = the part of the step's sync calls when the GPU
+    was idle (not running any kernel, nor work from before the trace): only that part blocks the GPU.
+    ``graph_replays`` / ``eager_kernels`` / ``eager_gpu_us``: the step's graph launches, kernels launched one
+    by one, and their GPU time. ``<class>_us``: kernel time per class.
     """
     out = steps.copy()
     n = len(out)
@@ -86,56 +127,99 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     if n > 1:
         gap[1:] = st[1:] - np.maximum.accumulate(en)[:-1]
     out["cpu_gap_before_us"] = gap
-    # host sync / synchronous copies inside each step (CPU time, clipped to the step)
+    gs = gpu["ts_us"].to_numpy() if len(gpu) else np.zeros(0)
+    ge = gs + gpu["dur_us"].to_numpy() if len(gpu) else np.zeros(0)
+    # host sync / synchronous copies inside each step (CPU time, clipped to the step) and the part of it when
+    # the GPU was idle
     ss, se = sync if sync is not None else (np.zeros(0), np.zeros(0))
     sync_us = np.zeros(n) if sync is not None else np.full(n, np.nan)
-    if len(ss):
+    blocking = sync_us.copy()
+    if len(ss) and n:
+        ps, pe = pre_trace if pre_trace is not None else (np.zeros(0), np.zeros(0))
+        bs, be = union(np.concatenate([gs, ps]), np.concatenate([ge, pe]))
         for i in range(n):
-            sync_us[i] = float(np.clip(np.minimum(se, en[i]) - np.maximum(ss, st[i]), 0, None).sum())
+            lo = np.maximum(ss, st[i])
+            hi = np.minimum(se, en[i])
+            m = hi > lo
+            if not m.any():
+                continue
+            sync_us[i] = float((hi[m] - lo[m]).sum())
+            blocking[i] = sync_us[i] - float(clipped_union_len(bs, be, lo[m], hi[m]).sum())
     out["sync_us"] = sync_us
-    out["gpu_busy_us"] = np.nan
-    out["kernel_us"] = np.nan
-    out["memory_bound_us"] = np.nan
-    out["gpu_busy_ratio"] = np.nan
-    out["gpu_span_us"] = np.nan
+    out["sync_blocking_us"] = np.clip(blocking, 0, None)
+    new_cols = ["gpu_busy_us", "kernel_us", "memory_bound_us", "gpu_busy_ratio", "gpu_span_us", "gpu_dur_us",
+                "idle_before_first_us", "idle_between_us", "idle_after_last_us", "kernels", "graph_replays",
+                "eager_kernels", "eager_gpu_us", *[f"{c}_us" for c in KERNEL_CLASSES]]
+    for c in new_cols:
+        out[c] = np.nan
     if gpu.empty or n == 0:
-        return out
+        return _infer_kinds(out)
     k = np.searchsorted(st, launch_ts, side="right") - 1
     ok = np.isfinite(launch_ts) & (k >= 0)
     ok[ok] &= launch_ts[ok] <= en[k[ok]]
-    gs = gpu["ts_us"].to_numpy()
-    ge = gs + gpu["dur_us"].to_numpy()
     c = cls.to_numpy()
     mb = np.isin(c, MEMORY_BOUND_CLASSES)
+    corr = gpu["corr"].to_numpy()
+    gk = np.zeros(len(gs), dtype=bool) if graph_kernel is None else graph_kernel
+    pre_s, pre_e = union(*pre_trace) if pre_trace is not None else (np.zeros(0), np.zeros(0))
     idx = np.flatnonzero(ok)
     if len(idx) == 0:
-        return out
+        return _infer_kinds(out)
     kk = k[idx]
     order = np.argsort(kk, kind="stable")
     idx, kk = idx[order], kk[order]
     bounds = np.flatnonzero(np.r_[True, kk[1:] != kk[:-1], True])
-    busy = np.zeros(n)
-    kern = np.zeros(n)
-    memb = np.zeros(n)
+    vals = {col: np.full(n, np.nan) for col in new_cols}
     gpu_end = np.zeros(n)
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         sel = idx[a:b]
         step = kk[a]
-        busy[step] = union_len(gs[sel], ge[sel])
-        gpu_end[step] = ge[sel].max()
+        busy = union_len(gs[sel], ge[sel])
+        first, last = float(gs[sel].min()), float(ge[sel].max())
         d = ge[sel] - gs[sel]
-        kern[step] = d.sum()
-        memb[step] = d[mb[sel]].sum()
-    has = np.zeros(n, dtype=bool)
-    has[np.unique(kk)] = True
-    out.loc[has, "gpu_busy_us"] = busy[has]
-    out.loc[has, "kernel_us"] = kern[has]
-    out.loc[has, "memory_bound_us"] = memb[has]
+        g = gk[sel]
+        vals["gpu_busy_us"][step] = busy
+        vals["kernel_us"][step] = d.sum()
+        vals["memory_bound_us"][step] = d[mb[sel]].sum()
+        vals["gpu_dur_us"][step] = last - first
+        vals["idle_before_first_us"][step] = max(0.0, first - st[step])
+        between = (last - first) - busy
+        if len(pre_s):  # the GPU ran work from before the trace then: not idle
+            between -= float(clipped_union_len(pre_s, pre_e, np.array([first]), np.array([last]))[0])
+        vals["idle_between_us"][step] = max(0.0, between)
+        vals["idle_after_last_us"][step] = max(0.0, en[step] - last)
+        vals["kernels"][step] = len(sel)
+        vals["graph_replays"][step] = len(np.unique(corr[sel][g]))
+        vals["eager_kernels"][step] = int((~g).sum())
+        vals["eager_gpu_us"][step] = d[~g].sum()
+        for cl in KERNEL_CLASSES:
+            vals[f"{cl}_us"][step] = d[c[sel] == cl].sum()
+        gpu_end[step] = last
+    has = np.isfinite(vals["kernel_us"])
+    for col in new_cols:
+        if col not in ("gpu_busy_ratio", "gpu_span_us"):
+            out[col] = vals[col]
     # the step's GPU span: from the step start to whichever ends last, the CPU step or its kernels (kernels
     # of a graph replay run after the CPU side has returned)
     span = np.maximum(en, gpu_end) - st
+    if len(pre_s):  # less the time the GPU ran work from before the trace
+        span = span - clipped_union_len(pre_s, pre_e, st, np.maximum(en, gpu_end))
     out["gpu_span_us"] = np.where(has, span, np.nan)
-    out.loc[has, "gpu_busy_ratio"] = np.where(span[has] > 0, busy[has] / span[has], np.nan)
+    out["gpu_busy_ratio"] = np.where(has & (span > 0), vals["gpu_busy_us"] / np.where(span > 0, span, 1), np.nan)
+    return _infer_kinds(out)
+
+
+def _infer_kinds(out: pd.DataFrame) -> pd.DataFrame:
+    """vLLM V1 frames carry no token counts: a step whose GPU time (``kernel_us``) exceeds PREFILL_INFER_RATIO
+    times the median step's is a prefill, the others decodes; with fewer than 3 steps the kind stays unknown."""
+    v1 = (out["source"] == "vllm_v1_frame").to_numpy() if len(out) else np.zeros(0, dtype=bool)
+    if not v1.any():
+        return out
+    gt = out.loc[v1, "kernel_us"].to_numpy(dtype=float)
+    if np.isfinite(gt).sum() < 3:
+        return out
+    med = float(np.nanmedian(gt))
+    out.loc[v1, "step_type"] = np.where(gt > PREFILL_INFER_RATIO * med, "prefill", "decode")
     return out
 
 
@@ -158,3 +242,129 @@ def step_summary(steps: pd.DataFrame) -> pd.DataFrame:
                      "cpu_gap_ms_p50": float(np.percentile(gaps, 50)) if len(gaps) else np.nan,
                      "sync_ms_mean": float(g["sync_us"].mean() / 1e3) if g["sync_us"].notna().any() else np.nan})
     return pd.DataFrame(rows, columns=cols)
+
+
+PERCENTILE_METRICS = (("dur_us", "CPU duration"), ("gpu_dur_us", "GPU duration (its kernels)"),
+                      ("gpu_busy_ratio", "GPU busy share"), ("idle_before_first_us", "host gap before first kernel"),
+                      ("idle_between_us", "GPU idle between its kernels / graph replays"),
+                      ("idle_after_last_us", "host gap after last kernel"),
+                      ("sync_blocking_us", "sync while the GPU was idle"))
+
+
+def step_percentiles(steps: pd.DataFrame) -> pd.DataFrame:
+    """Percentiles over steps (P50, P90, P99, max) per step kind and for all steps, one row per metric."""
+    cols = ["step_type", "metric", "steps", "p50", "p90", "p99", "max"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    groups = [("all", steps)] + ([(str(k), g) for k, g in steps.groupby("step_type", sort=True)]
+                                 if steps["step_type"].nunique() > 1 else [])
+    for kind, g in groups:
+        for col, label in PERCENTILE_METRICS:
+            if col not in g:
+                continue
+            v = g[col].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            if not len(v):
+                continue
+            rows.append({"step_type": kind, "metric": f"{label} ({col})", "steps": len(v),
+                         "p50": float(np.percentile(v, 50)), "p90": float(np.percentile(v, 90)),
+                         "p99": float(np.percentile(v, 99)), "max": float(v.max())})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def graph_mode(steps: pd.DataFrame) -> dict[str, Any]:
+    """Graph mode of the steps that launched kernels: eager (no graph replay), full graph (one replay and at
+    most a few eager kernels per step, eager kernels under 5% of the step's GPU time) or piecewise; per step
+    (median) replays and eager kernels, the eager share of step GPU time, and what a full graph would at most
+    recover (the GPU idle between the step's kernels, per step)."""
+    if steps.empty or "kernels" not in steps or not steps["kernels"].notna().any():
+        return {}
+    s = steps[steps["kernels"].notna()]
+    replays = float(s["graph_replays"].median())
+    eager = float(s["eager_kernels"].median())
+    ktime = float(s["kernel_us"].sum())
+    eager_share = float(s["eager_gpu_us"].sum()) / ktime if ktime > 0 else float("nan")
+    if float(s["graph_replays"].sum()) == 0:
+        mode = "eager"
+    elif replays <= 1 and eager_share < 0.05:
+        mode = "full graph"
+    else:
+        mode = "piecewise"
+    between = float(s["idle_between_us"].median())
+    gdur = float(s["gpu_dur_us"].median())
+    return {"mode": mode, "steps": len(s), "replays_per_step": replays, "eager_kernels_per_step": eager,
+            "eager_gpu_share": eager_share, "idle_between_us_per_step": between,
+            "recover_share": between / gdur if gdur > 0 else float("nan")}
+
+
+def graph_mode_sentence(gm: dict[str, Any]) -> str:
+    if not gm:
+        return ""
+    n = gm["steps"]
+    per = f"per step (median over {n} step{'s' if n != 1 else ''})"
+    if gm["mode"] == "eager":
+        head = (f"Eager: no graph replay; {gm['eager_kernels_per_step']:.0f} kernels launched one by one {per}.")
+    elif gm["mode"] == "full graph":
+        head = (f"Full graph: {gm['replays_per_step']:.0f} graph replay and {gm['eager_kernels_per_step']:.0f} "
+                f"eager kernels {per}; eager kernels are {gm['eager_gpu_share']:.0%} of step GPU time.")
+    else:
+        head = (f"Piecewise graphs: {gm['replays_per_step']:.0f} graph replays and {gm['eager_kernels_per_step']:.0f} "
+                f"eager kernels {per}; eager kernels are {gm['eager_gpu_share']:.0%} of step GPU time.")
+    if gm["mode"] == "full graph":
+        tail = (f" GPU idle between the step's kernels: {gm['idle_between_us_per_step'] / 1e3:.2f} ms per step "
+                f"({gm['recover_share']:.0%} of its GPU duration).")
+    else:
+        tail = (f" A full graph would at most recover the GPU idle between the step's kernels: "
+                f"{gm['idle_between_us_per_step'] / 1e3:.2f} ms per step ({gm['recover_share']:.0%} of its GPU "
+                "duration).")
+    return head + tail
+
+
+GRAPH_MODE_COLUMNS = ["rank", "mode", "steps", "replays_per_step", "eager_kernels_per_step", "eager_gpu_share",
+                      "idle_between_us_per_step", "recover_share", "sentence"]
+
+
+def graph_mode_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per rank: graph_mode() and its sentence."""
+    rows = []
+    if not steps.empty:
+        for rank, g in steps.groupby("rank", sort=True):
+            gm = graph_mode(g)
+            if gm:
+                rows.append({"rank": int(rank), **gm, "sentence": graph_mode_sentence(gm)})
+    return pd.DataFrame(rows, columns=GRAPH_MODE_COLUMNS)
+
+
+def steps_sentence(steps: pd.DataFrame) -> str:
+    """The per-step summary in words: how many steps of which kind (and how the kind is known), CPU and GPU
+    duration, GPU busy share and where the host gap sits inside the step (medians over steps)."""
+    if steps.empty:
+        return ""
+    n = len(steps)
+    kinds = steps["step_type"].value_counts()
+    src = str(steps["source"].iloc[0])
+    what = {"vllm": "vLLM step annotations", "sglang": "SGLang step annotations",
+            "vllm_v1_frame": "vLLM V1 execute_model frames", "profiler_step": "ProfilerStep ranges"}.get(src, src)
+    how = str(steps["kind_from"].iloc[0]) if "kind_from" in steps else ""
+    if src == "profiler_step":
+        head = f"{n} step{'s' if n != 1 else ''} ({what}; no step kind)"
+    else:
+        kind_txt = ", ".join(f"{int(c)} {k}" for k, c in kinds.items())
+        head = f"{n} step{'s' if n != 1 else ''} ({kind_txt}; from {what}, kind from the {how.split(': ')[-1]})"
+    parts = [head]
+    tok = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(dtype=float)
+    if tok.sum() > 0:
+        parts.append(f"tokens per step P50 {np.percentile(tok, 50):.0f}")
+    med = {c: float(np.nanmedian(steps[c].to_numpy(dtype=float))) if c in steps and steps[c].notna().any()
+           else float("nan") for c in ("dur_us", "gpu_dur_us", "gpu_busy_ratio", "idle_before_first_us",
+                                        "idle_between_us", "idle_after_last_us")}
+    parts.append(f"CPU duration P50 {med['dur_us'] / 1e3:.2f} ms")
+    if np.isfinite(med["gpu_dur_us"]):
+        parts.append(f"GPU duration (its kernels) P50 {med['gpu_dur_us'] / 1e3:.2f} ms, GPU busy share P50 "
+                     f"{med['gpu_busy_ratio']:.0%}; GPU idle inside the step (P50): {med['idle_before_first_us'] / 1e3:.2f}"
+                     f" ms before the first kernel, {med['idle_between_us'] / 1e3:.2f} ms between its kernels / graph "
+                     f"replays, {med['idle_after_last_us'] / 1e3:.2f} ms after the last")
+    if n == 1:
+        parts.append("one step only: every per-step figure rests on it")
+    return "Steps: " + "; ".join(parts) + "."

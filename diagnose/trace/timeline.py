@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 LAUNCH_GAP_US = 30.0  # a gap shorter than this between back-to-back launched kernels is launch overhead
+LAUNCH_EXPLAINED_MAX_US = 200.0  # a host gap before a promptly started eager kernel up to this is dispatch+launch
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,57 +96,191 @@ def gpu_time(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> tuple[dict[str, An
 
 def launch_start_for(gpu: pd.DataFrame, runtime: pd.DataFrame) -> np.ndarray:
     """Start time of the runtime call that launched each GPU event (NaN when none matches)."""
+    return launch_call_for(gpu, runtime)[0]
+
+
+def launch_call_for(gpu: pd.DataFrame, runtime: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end time of the runtime call that launched each GPU event (NaN when none matches)."""
     out = np.full(len(gpu), np.nan)
+    end = np.full(len(gpu), np.nan)
     rt = runtime[runtime["corr"] >= 0]
     if rt.empty or gpu.empty:
-        return out
+        return out, end
     rc = rt["corr"].to_numpy()
     order = np.argsort(rc, kind="stable")
     rc = rc[order]
     rts = rt["ts_us"].to_numpy()[order]
+    rte = rts + rt["dur_us"].to_numpy()[order]
     gc = gpu["corr"].to_numpy()
     k = np.searchsorted(rc, gc)
     k = np.minimum(k, len(rc) - 1)
     hit = (rc[k] == gc) & (gc >= 0)
     out[hit] = rts[k[hit]]
+    end[hit] = rte[k[hit]]
+    return out, end
+
+
+def graph_follower(gpu: pd.DataFrame, runtime: pd.DataFrame) -> np.ndarray:
+    """True for each GPU event that runs inside a graph replay and is not the replay's first kernel (it shares
+    its correlation id with an earlier kernel): the gap before it is inside the replay, no launch explains it."""
+    if gpu.empty:
+        return np.zeros(0, dtype=bool)
+    corr = gpu["corr"].to_numpy()
+    order = np.lexsort((gpu["ts_us"].to_numpy(), corr))
+    c = corr[order]
+    follower = np.zeros(len(c), dtype=bool)
+    follower[1:] = (c[1:] == c[:-1]) & (c[1:] >= 0)
+    out = np.zeros(len(c), dtype=bool)
+    out[order] = follower
     return out
 
 
-def idle_attribution(gpu: pd.DataFrame, launch_ts: np.ndarray, rank: int) -> tuple[pd.DataFrame, dict[str, Any]]:
+def idle_attribution(gpu: pd.DataFrame, launch_ts: np.ndarray, rank: int,
+                     launch_end: np.ndarray | None = None, in_graph: np.ndarray | None = None,
+                     graph: np.ndarray | None = None) -> tuple[pd.DataFrame, dict[str, Any], tuple[np.ndarray, np.ndarray]]:
     """Classify idle gaps per stream (HTA's rule) and for the whole GPU (gaps in the all-stream union).
 
     A gap before a GPU event is *host_wait* when the runtime call that launched the event started after the
-    previous event ended (the CPU was late); otherwise *launch_overhead* when the gap is under 30 µs
-    (back-to-back kernels); otherwise *other* (cross-stream waits, syncs, unmatched launches).
+    previous event ended (the CPU was late), but only up to the end of that call: when the event then waited
+    more than 30 µs on the GPU side (stream/event waits, work launched before the trace began) the rest of the
+    gap is *queued*. Otherwise *graph_internal* when the event is a later kernel of the same graph replay
+    (no launch explains the gap); *launch_overhead* when the gap is under 30 µs (back-to-back kernels);
+    else *other* (cross-stream waits, syncs, unmatched launches).
+
+    *pre_trace* labels the queued idle before the first GPU event that started promptly after its launch: the
+    GPU was then busy with work the trace does not show (launched before the trace began). Returns (per
+    stream, whole GPU row, the pre-trace intervals (starts, ends)).
     """
     s = gpu["ts_us"].to_numpy()
     e = s + gpu["dur_us"].to_numpy()
+    le = launch_ts if launch_end is None else launch_end
+    ig = np.zeros(len(s), dtype=bool) if in_graph is None else in_graph
     rows = []
     for stream, idx in gpu.groupby("stream", sort=True, observed=True).indices.items():
         order = idx[np.argsort(s[idx], kind="stable")]
-        ss, ee, ll = s[order], e[order], launch_ts[order]
+        ss, ee = s[order], e[order]
         prev_end = np.maximum.accumulate(ee)[:-1]
         gap = ss[1:] - prev_end
-        rows.append({"rank": rank, "stream": int(stream), **_split_gaps(gap, ll[1:], prev_end)})
+        split, _ = _split_gaps(gap, launch_ts[order][1:], le[order][1:], prev_end, ss[1:], ig[order][1:])
+        rows.append({"rank": rank, "stream": int(stream), **split})
     per_stream = pd.DataFrame(rows)
     # whole GPU: gaps in the union of all streams, attributed to the event that ends each gap
     order = np.argsort(s, kind="stable")
-    ss, ee, ll = s[order], e[order], launch_ts[order]
+    ss, ee = s[order], e[order]
     prev_end = np.maximum.accumulate(ee)[:-1]
     gap = ss[1:] - prev_end
-    whole = _split_gaps(gap, ll[1:], prev_end)
-    return per_stream, {"rank": rank, **whole}
+    whole, pre = _split_gaps(gap, launch_ts[order][1:], le[order][1:], prev_end, ss[1:], ig[order][1:],
+                             whole=True)
+    # gaps a launch explains: before an eagerly launched kernel (not in a graph replay) that started within
+    # 30 µs of its launch call's end (the CPU was behind the GPU), shorter than LAUNCH_EXPLAINED_MAX_US
+    # (longer ones are host work, not per-kernel dispatch and launch)
+    eager = np.ones(len(s), dtype=bool) if graph is None else ~graph
+    d = _delay(ss[1:], le[order][1:])
+    expl = (gap > 0) & eager[order][1:] & (d <= LAUNCH_GAP_US) & (gap <= LAUNCH_EXPLAINED_MAX_US)
+    whole["launch_explained_us"] = float(gap[expl].sum())
+    return per_stream, {"rank": rank, **whole}, pre
 
 
-def _split_gaps(gap: np.ndarray, launch: np.ndarray, prev_end: np.ndarray) -> dict[str, float]:
+def _delay(start: np.ndarray, launch_end: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(launch_end), start - launch_end, np.inf)
+
+
+def _split_gaps(gap: np.ndarray, launch: np.ndarray, launch_end: np.ndarray, prev_end: np.ndarray,
+                start: np.ndarray, in_graph: np.ndarray, whole: bool = False,
+                ) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray]]:
+    known = np.isfinite(launch)
+    delay = _delay(start, launch_end)
+    late = known & (np.nan_to_num(launch, nan=-np.inf) > prev_end)
+    queued_after = late & (delay > LAUNCH_GAP_US)
     pos = gap > 0
-    g = gap[pos]
-    host = np.nan_to_num(launch[pos], nan=-np.inf) > prev_end[pos]
-    short = ~host & (g < LAUNCH_GAP_US) & np.isfinite(launch[pos])
-    other = ~host & ~short
-    total = float(g.sum())
-    out = {"idle_gaps": int(pos.sum()), "idle_us": total, "host_wait_us": float(g[host].sum()),
-           "launch_overhead_us": float(g[short].sum()), "other_us": float(g[other].sum())}
-    for k in ("host_wait", "launch_overhead", "other"):
-        out[f"{k}_ratio"] = out[f"{k}_us"] / total if total > 0 else np.nan
+    host = np.where(late, np.where(queued_after, np.clip(launch_end - prev_end, 0, None), gap), 0.0)
+    host = np.minimum(host, np.clip(gap, 0, None))
+    queued = np.where(late, np.clip(gap, 0, None) - host, 0.0)
+    graph = ~late & in_graph & (gap < LAUNCH_GAP_US)
+    short = ~late & ~graph & (gap < LAUNCH_GAP_US) & known
+    other = ~late & ~graph & ~short
+    g = np.clip(gap, 0, None)
+    total = float(g[pos].sum())
+    # the pre-trace window: queued idle before the first event that started promptly after its launch
+    pre_s, pre_e = np.zeros(0), np.zeros(0)
+    pre_us = 0.0
+    if whole and len(gap):
+        prompt = np.flatnonzero(known & (delay <= LAUNCH_GAP_US))
+        upto = int(prompt[0]) if len(prompt) else len(gap)
+        sel = np.flatnonzero(pos[:upto] & (queued[:upto] > 0))
+        pre_s, pre_e = start[sel] - queued[sel], start[sel]
+        pre_us = float(queued[sel].sum())
+    out = {"idle_gaps": int(pos.sum()), "idle_us": total, "host_wait_us": float(host[pos].sum()),
+           "queued_us": float(queued[pos].sum()), "graph_internal_us": float(g[pos & graph].sum()),
+           "launch_overhead_us": float(g[pos & short].sum()), "other_us": float(g[pos & other].sum()),
+           "pre_trace_us": pre_us}
+    judged = total - pre_us  # the pre-trace window is excluded from the shares
+    for k in ("host_wait", "queued", "graph_internal", "launch_overhead", "other"):
+        v = out[f"{k}_us"] - (pre_us if k == "queued" else 0.0)
+        out[f"{k}_ratio"] = v / judged if judged > 0 else np.nan
+    return out, (pre_s, pre_e)
+
+
+def graph_kernels(gpu: pd.DataFrame) -> np.ndarray:
+    """True for each GPU event that shares its correlation id with another one: a graph replay's kernels."""
+    if gpu.empty:
+        return np.zeros(0, dtype=bool)
+    corr = gpu["corr"].to_numpy()
+    _, inv, counts = np.unique(corr, return_inverse=True, return_counts=True)
+    return (counts[inv] > 1) & (corr >= 0)
+
+
+CUSTOM_ALLREDUCE = ("cross_device_reduce", "custom_all_reduce", "customallreduce", "one_shot", "two_shot",
+                    "quickreduce", "mscclpp", "symm_mem")
+COMM_OUTLIER_RATIO = 4.0  # a collective longer than this multiple of its kind's median waited for peers
+
+
+def comm_split(gpu: pd.DataFrame, cls: pd.Series, rank: int, first_of_step: np.ndarray | None = None,
+               ) -> pd.DataFrame:
+    """Per communication kernel family (NCCL/RCCL vs custom all-reduce): count, time, and its split into
+    *transfer* and *wait*. On one rank the tell of waiting for a peer rank that arrived late is the first
+    collective of a step running far longer than its kind's median: *wait* is the excess over the median of
+    such a first-of-step collective longer than COMM_OUTLIER_RATIO x the median of its kernel name (a larger
+    message later in the step is not a wait); without steps nothing is called wait."""
+    cols = ["rank", "impl", "kernels", "total_us", "transfer_us", "wait_us", "wait_kernels", "median_us"]
+    m = cls.to_numpy() == "communication"
+    if not m.any():
+        return pd.DataFrame(columns=cols)
+    names = gpu["name"].astype(str).to_numpy()[m]
+    dur = gpu["dur_us"].to_numpy()[m]
+    low = np.char.lower(names.astype(str))
+    custom = np.array([any(c in n for c in CUSTOM_ALLREDUCE) for n in low], dtype=bool)
+    df = pd.DataFrame({"name": names, "dur": dur, "impl": np.where(custom, "custom all-reduce", "nccl/rccl")})
+    med = df.groupby("name")["dur"].transform("median").to_numpy()
+    first = np.zeros(len(dur), dtype=bool) if first_of_step is None else first_of_step[m]
+    outlier = first & (dur > COMM_OUTLIER_RATIO * med)
+    df["wait"] = np.where(outlier, dur - med, 0.0)
+    df["outlier"] = outlier
+    g = df.groupby("impl").agg(kernels=("dur", "size"), total_us=("dur", "sum"), wait_us=("wait", "sum"),
+                               wait_kernels=("outlier", "sum"), median_us=("dur", "median")).reset_index()
+    g["transfer_us"] = g["total_us"] - g["wait_us"]
+    g.insert(0, "rank", rank)
+    return g[cols]
+
+
+def first_comm_of_step(gpu: pd.DataFrame, cls: pd.Series, launch_ts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """True for the earliest communication kernel launched inside each step's CPU interval."""
+    out = np.zeros(len(gpu), dtype=bool)
+    if gpu.empty or steps.empty:
+        return out
+    st = steps["ts_us"].to_numpy(dtype=float)
+    en = st + steps["dur_us"].to_numpy(dtype=float)
+    comm = np.flatnonzero(cls.to_numpy() == "communication")
+    if not len(comm):
+        return out
+    lt = launch_ts[comm]
+    k = np.searchsorted(st, lt, side="right") - 1
+    ok = np.isfinite(lt) & (k >= 0)
+    ok[ok] &= lt[ok] <= en[k[ok]]
+    comm, k = comm[ok], k[ok]
+    ts = gpu["ts_us"].to_numpy()[comm]
+    order = np.lexsort((ts, k))
+    comm, k = comm[order], k[order]
+    firsts = comm[np.r_[True, k[1:] != k[:-1]]] if len(comm) else comm
+    out[firsts] = True
     return out

@@ -13,7 +13,7 @@ import pandas as pd
 
 from diagnose.model import Signal, Window
 
-from . import client, gpu, host, otel, prometheus, trace
+from . import client, fleet, gpu, host, otel, prometheus, trace
 from .model import Section, TextBlock
 
 Tables = Mapping[str, pd.DataFrame]
@@ -22,6 +22,7 @@ BUILDERS: tuple[tuple[str, Builder], ...] = (
     ("client", lambda t, s, w: client.sections(t, s)), ("prometheus", lambda t, s, w: prometheus.sections(t, w)),
     ("otel", lambda t, s, w: otel.sections(t)), ("host", lambda t, s, w: host.sections(t)),
     ("gpu", lambda t, s, w: gpu.sections(t)), ("trace", lambda t, s, w: trace.sections(t)),
+    ("fleet", lambda t, s, w: fleet.sections(t)),
 )
 
 

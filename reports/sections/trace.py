@@ -20,7 +20,13 @@ TABLES = (("trace_kernel_classes", "Kernel classes", 30), ("trace_top_kernels", 
           ("trace_launch", "Launch overhead (graph-aware)", 40),
           ("trace_sync", "Host synchronisation and synchronous copies", 41), ("trace_transfers", "Memory transfers", 42),
           ("trace_step_summary", "Engine steps by type", 50), ("trace_rank_skew", "Ranks at collectives", 60),
-          ("trace_cpu_ops", "Top CPU ops", 70))
+          ("trace_comm_split", "Communication: transfer vs waiting for peers (NCCL vs custom all-reduce)", 61),
+          ("trace_cpu_ops", "Top CPU ops", 70),
+          ("trace_python_functions", "Top Python functions (--include-python)", 71))
+STEP_COLUMNS = ("rank", "step", "step_type", "prefill_tokens", "decode_tokens", "dur_us", "gpu_dur_us",
+                "gpu_busy_ratio", "idle_before_first_us", "idle_between_us", "idle_after_last_us", "graph_replays",
+                "eager_kernels", "sync_blocking_us", "gemm_us", "attention_us", "norm_elementwise_us",
+                "communication_us", "memory_us", "other_us")
 
 
 def unit_of(column: str) -> str:
@@ -76,6 +82,7 @@ def sections(tables: Tables) -> list[Section]:
         warn = _warnings(tables)
         return [Section("trace_overview", "Trace overview", TextBlock("\n".join(warn)), "trace", 10)] if warn else []
     secs = [Section("trace_overview", "Trace overview", _overview(tables), "trace", 10)]
+    secs += _step_sections(tables)
     g = tables.get("trace_gpu_time", pd.DataFrame())
     if not g.empty:
         secs.append(Section("trace_gpu_time_bars", "GPU time per rank", StackedBars(
@@ -101,3 +108,28 @@ def sections(tables: Tables) -> list[Section]:
             tuple(round(float(v) / 1e3, 4) for v in st["dur_us"].to_numpy()[:20000]), "ms",
             x_label="step duration", bins=40), "trace", 51))
     return secs
+
+
+def _step_sections(tables: Tables) -> list[Section]:
+    """The report's lead: the per-step summary and graph-mode sentence, percentiles over steps, the steps."""
+    from diagnose.trace.steps import steps_sentence
+
+    st = tables.get("trace_steps", pd.DataFrame())
+    gm = tables.get("trace_graph_mode", pd.DataFrame())
+    lines = [steps_sentence(g) for _, g in st.groupby("rank", sort=True)] if not st.empty else []
+    lines += [f"Graph mode{'' if len(gm) == 1 else f' (rank {int(r)})'}: {t}"
+              for r, t in zip(gm["rank"], gm["sentence"], strict=True)] if not gm.empty else []
+    if not lines:
+        return []
+    out = [Section("trace_steps_lead", "Steps and graph mode", TextBlock("\n".join(lines)), "trace", 11)]
+    pct = tables.get("trace_step_percentiles", pd.DataFrame())
+    if not pct.empty:
+        out.append(Section("trace_step_percentiles", "Per-step figures, percentiles over steps (µs unless ratio)",
+                           table(pct), "trace", 12))
+    if not st.empty:
+        cols = [c for c in STEP_COLUMNS if c in st]
+        out.append(Section("trace_step_table", "Per-step table (first 50 steps)",
+                           table(st[cols], "GPU duration and class split from the step's kernels; host gaps located "
+                                           "before the first kernel, between kernels / graph replays, after the last"),
+                           "trace", 13))
+    return out

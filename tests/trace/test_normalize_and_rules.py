@@ -72,8 +72,9 @@ def _fired(path: Path) -> set[str]:
 
 
 def test_trace_rules_on_real_traces() -> None:
-    # H100 Qwen: a 14 ms cudaDeviceSynchronize inside the 47 ms ProfilerStep
-    assert "TRC004" in _fired(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")
+    # H100 Qwen: a 14 ms cudaDeviceSynchronize inside the 47 ms ProfilerStep, but the GPU ran kernels through
+    # all but ~0.7 ms of it (92% busy run): not host blocking (issue 11, cases 4 and 6)
+    assert "TRC004" not in _fired(DATA / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz")
     # vLLM decode with a full HIP graph: no launch-bound finding from the 421 graph kernels
     assert "TRC001" not in _fired(DATA / "mi300x_vllm_decode_fullgraph_execution.json.gz")
 
@@ -86,7 +87,8 @@ def test_pipeline_end_to_end_with_a_gpu_trace(tmp_path: Path) -> None:
                                                       "worker")})
     a = analyze_bundle(p)
     assert a.signals["trace_gpu_busy_ratio"].source == "trace"
-    assert "TRC004" in {f.rule_id for f in a.findings}
+    # GPU-bound (92% busy; the 14 ms sync overlaps GPU work): no trace finding (issue 11, cases 4 and 6)
+    assert not {f.rule_id for f in a.findings if f.rule_id.startswith("TRC")}
     ids = {s.id for s in build_sections(a.tables)}
     assert {"trace_overview", "trace_gpu_time", "trace_kernel_classes", "trace_launch"} <= ids
     html = render_html(a)
