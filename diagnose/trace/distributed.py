@@ -38,8 +38,8 @@ from diagnose.errors import DiagnoseError
 from diagnose.trace.multirank import RankResult, reduce_file
 
 # Without --workers / --scheduler, a local cluster is started for sets of at least AUTO_MIN_RANKS rank traces on
-# machines with at least AUTO_MIN_CORES cores; below that the cluster's start-up and the workers competing for
-# two cores cost more than they save (benchmarks/results/trace_ranks_dask.md, measured on 2 cores).
+# machines with at least AUTO_MIN_CORES cores; below that the gain is small or negative once the cluster's
+# start-up is paid (benchmarks/results/trace_ranks_dask.md: 0.77x-1.49x with 2 workers on 2 cores).
 AUTO_MIN_RANKS = 8
 AUTO_MIN_CORES = 4
 CONNECT_TIMEOUT_S = 10.0  # waiting for a scheduler that does not answer
