@@ -121,9 +121,15 @@ def _trace_json(a: Analysis) -> dict[str, Any]:
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
               help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Trace sets: analyse the ranks on this running Dask scheduler (tcp://host:8786); its workers "
+                   "must see the traces at the same paths.")
+@click.option("--workers", type=click.IntRange(min=1), metavar="N",
+              help="Trace sets: local worker processes, one rank each at a time (default: one per core for sets "
+                   "of 8 or more ranks on 4 or more cores, else 1; 1: analyse in this process).")
 def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
             threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
-            fail_on: str | None, quiet: bool) -> None:
+            fail_on: str | None, quiet: bool, scheduler: str | None = None, workers: int | None = None) -> None:
     """Analyse a capture bundle (or a profiler trace, or an OTLP JSON span file) into an HTML report.
 
     SOURCE is a bundle directory written by `diagnose attach`, a torch.profiler / Kineto trace
@@ -137,7 +143,12 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     from diagnose.reports.render import write_report
 
     overrides = parse_threshold_overrides(threshold_values)
-    analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python)
+    from diagnose.trace.distributed import ScaleOut, scale_out
+
+    if scheduler and workers:
+        raise click.UsageError("--workers sizes a local cluster; with --scheduler the scheduler's workers run")
+    with scale_out(ScaleOut(scheduler=scheduler, workers=workers)):  # trace sets fan out on Dask (trace-analysis.md)
+        analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python)
     try:
         write_report(analysis, output)
         if json_out is not None:
