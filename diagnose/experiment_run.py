@@ -181,6 +181,27 @@ def capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str]
         server.stop()
 
 
+def valid_capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str], log: Callable[[str], None],
+                  startup_timeout_s: float) -> list[str]:
+    """``capture``, repeated once when the run is invalid (a validity rule fired, e.g. the load client was
+    starved: then nothing was measured, and a second try is what an engineer would do). Returns the reasons
+    of the invalid tries (recorded in experiment.json); a run still invalid after the repeat is kept, and
+    the verification then says the runs are not comparable."""
+    from diagnose.pipeline import analyze
+
+    invalid: list[str] = []
+    for attempt in (1, 2):
+        capture(argv, url, out, attach_args, log, startup_timeout_s)
+        a = analyze(out)
+        if a.run_valid:
+            return invalid
+        why = a.verdict.headline if a.verdict else "invalid"
+        invalid.append(why)
+        if attempt == 1:
+            log(f"{out.name}: {why}; repeating this run once")
+    return invalid
+
+
 def check_url(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):

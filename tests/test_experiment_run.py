@@ -79,3 +79,26 @@ def test_experiment_with_a_failing_server_command_is_one_line(tmp_path: Path) ->
 def test_plan_refuses_an_invalid_first_run() -> None:
     p, why = plan(SAMPLES / "vllm_cpu_client_bound", CMD)
     assert p is None and why.startswith("the first run is invalid"), why
+
+
+def test_an_invalid_run_is_repeated_once_and_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import types
+
+    import diagnose.experiment_run as er
+    import diagnose.pipeline as pipeline
+
+    captures: list[Path] = []
+    monkeypatch.setattr(er, "capture", lambda argv, url, out, args, log, t: captures.append(out))
+    verdicts = iter([False, True, False, False])
+
+    def fake_analyze(path: Path) -> object:
+        valid = next(verdicts)
+        return types.SimpleNamespace(run_valid=valid, verdict=types.SimpleNamespace(headline="Run invalid: client"))
+
+    monkeypatch.setattr(pipeline, "analyze", fake_analyze)
+    logged: list[str] = []
+    assert er.valid_capture(["x"], "http://h", tmp_path / "before", [], logged.append, 1) == ["Run invalid: client"]
+    assert len(captures) == 2 and "repeating this run once" in logged[0]
+    # still invalid after the repeat: kept, both reasons recorded, no third try
+    assert er.valid_capture(["x"], "http://h", tmp_path / "after", [], logged.append, 1) == ["Run invalid: client"] * 2
+    assert len(captures) == 4

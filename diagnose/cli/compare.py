@@ -230,9 +230,9 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     output.mkdir(parents=True, exist_ok=True)
     args = list(attach_args[1:] if attach_args[:1] == ("--",) else attach_args)
     log("run 1 of 2: as given")
-    er.capture(argv, url, output / "before", args, log, startup_timeout)
-    p, why = er.plan(output / "before", argv, finding, pair)
     record: dict[str, Any] = {"launch": argv, "url": url, "attach_args": args}
+    record["invalid_tries_before"] = er.valid_capture(argv, url, output / "before", args, log, startup_timeout)
+    p, why = er.plan(output / "before", argv, finding, pair)
     if p is None:
         record["not_run"] = why
         _write(output / "experiment.json", _json(record))
@@ -242,7 +242,9 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     _write(output / "experiment.json", _json(record))
     how = "the flag given with --set" if pair else f"{p.finding}'s experiment"
     log(f"run 2 of 2: {how}: {p.flag} {p.value}".rstrip())
-    er.capture(p.argv_after, url, output / "after", args, log, startup_timeout)
+    record["invalid_tries_after"] = er.valid_capture(p.argv_after, url, output / "after", args, log,
+                                                     startup_timeout)
+    _write(output / "experiment.json", _json(record))
     v = cmp.verify(_analyze(output / "before"), _analyze(output / "after"), finding=p.finding)
     _write(output / "verify.json", _json({**v.to_json(), "experiment": record}))
     from diagnose.reports.compare import render_comparison
