@@ -317,14 +317,20 @@ class MetricDiff:
     rel: float
     rel_lo: float
     rel_hi: float
-    verdict: str  # "better" | "worse" | "no significant change" | "too few requests" | "not comparable"
+    # "better" | "worse" (the interval of the relative change lies wholly beyond the noise band) | "within noise"
+    # (significant, but not beyond the band) | "no significant change" | "too few requests" | "not comparable"
+    verdict: str
+    significant: str = ""  # "up" | "down": the interval of the difference excludes zero (the CI gate reads this)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
 
 
+NOISE = 0.10  # default run-to-run noise band (docs/compare.md: measured A/A drift on the real engine)
+
+
 def diff_metric(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: float, resamples: int,
-                rng: np.random.Generator, resample: str = "blocks") -> MetricDiff:
+                rng: np.random.Generator, resample: str = "blocks", noise: float = NOISE) -> MetricDiff:
     a, b = point(sa, m), point(sb, m)
     nan = math.nan
     how: Resample = "requests" if resample == "requests" and m.resample == "requests" else "time blocks"
@@ -342,15 +348,30 @@ def diff_metric(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: floa
     rel = b / a - 1.0 if a != 0 else nan
     verdict = "no significant change"
     short = _too_few(sa, m) or _too_few(sb, m)
+    significant = ""
+    if math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0):
+        significant = "up" if lo > 0 else "down"
     if short:
         verdict = "too few requests"
-    elif math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0):
-        up = lo > 0
-        verdict = "better" if up == (m.better == "higher") else "worse"
     elif not (math.isfinite(lo) and math.isfinite(hi)):
         verdict = "not comparable" if a != b else "no significant change"
+    elif significant:
+        beyond = _beyond(float(rlo), float(rhi), noise) if math.isfinite(rlo) and math.isfinite(rhi) else significant
+        if beyond:
+            verdict = "better" if (beyond == "up") == (m.better == "higher") else "worse"
+        else:
+            verdict = "within noise"
     return MetricDiff(m.name, m.unit, m.better, how, a, b, b - a, float(lo), float(hi), rel,
-                      float(rlo), float(rhi), verdict)
+                      float(rlo), float(rhi), verdict, significant)
+
+
+def _beyond(rel_lo: float, rel_hi: float, noise: float) -> str:
+    """"up" / "down" when the whole interval of the relative change lies beyond the noise band, else ""."""
+    if rel_lo > noise:
+        return "up"
+    if rel_hi < -noise:
+        return "down"
+    return ""
 
 
 # -- comparability and findings -----------------------------------------------------------------------------
@@ -465,6 +486,7 @@ class Comparison:
     gate: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     judgements: list[str] = field(default_factory=list)  # cost against speed and the SLO (--cost-per-hour)
+    noise: float = NOISE
 
     def metric(self, name: str, level: str | None = None) -> MetricDiff:
         for lv in self.levels:
@@ -479,7 +501,7 @@ class Comparison:
                 "seed": self.seed, "resample": self.resample, "comparability": self.comparability,
                 "levels": [{"level": lv.label, "requests_a": lv.n_a, "requests_b": lv.n_b,
                             "metrics": [m.to_json() for m in lv.metrics]} for lv in self.levels],
-                "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements,
+                "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements, "noise": self.noise,
                 "regression": any(g["regressed"] for g in self.gate)}
 
 
@@ -493,12 +515,18 @@ def check_options(confidence: float, resamples: int, resample: str) -> None:
         raise InputError(f"--resamples {resamples}: use 100 to 1000000")
 
 
+def check_noise(noise: float) -> None:
+    if not (math.isfinite(noise) and 0.0 <= noise < 1.0):
+        raise InputError(f"--noise {noise:g}: use a share in [0, 1), e.g. 0.1 for 10%")
+
+
 def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0,
             resample: str = "blocks", metrics: Sequence[MetricDef] = METRICS,
-            cost_per_hour: tuple[float, float] | None = None) -> Comparison:
+            cost_per_hour: tuple[float, float] | None = None, noise: float = NOISE) -> Comparison:
     """``cost_per_hour``: the price of an hour of A's and of B's deployment; adds the cost metrics and the
     judgement of a change that is faster but costs more per useful request, or cheaper but breaks the SLO."""
     check_options(confidence, resamples, resample)
+    check_noise(noise)
     la, lb = run_levels(a), run_levels(b)
     if cost_per_hour is not None:
         for lv, price in ((la, cost_per_hour[0]), (lb, cost_per_hour[1])):
@@ -523,7 +551,7 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
     else:
         pairs = [(s, by_b[(s.kind, s.level)]) for s in la if (s.kind, s.level) in by_b]
     for sa, sb in pairs:
-        levels.append(LevelDiff(sa.label, sa.n, sb.n, [diff_metric(sa, sb, m, confidence, resamples, rng, resample)
+        levels.append(LevelDiff(sa.label, sa.n, sb.n, [diff_metric(sa, sb, m, confidence, resamples, rng, resample, noise)
                                                        for m in metrics]))
     comp = comparability(a, b, la, lb)
     if not pairs:
@@ -531,6 +559,7 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
         comp["problems"] = [*comp["problems"], "no load level is common to both runs"]
     out = Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, levels, findings_diff(a, b),
                      trace=traces)
+    out.noise = noise
     if cost_per_hour is not None:
         out.judgements = cost_judgements(out, b)
     return out
@@ -631,7 +660,10 @@ def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[d
             if d is None:
                 continue
             beyond = math.isfinite(d.rel) and (d.rel > limit if limit > 0 else d.rel < limit)
-            regressed = d.verdict == "worse" and beyond
+            worse_dir = "up" if m.better == "lower" else "down"
+            # significantly worse (the interval excludes zero on the worse side; the user's allowance, not the
+            # noise band, decides how much worse counts) and beyond the allowance
+            regressed = d.significant == worse_dir and d.verdict != "too few requests" and beyond
             rows.append({"level": lv.label, "metric": m.name, "allowed": limit, "rel": d.rel if math.isfinite(d.rel)
                          else None, "verdict": d.verdict, "regressed": regressed})
     c.gate = rows
@@ -682,7 +714,8 @@ def _move(sig: str, expect: str, c: Comparison, level: str, sa: Mapping[str, Sig
             return Move(sig, expect, d.a, d.b, d.rel, iv, "not measured")
         if d.verdict == "too few requests":
             return Move(sig, expect, d.a, d.b, d.rel, iv, "too few requests")
-        up, down = d.rel_lo > 0, d.rel_hi < 0
+        beyond = _beyond(d.rel_lo, d.rel_hi, c.noise)  # a move counts when it is beyond run-to-run noise
+        up, down = beyond == "up", beyond == "down"
         if expect == "flat":
             outcome = "as expected" if not (up or down) else "opposite"
         elif (expect == "up" and up) or (expect == "down" and down):
@@ -738,7 +771,7 @@ class Verification:
 
 
 def verify(before: Analysis, after: Analysis, *, finding: str | None = None, confidence: float = 0.95,
-           resamples: int = 2000, seed: int = 0, resample: str = "blocks") -> Verification:
+           resamples: int = 2000, seed: int = 0, resample: str = "blocks", noise: float = NOISE) -> Verification:
     """Confirm or refute the hypothesis of one finding of BEFORE (default: the verdict's top finding) from
     AFTER, a run with its experiment applied: confirmed when an expected move is significant in its
     direction and none goes the other way; refuted when one goes significantly the other way, or when
@@ -754,7 +787,8 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
     if cause is None or cause.experiment is None:
         raise InputError(f"{before.source}: finding {fid} has no experiment to verify (every cause is ruled out "
                          "or none names an experiment)")
-    c = compare(before, after, confidence=confidence, resamples=resamples, seed=seed, resample=resample)
+    c = compare(before, after, confidence=confidence, resamples=resamples, seed=seed, resample=resample,
+                noise=noise)
     if not c.levels:
         raise InputError(f"{before.source} and {after.source}: no load level in common; "
                          + "; ".join(c.comparability["problems"]))

@@ -14,7 +14,8 @@ from markupsafe import Markup
 from .render import _env
 
 HERE = Path(__file__).resolve().parent
-_ORDER = {"worse": 0, "better": 1, "no significant change": 2, "too few requests": 3, "not comparable": 4}
+_ORDER = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
+                 "not comparable": 5}
 
 
 def _fmt(v: Any, unit: str = "") -> str:

@@ -302,3 +302,16 @@ def test_cost_per_useful_request_with_intervals_and_the_no_gain_judgement(tmp_pa
     assert "no gain:" in r.output and "faster (ttft_p50" in r.output, r.output
     bad = CliRunner().invoke(cli, ["compare", str(HEALTHY), str(fast), "--cost-per-hour", "-1"])
     assert bad.exit_code == exits.USAGE and "positive" in bad.output
+
+
+def test_a_small_significant_change_is_within_noise_but_still_gates() -> None:
+    """A 6% TTFT rise measured on 3,000 requests is significant but inside the 10% run-to-run band: the
+    verdict says so; with --noise 0 it is "worse"; the CI gate (its own allowance, 3%) still fires."""
+    rng = np.random.default_rng(11)
+    a, b = _sample(rng, 3000, 1.0), _sample(rng, 3000, 1.06)
+    m = cmp.METRIC_BY_NAME["ttft_p50"]
+    d = cmp.diff_metric(a, b, m, 0.95, 400, rng)
+    assert d.significant == "up" and d.verdict == "within noise", d
+    assert cmp.diff_metric(a, b, m, 0.95, 400, rng, noise=0.0).verdict == "worse"
+    c = cmp.Comparison("a", "b", 0.95, 400, 0, "blocks", {"comparable": True}, [cmp.LevelDiff("run", 3000, 3000, [d])], [])
+    assert [g["regressed"] for g in cmp.apply_gate(c, cmp.parse_gate("ttft_p50=3%"))] == [True]

@@ -57,8 +57,10 @@ def comparison_lines(c: Comparison) -> list[str]:
         lines.append(f"  changed: {ch['what']}: {ch['a']!r} -> {ch['b']!r}")
     for lv in c.levels:
         lines.append(f"level {lv.label}: {lv.n_a} vs {lv.n_b} measured requests "
-                     f"({c.confidence:.0%} intervals, {c.resamples} resamples of {c.resample})")
-        order = {"worse": 0, "better": 1, "no significant change": 2, "too few requests": 3, "not comparable": 4}
+                     f"({c.confidence:.0%} intervals, {c.resamples} resamples of {c.resample}; "
+                     f"noise band +-{c.noise:.0%})")
+        order = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
+                 "not comparable": 5}
         for m in sorted(lv.metrics, key=lambda m: order.get(m.verdict, 9)):
             if m.verdict == "not comparable" and not (math.isfinite(m.a) or math.isfinite(m.b)):
                 continue
@@ -95,9 +97,12 @@ def comparison_lines(c: Comparison) -> list[str]:
 @click.option("--cost-per-hour", "cost", metavar="PRICE[,PRICE_B]",
               help="Price of an hour of the deployment (A's, and B's when it differs): adds cost per million "
                    "output tokens, per request and per request within the SLO, with intervals.")
+@click.option("--noise", type=float, default=0.10, show_default=True, metavar="SHARE",
+              help="Run-to-run noise band: better/worse only when the whole interval of the relative change lies "
+                   "beyond +-SHARE (0: any significant change counts). The CI gate uses its own allowances.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float, resamples: int,
-            resample: str, seed: int, gate: str | None, cost: str | None, quiet: bool) -> None:
+            resample: str, seed: int, gate: str | None, cost: str | None, noise: float, quiet: bool) -> None:
     """Compare two runs (bundles, or two traces): per matched load level, every latency percentile,
     throughput and goodput of B against A with a bootstrap confidence interval, better / worse / no
     significant change; what differs between the runs; which findings appeared or went away.
@@ -107,10 +112,11 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     from diagnose import compare as cmp
 
     cmp.check_options(confidence, resamples, resample)
+    cmp.check_noise(noise)
     rules = cmp.parse_gate(gate) if gate else None
     prices = cmp.parse_cost(cost) if cost else None
     c = cmp.compare(_analyze(a), _analyze(b), confidence=confidence, resamples=resamples, seed=seed,
-                    resample=resample, cost_per_hour=prices)
+                    resample=resample, cost_per_hour=prices, noise=noise)
     if rules:
         cmp.apply_gate(c, rules)
     _write(json_out, _json(c.to_json()))
