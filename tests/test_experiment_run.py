@@ -102,3 +102,37 @@ def test_an_invalid_run_is_repeated_once_and_recorded(monkeypatch: pytest.Monkey
     # still invalid after the repeat: kept, both reasons recorded, no third try
     assert er.valid_capture(["x"], "http://h", tmp_path / "after", [], logged.append, 1) == ["Run invalid: client"] * 2
     assert len(captures) == 4
+
+
+def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
+    """`diagnose experiment` killed with SIGTERM mid-capture stops the server it launched (no orphan)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from tests.servers.truth import free_port
+
+    port = free_port()
+    server = Path(__file__).resolve().parent / "servers" / "truth_server.py"
+    cmd = f"{sys.executable} {server} --port {port} --no-uvloop"
+    p = subprocess.Popen([sys.executable, "-m", "diagnose", "experiment", "--launch", cmd, "--url",
+                          f"http://127.0.0.1:{port}", "-o", str(tmp_path / "e"), "--", "--concurrency", "1",
+                          "--duration", "60s", "--no-nvml"], stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    pid = None
+    deadline = time.monotonic() + 60
+    while pid is None and time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if "started:" in line and "(pid " in line:
+            pid = int(line.split("(pid ")[1].split(",")[0])
+    assert pid is not None and psutil.pid_exists(pid)
+    time.sleep(3)  # the capture is running against it
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(60) == exits.INTERRUPTED
+    gone = time.monotonic() + 40
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < gone:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

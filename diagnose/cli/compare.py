@@ -210,6 +210,12 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     def log(msg: str) -> None:
         click.echo(msg, err=True)
 
+    import signal
+
+    def _term(_sig: int, _frame: object) -> None:  # SIGTERM: stop the server we started, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     url = er.check_url(url)
     argv = shlex.split(launch_cmd)
     if not argv:
