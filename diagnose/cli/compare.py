@@ -23,18 +23,16 @@ def _analyze(path: Path) -> Any:
 
 
 def _write(path: Path | None, data: bytes) -> None:
+    """Through analyze's temp-file-and-rename writer (no temp file left on failure); one-line error."""
     if path is None:
         return
-    import os
+    from diagnose.cli.analyze import write_atomic
 
-    tmp = path.with_name(path.name + ".tmp")
     try:
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise DiagnoseError(f"cannot write {path}: {e.strerror or e}") from e
 
 
