@@ -29,5 +29,12 @@ class Analysis:
     run_window: Window | None = None
 
     @property
+    def engine(self) -> str | None:
+        """The engine the bundle names (target.engine), None when it names none."""
+        target = self.manifest.get("target") if isinstance(self.manifest, dict) else None
+        name = target.get("engine") if isinstance(target, dict) else None
+        return name if isinstance(name, str) else None
+
+    @property
     def run_valid(self) -> bool:
         return self.verdict is None or self.verdict.judged

@@ -826,9 +826,7 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
     expected = {METRIC_BY_SIGNAL[s].name for s, _ in cause.experiment.expect if s in METRIC_BY_SIGNAL}
     elsewhere = [f"{d.metric} {d.rel:+.0%}" for d in lv.metrics if d.verdict == "worse" and d.metric not in expected]
     e = cause.experiment
-    engine = (before.manifest.get("target") or {}).get("engine")
-    variable = describe(e.variable_kind, e.variable, e.value, engine if isinstance(engine, str) else None) \
-        if e.variable else ""
+    variable = describe(e.variable_kind, e.variable, e.value, before.engine) if e.variable else ""
     return Verification(fid, f.title, cause.cause, e.change + (f" (changes {variable})" if variable else ""),
                         lv.label, outcome, reason, moves, after_state, broken, elsewhere, c)
 

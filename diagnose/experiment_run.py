@@ -144,7 +144,6 @@ def plan(before_dir: Path, argv: Sequence[str], finding: str | None = None,
     f = next((x for x in a.findings if x.rule_id == fid), None)
     if f is None:
         return None, f"finding {fid or '(none)'} did not fire in the first run: nothing to verify"
-    engine = (a.manifest.get("target") or {}).get("engine")
     if override is not None:
         return Plan(f.rule_id, override[0], override[0], override[1], apply_flag(argv, *override)), ""
     cause = chosen_cause(f)
@@ -155,10 +154,10 @@ def plan(before_dir: Path, argv: Sequence[str], finding: str | None = None,
         return None, (f"{f.rule_id}: the experiment changes a {exp.variable_kind.replace('_', ' ')} setting "
                       f"({exp.variable}), which diagnose does not change for you: {exp.change}; then run "
                       "`diagnose verify BEFORE AFTER`")
-    flag = flag_for(exp.variable, engine if isinstance(engine, str) else None)
+    flag = flag_for(exp.variable, a.engine)
     if not flag:
         known = ", ".join(sorted(ENGINE_FLAGS[exp.variable][1])) if exp.variable in ENGINE_FLAGS else ""
-        return None, f"{f.rule_id}: no {engine} flag is known for {exp.variable} (known for: {known})"
+        return None, f"{f.rule_id}: no {a.engine} flag is known for {exp.variable} (known for: {known})"
     if not exp.value and not flag.endswith("(remove)"):
         return None, f"{f.rule_id}: the experiment suggests no value for {flag} in this run: {exp.change}"
     return Plan(f.rule_id, exp.variable, flag, exp.value, apply_flag(argv, flag, exp.value)), ""
