@@ -417,6 +417,10 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     for key in sorted(set(fa) | set(fb)):
         if fa.get(key) != fb.get(key):
             changed.append({"what": key, "a": fa.get(key), "b": fb.get(key)})
+    warmth = [_warmth(an) for an in (a, b)]
+    if None not in warmth and (warmth[0] or "").startswith("cold") != (warmth[1] or "").startswith("cold"):
+        # a cold server (first-seen batch shapes, empty caches) is slower than a warm one: a variable too
+        changed.append({"what": "server warmth", "a": warmth[0], "b": warmth[1]})
     slo_a = (a.manifest.get("options") or {}).get("slo") or {}
     slo_b = (b.manifest.get("options") or {}).get("slo") or {}
     if slo_a != slo_b:
@@ -430,6 +434,19 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
                        "a difference cannot be attributed to one of them")
     return {"comparable": not problems, "problems": problems, "changed": changed, "attribution": attribution,
             "levels_only_in_a": only_a, "levels_only_in_b": only_b}
+
+
+COLD_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold
+
+
+def _warmth(a: Analysis) -> str | None:
+    """'cold (N requests served before)' or 'warm (N ...)', from server_requests_before_capture; None
+    without the server's counter."""
+    sig = a.signals.get("server_requests_before_capture")
+    if sig is None or not math.isfinite(sig.value):
+        return None
+    n = int(sig.value)
+    return f"{'cold' if n < COLD_REQUESTS else 'warm'} ({n} requests served before the capture)"
 
 
 def _level_text(k: tuple[str, float | None]) -> str:

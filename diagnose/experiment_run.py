@@ -167,11 +167,50 @@ def attach_argv(url: str, out: Path, attach_args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "diagnose", "attach", "--url", url, "-o", str(out), "--force", *attach_args]
 
 
+# The attach options that shape the load (copied into the warm-up run); everything else (probes, sweeps'
+# request counts, SLO, reports) is left out of it.
+_SHAPE_VALUE = frozenset({"--api", "-c", "--concurrency", "-r", "--rate", "--arrival", "--burstiness",
+                          "--max-concurrency", "--input-tokens", "--output-tokens", "--shared-prefix",
+                          "--timeout", "--api-key-env", "--model"})
+_SHAPE_FLAG = frozenset({"--realtime", "--ignore-eos", "--no-ignore-eos"})
+
+
+def warmup_args(attach_args: Sequence[str], seconds: float) -> list[str]:
+    """The attach arguments of the warm-up run before a measured one: the same load shape (API, concurrency
+    or rate, lengths, priority) for ``seconds`` per level, with no baseline phase and no probe but the load
+    and /metrics. A freshly started engine is cold (first-seen batch shapes, allocator, caches): two runs
+    started cold differ by more than the change under test (docs/compare.md, "cold and warm")."""
+    out: list[str] = []
+    args = list(attach_args)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name = a.split("=", 1)[0]
+        if name in _SHAPE_VALUE:
+            if "=" in a:
+                out.append(a)
+            elif i + 1 < len(args):
+                out += [a, args[i + 1]]
+                i += 1
+        elif a in _SHAPE_FLAG:
+            out.append(a)
+        i += 1
+    return [*out, "--duration", f"{seconds:g}s", "--baseline", "0", "--warmup", "0", "--no-nvml"]
+
+
 def capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str], log: Callable[[str], None],
-            startup_timeout_s: float) -> None:
-    """Start the server, run one `diagnose attach` against it, stop the server (always)."""
+            startup_timeout_s: float, warmup_s: float = 0.0) -> None:
+    """Start the server, warm it up (``warmup_s`` seconds of the same load into ``<out>-warmup``, kept but
+    never analysed), run one `diagnose attach` against it, stop the server (always)."""
     server = launch(argv, url, out.parent / f"{out.name}-server.log", startup_timeout_s, log)
     try:
+        if warmup_s > 0:
+            warm = out.parent / f"{out.name}-warmup"
+            w = subprocess.run(attach_argv(url, warm, warmup_args(attach_args, warmup_s)), capture_output=True,
+                               text=True, timeout=3600)
+            last = (w.stderr.strip().splitlines() or ["no output"])[-1]
+            log(f"warm-up: {warmup_s:g} s of the same load into {warm}"
+                + ("" if w.returncode == 0 else f" (exit {w.returncode}: {last})"))
         p = subprocess.run(attach_argv(url, out, attach_args), capture_output=True, text=True, timeout=3600)
         if p.returncode not in (0,):
             last = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -181,7 +220,7 @@ def capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str]
 
 
 def valid_capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str], log: Callable[[str], None],
-                  startup_timeout_s: float) -> list[str]:
+                  startup_timeout_s: float, warmup_s: float = 0.0) -> list[str]:
     """``capture``, repeated once when the run is invalid (a validity rule fired, e.g. the load client was
     starved: then nothing was measured, and a second try is what an engineer would do). Returns the reasons
     of the invalid tries (recorded in experiment.json); a run still invalid after the repeat is kept, and
@@ -190,7 +229,7 @@ def valid_capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequenc
 
     invalid: list[str] = []
     for attempt in (1, 2):
-        capture(argv, url, out, attach_args, log, startup_timeout_s)
+        capture(argv, url, out, attach_args, log, startup_timeout_s, warmup_s)
         a = analyze(out)
         if a.run_valid:
             return invalid

@@ -369,7 +369,10 @@ class PySpyProbe:
         gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
         note = f"; process(es) exited during the capture: {', '.join(gone)}" if gone else ""
         if total == 0:
-            problems = "; ".join(f"{k}: {v}" for k, v in self._problems.items()) or "py-spy collected no samples"
+            runs = ", ".join(f"{r.proc.role} {r.proc.pid}: {r.windows} run(s), exit {r.returncode}"
+                             for r in self._recorders)
+            problems = ("; ".join(f"{k}: {v}" for k, v in self._problems.items())
+                        or f"py-spy collected no samples ({runs or 'no process to sample'})")
             return ProbeStatus(NAME, "failed", problems + note, detail)
         missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
         reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note

@@ -315,3 +315,20 @@ def test_a_small_significant_change_is_within_noise_but_still_gates() -> None:
     assert cmp.diff_metric(a, b, m, 0.95, 400, rng, noise=0.0).verdict == "worse"
     c = cmp.Comparison("a", "b", 0.95, 400, 0, "blocks", {"comparable": True}, [cmp.LevelDiff("run", 3000, 3000, [d])], [])
     assert [g["regressed"] for g in cmp.apply_gate(c, cmp.parse_gate("ttft_p50=3%"))] == [True]
+
+
+def test_a_cold_server_against_a_warm_one_is_a_variable_changed() -> None:
+    """The queue-bound sample was captured on a freshly started server (0 requests served before): against
+    the same run on a server that had served 500, 'server warmth' is a second variable, so the difference
+    is not attributed to the setting alone; cold against cold adds nothing."""
+    import dataclasses
+
+    a, b = analyze(QUEUE), analyze(QUEUE)
+    assert a.signals["server_requests_before_capture"].value == 0
+    b.signals["server_requests_before_capture"] = dataclasses.replace(a.signals["server_requests_before_capture"],
+                                                                      value=500.0)
+    c = cmp.compare(a, b, resamples=100)
+    assert c.comparability["changed"] == [{"what": "server warmth",
+                                           "a": "cold (0 requests served before the capture)",
+                                           "b": "warm (500 requests served before the capture)"}]
+    assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["changed"] == []

@@ -88,7 +88,7 @@ def test_an_invalid_run_is_repeated_once_and_recorded(monkeypatch: pytest.Monkey
     import diagnose.pipeline as pipeline
 
     captures: list[Path] = []
-    monkeypatch.setattr(er, "capture", lambda argv, url, out, args, log, t: captures.append(out))
+    monkeypatch.setattr(er, "capture", lambda argv, url, out, args, log, t, w: captures.append(out))
     verdicts = iter([False, True, False, False])
 
     def fake_analyze(path: Path) -> object:
@@ -136,3 +136,39 @@ def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < gone:
         time.sleep(0.2)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_warmup_args_keep_the_load_shape_and_nothing_else() -> None:
+    import diagnose.experiment_run as er
+
+    args = ["--concurrency", "8", "--duration", "12s", "--input-tokens=128", "--output-tokens", "32", "--realtime",
+            "--pyspy", "--profile-iterations", "5", "-n", "40", "--slo", "ttft_p99<500ms", "--no-ignore-eos"]
+    w = er.warmup_args(args, 10)
+    assert w == ["--concurrency", "8", "--input-tokens=128", "--output-tokens", "32", "--realtime", "--no-ignore-eos",
+                 "--duration", "10s", "--baseline", "0", "--warmup", "0", "--no-nvml"]
+
+
+def test_capture_warms_the_fresh_server_before_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The warm-up run goes to <out>-warmup, against the same server, before the measured one; the server is
+    stopped once, after both."""
+    import subprocess
+    import types
+
+    import diagnose.experiment_run as er
+
+    events: list[str] = []
+    server = types.SimpleNamespace(stop=lambda: events.append("stop"))
+    monkeypatch.setattr(er, "launch", lambda *a, **k: events.append("launch") or server)
+
+    def fake_run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        events.append(Path(argv[argv.index("-o") + 1]).name + (" 5s" if "5s" in argv else ""))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(er.subprocess, "run", fake_run)
+    logged: list[str] = []
+    er.capture(["srv"], "http://h", tmp_path / "before", ["-c", "4"], logged.append, 1, warmup_s=5)
+    assert events == ["launch", "before-warmup 5s", "before", "stop"]
+    assert "warm-up: 5 s" in logged[0]
+    events.clear()
+    er.capture(["srv"], "http://h", tmp_path / "after", ["-c", "4"], logged.append, 1, warmup_s=0)
+    assert events == ["launch", "after", "stop"]

@@ -192,9 +192,12 @@ def _after(state: str) -> str:
 @click.option("--set", "override", metavar="FLAG=VALUE",
               help="Change this engine flag instead of the finding's variable (e.g. to test another cause).")
 @click.option("--startup-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for the server.")
+@click.option("--warmup-s", "warmup_s", type=float, default=10.0, show_default=True,
+              help="After each start, send this many seconds of the same load first (not measured), so both "
+                   "runs are warm; 0: measure from a cold start.")
 @click.argument("attach_args", nargs=-1, type=click.UNPROCESSED)
 def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, override: str | None,
-               startup_timeout: float, attach_args: tuple[str, ...]) -> None:
+               startup_timeout: float, warmup_s: float, attach_args: tuple[str, ...]) -> None:
     """Run the top finding's experiment: start the server, capture (ATTACH_ARGS are `diagnose attach`'s
     workload options, e.g. -- --concurrency 16 --duration 15s), diagnose, restart it with the one engine
     flag the experiment names changed, capture the same workload again, and verify: confirmed (0),
@@ -240,8 +243,11 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     output.mkdir(parents=True, exist_ok=True)
     args = list(attach_args[1:] if attach_args[:1] == ("--",) else attach_args)
     log("run 1 of 2: as given")
-    record: dict[str, Any] = {"launch": argv, "url": url, "attach_args": args}
-    record["invalid_tries_before"] = er.valid_capture(argv, url, output / "before", args, log, startup_timeout)
+    if not (warmup_s >= 0 and math.isfinite(warmup_s)):
+        raise DiagnoseError(f"--warmup-s {warmup_s}: expected seconds >= 0")
+    record: dict[str, Any] = {"launch": argv, "url": url, "attach_args": args, "warmup_s": warmup_s}
+    record["invalid_tries_before"] = er.valid_capture(argv, url, output / "before", args, log, startup_timeout,
+                                                      warmup_s)
     p, why = er.plan(output / "before", argv, finding, pair)
     if p is None:
         record["not_run"] = why
@@ -253,7 +259,7 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     how = "the flag given with --set" if pair else f"{p.finding}'s experiment"
     log(f"run 2 of 2: {how}: {p.flag} {p.value}".rstrip())
     record["invalid_tries_after"] = er.valid_capture(p.argv_after, url, output / "after", args, log,
-                                                     startup_timeout)
+                                                     startup_timeout, warmup_s)
     _write(output / "experiment.json", _json(record))
     v = cmp.verify(_analyze(output / "before"), _analyze(output / "after"), finding=p.finding)
     _write(output / "verify.json", _json({**v.to_json(), "experiment": record}))

@@ -422,6 +422,11 @@ def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("prefix_cache_hit_ratio", hits / queries, "ratio", SOURCE,
                           f"prefix-cache hit tokens / queried tokens ({hits:.0f} / {queries:.0f})"))
     out.extend(_rate_signals(tables, window))
+    served = _served_before_capture(tables)
+    if served is not None:
+        out.append(Signal("server_requests_before_capture", served, "requests", SOURCE,
+                          f"{engine} finished-requests counter at the capture's first scrape: requests the server "
+                          "had served since it started, before this capture (0: a cold server)"))
     for sig, prefix, pcts, want_mean, what in HISTOGRAM_SIGNALS:
         for p in pcts:
             est = hist_quantile(tables, sig, p / 100, window)
@@ -503,6 +508,20 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
     return out
+
+
+def _served_before_capture(tables: dict[str, pd.DataFrame]) -> float | None:
+    """The finished-requests counter (all series summed) at the capture's first scrape; None without it.
+    The same for every window of a run: it describes the server's state when the capture began."""
+    df = tables.get("metrics")
+    if df is None or df.empty:
+        return None
+    c = _rows(df, "finished_requests")
+    c = c[c["kind"] == "counter"]
+    if c.empty:
+        return None
+    first = float(c["t_s"].min())
+    return float(c.loc[c["t_s"] == first, "value"].sum())
 
 
 def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:

@@ -17,10 +17,16 @@ DIAG = [sys.executable, "-m", "diagnose"]
 LOAD = ["--concurrency", "8", "--duration", "12s", "--input-tokens", "128", "--output-tokens", "32"]
 
 
-def _attach(url: str, out: Path) -> None:
-    p = subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "-o", str(out), *LOAD],
+def _attach(url: str, out: Path, *extra: str) -> None:
+    p = subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "-o", str(out), *LOAD, *extra],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+def _warm(url: str, out: Path) -> None:
+    """The same load for 10 s on the freshly started server, not compared: a cold engine (first-seen batch
+    shapes) runs slower than a warm one, and the A/A pair must differ in nothing (as `experiment` does)."""
+    _attach(url, out, "--duration", "10s", "--baseline", "0", "--warmup", "0")
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -30,10 +36,12 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(900)
 def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], tmp_path: Path) -> None:
     capped = start_vllm(extra_args=["--max-num-seqs", "2"])
+    _warm(capped.url, tmp_path / "warm-a")  # type: ignore[attr-defined]
     _attach(capped.url, tmp_path / "a1")  # type: ignore[attr-defined]
     _attach(capped.url, tmp_path / "a2")  # type: ignore[attr-defined]
     capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
+    _warm(raised.url, tmp_path / "warm-b")  # type: ignore[attr-defined]
     _attach(raised.url, tmp_path / "b")  # type: ignore[attr-defined]
 
     # A/A: the same setting twice in a row

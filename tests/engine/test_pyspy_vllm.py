@@ -57,7 +57,10 @@ def test_pyspy_collects_all_engine_processes(vllm_server: VllmServer, tmp_path: 
     check_three_processes(tmp_path / "b")
 
 
-def _traffic(url: str, stop: threading.Event) -> None:
+def _traffic(url: str, stop: threading.Event, done: list[float], errors: list[str]) -> None:
+    """Someone else's traffic for the observe capture: 3 streams of completions until ``stop``; each
+    completed request's end time goes to ``done``, each failed one's error to ``errors`` (and the stream
+    goes on after a pause), so a test can tell 'no traffic' from 'no stacks'."""
     async def go() -> None:
         rng = random.Random(7)
         async with aiohttp.ClientSession() as s:
@@ -65,24 +68,36 @@ def _traffic(url: str, stop: threading.Event) -> None:
                 while not stop.is_set():
                     body = {"model": "tiny-llama", "prompt": " ".join(f"w{rng.randrange(10**6)}" for _ in range(80)),
                             "max_tokens": 32, "stream": True, "ignore_eos": True}
-                    async with s.post(url + "/v1/completions", json=body) as r:
-                        async for _ in r.content:
-                            pass
+                    try:
+                        async with s.post(url + "/v1/completions", json=body) as r:
+                            r.raise_for_status()
+                            async for _ in r.content:
+                                pass
+                        done.append(time.monotonic())
+                    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                        errors.append(f"{type(e).__name__}: {e}")
+                        await asyncio.sleep(0.5)
             await asyncio.gather(*(one() for _ in range(3)))
     asyncio.run(go())
 
 
 def test_observe_mode_sends_nothing_and_still_sees_stacks(vllm_server: VllmServer, tmp_path: Path) -> None:
     stop = threading.Event()
-    t = threading.Thread(target=_traffic, args=(vllm_server.url, stop), daemon=True)
+    done: list[float] = []
+    errors: list[str] = []
+    t = threading.Thread(target=_traffic, args=(vllm_server.url, stop, done, errors), daemon=True)
     t.start()
     time.sleep(2)
     try:
+        t0 = time.monotonic()
         p = attach(vllm_server.url, tmp_path / "obs", "--observe", "--duration", "12s")
+        t1 = time.monotonic()
     finally:
         stop.set()
         t.join(timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
+    # the traffic ran through the capture (else no stacks is no fault of the probe)
+    assert sum(t0 <= d <= t1 for d in done) >= 3, (len(done), errors[-3:])
     b = open_bundle(tmp_path / "obs")
     assert not b.records("requests")  # observe mode: no requests of ours
     check_three_processes(tmp_path / "obs")
