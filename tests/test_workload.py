@@ -301,3 +301,71 @@ def test_workload_of_an_observe_bundle_is_one_line(tmp_path: Path) -> None:
     assert "observe" in lines[0] and not (tmp_path / "w.jsonl").exists()
     p = subprocess.run([*DIAG, "workload", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no such file" in p.stderr
+
+
+# -- the workload card --------------------------------------------------------------------------------------
+async def run_with_manifest(server: TestServer, spec: WorkloadSpec, out: Path) -> Bundle:
+    """Like run_probe, with the workload in the manifest as attach writes it."""
+    from diagnose.probes.base import CaptureContext, Target
+    from diagnose.probes.load import LoadProbe
+
+    url = await server.start()
+    bw = BundleWriter(out, workload=spec.to_json())
+    ctx = CaptureContext(bundle=bw, target=Target(url=url), stop=asyncio.Event())
+    try:
+        status = await LoadProbe(spec, progress=False).run(ctx)
+    finally:
+        await server.stop()
+    bw.set_probe_status(status)
+    bw.finish()
+    return open_bundle(out)
+
+
+def test_workload_card_of_a_replay_and_of_a_synthetic_run(tmp_path: Path) -> None:
+    import numpy as np
+
+    from diagnose.cli.analyze import analysis_json, run_analysis
+
+    rp = read_workload(DATA / "mooncake_sample.jsonl", speed=4)
+    asyncio.run(run_with_manifest(TestServer(), replay_spec(rp), tmp_path / "r"))
+    card = analysis_json(run_analysis(tmp_path / "r"))["workload_card"]
+    ins = [r.input_tokens for r in rp.requests]
+    outs = [r.output_tokens for r in rp.requests]
+    assert card["mode"] == "replay" and card["source"] == f"replay of {DATA / 'mooncake_sample.jsonl'} (mooncake)"
+    assert card["arrival"] == "recorded offsets, 4x speed" and card["requests"] == 12
+    assert card["input_tokens_planned"] == {f"p{p}": pytest.approx(float(np.percentile(ins, p))) for p in (50, 90, 99)}
+    assert card["output_tokens"] == {f"p{p}": pytest.approx(float(np.percentile(outs, p))) for p in (50, 90, 99)}
+    assert card["prefix_share_planned"] == pytest.approx(prefix_share(rp.requests, 512))
+    assert card["replay"]["requests"] == 12 and card["replay"]["speed"] == 4
+    assert card["rate_rps"] is not None and card["rate_rps"] > 0 and card["concurrency_mean"] is not None
+    assert card["cached_token_share"] == 0.0  # the test server reports cached_tokens 0 of 7
+    spec = spec_for(None, rate="30", num_requests=8, arrival="gamma", burstiness=0.5, shared_prefix_fraction=0.25)
+    asyncio.run(run_with_manifest(TestServer(), spec, tmp_path / "s"))
+    card = analysis_json(run_analysis(tmp_path / "s"))["workload_card"]
+    assert card["source"] == "synthetic" and card["mode"] == "rate" and card["levels"] == ["rate=30/s"]
+    assert card["arrival"] == "open loop, gamma (burstiness 0.5)" and card["prefix_share_planned"] == 0.25
+    assert card["input_tokens_planned"] == {"p50": 32.0, "p90": 32.0, "p99": 32.0} and card["requests"] == 8
+
+
+def test_attach_workload_end_to_end_with_card_in_json_and_report(tmp_path: Path) -> None:
+    from tests.servers.truth import truth_server
+
+    with truth_server(ttft_ms=2, itl_ms=1) as (url, _):
+        p = subprocess.run([*DIAG, "attach", "--url", url, "--workload", str(DATA / "azure_sample.csv"), "--speed",
+                            "3", "--baseline", "0", "--warmup", "0", "--no-nvml", "-o", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    b = open_bundle(tmp_path / "b")
+    assert b.manifest["workload"]["mode"] == "replay"
+    assert b.manifest["workload"]["replay"]["format"] == "azure" and b.manifest["workload"]["replay"]["speed"] == 3
+    rp = read_workload(DATA / "azure_sample.csv")
+    recs = sorted(b.records("requests"), key=lambda r: r["replay_index"])
+    assert [r["max_tokens"] for r in recs] == [r.output_tokens for r in rp.requests] and all(r["ok"] for r in recs)
+    p = subprocess.run([*DIAG, "analyze", str(tmp_path / "b"), "-o", str(tmp_path / "r.html"), "--json",
+                        str(tmp_path / "f.json")], capture_output=True, text=True, timeout=180)
+    assert p.returncode in (0, 5), p.stderr
+    card = json.loads((tmp_path / "f.json").read_text())["workload_card"]
+    assert card["source"].startswith("replay of ") and card["requests"] == 12 and card["mode"] == "replay"
+    html = (tmp_path / "r.html").read_text()
+    assert 'id="workload"' in html and "recorded offsets, 3x speed" in html
+    assert html.index('id="workload"') < html.index('id="verdict"')
