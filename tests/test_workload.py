@@ -328,7 +328,9 @@ def test_workload_card_of_a_replay_and_of_a_synthetic_run(tmp_path: Path) -> Non
 
     rp = read_workload(DATA / "mooncake_sample.jsonl", speed=4)
     asyncio.run(run_with_manifest(TestServer(), replay_spec(rp), tmp_path / "r"))
-    card = analysis_json(run_analysis(tmp_path / "r"))["workload_card"]
+    js = analysis_json(run_analysis(tmp_path / "r"))
+    card = js["workload_card"]
+    assert js["signals"]["workload_open_loop"]["value"] == 1.0  # a replay is an open loop (rule SCH008 reads it)
     ins = [r.input_tokens for r in rp.requests]
     outs = [r.output_tokens for r in rp.requests]
     assert card["mode"] == "replay" and card["source"] == f"replay of {DATA / 'mooncake_sample.jsonl'} (mooncake)"
