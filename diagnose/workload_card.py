@@ -81,13 +81,17 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
     req = a.tables.get("requests")
     if req is not None and not req.empty:
         base = {p.phase for p in a.phases if p.is_baseline}
-        rows = req[~req["phase"].isin(base)] if base else req
+        rows = req[~req["phase"].isin(base)] if base and "phase" in req.columns else req
+
+        def col(name: str) -> np.ndarray:
+            """A column as floats; NaN where the table (a report test's, an older bundle's) lacks it."""
+            return rows[name].to_numpy(dtype=float) if name in rows.columns else np.full(len(rows), np.nan)
+
         card["requests"] = int(len(rows))
-        card["input_tokens"] = _pcts(rows["prompt_tokens"])  # the server's usage count where it gave one
-        card["input_tokens_planned"] = _pcts(rows["prompt_tokens_planned"])  # the lengths the client asked for
-        card["output_tokens"] = _pcts(rows["output_tokens"])
-        cached = rows["cached_tokens"].to_numpy(dtype=float)
-        prompt = rows["prompt_tokens"].to_numpy(dtype=float)
+        card["input_tokens"] = _pcts(col("prompt_tokens"))  # the server's usage count where it gave one
+        card["input_tokens_planned"] = _pcts(col("prompt_tokens_planned"))  # the lengths the client asked for
+        card["output_tokens"] = _pcts(col("output_tokens"))
+        cached, prompt = col("cached_tokens"), col("prompt_tokens")
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:
             card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
