@@ -62,7 +62,8 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
     def s(name: str) -> float | None:
         return sig[name].value if name in sig else None
 
-    phases = wl.get("phases") if isinstance(wl.get("phases"), list) else []
+    planned = wl.get("phases")
+    phases: list[Any] = planned if isinstance(planned, list) else []
     card: dict[str, Any] = {
         "mode": mode, "source": source, "arrival": _arrival(wl, replay),
         "levels": [str(p.get("name")) for p in phases if isinstance(p, dict) and p.get("role") != "baseline"],
