@@ -311,7 +311,7 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     t0 = rows[0][0]
     reqs = [ReplayRequest(offset_s=(t - t0) / 1e9, input_tokens=q.input_tokens, output_tokens=q.output_tokens,
                           session=q.session, turn=q.turn, prefix=q.prefix) for t, q in rows]
-    mode = wl.get("mode") or "?"
-    note = (f"from a {mode} run: closed-loop sends (each when the previous request ended) become fixed offsets"
-            if mode == "concurrency" else f"from a {mode} run")
+    mode = wl.get("mode")
+    note = ("from a concurrency run: closed-loop sends (each when a request ended) become fixed offsets"
+            if mode == "concurrency" else f"from a {mode} run" if mode else "from a load run")
     return reqs, block, note

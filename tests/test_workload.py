@@ -371,3 +371,58 @@ def test_attach_workload_end_to_end_with_card_in_json_and_report(tmp_path: Path)
     html = (tmp_path / "r.html").read_text()
     assert 'id="workload"' in html and "recorded offsets, 3x speed" in html
     assert html.index('id="workload"') < html.index('id="verdict"')
+
+
+def test_replay_options_are_checked_before_connecting(tmp_path: Path) -> None:
+    from diagnose.cli.attach import attach
+    from diagnose.probes.load import workload_from_options
+
+    f = write_diag(tmp_path / "w.jsonl", ROWS)
+
+    def opts(*args: str) -> dict[str, Any]:
+        return dict(attach.make_context("attach", ["--url", "http://127.0.0.1:9", *args]).params)
+
+    spec = workload_from_options(opts("--workload", str(f), "--speed", "2", "--loop", "3", "--max-concurrency", "4",
+                                      "--baseline", "2"))
+    assert spec.mode == "replay" and spec.replay is not None and spec.replay.speed == 2 and spec.replay.loop == 3
+    assert [p.role for p in spec.phases] == ["baseline", "measure"] and spec.phases[1].max_concurrency == 4
+    assert spec.duration_s is None  # the whole file, not 30 s
+    assert (spec.input_tokens, spec.output_tokens) == (33, 4)  # the baseline's size: the file's medians
+    js = spec.to_json()
+    assert js["replay"]["requests"] == 6 and js["replay"]["file"] == str(f) and "requests" not in js["phases"][0]
+    for args, msg in ((("--workload", str(f), "-c", "4"), "drop --concurrency/--rate"),
+                      (("--speed", "2"), "give --workload FILE"), (("--loop", "2"), "give --workload FILE"),
+                      (("--workload", str(f), "--speed", "-1"), "--speed -1: must be a positive factor")):
+        with pytest.raises(InputError, match=msg):
+            workload_from_options(opts(*args))
+
+
+def test_chat_replay_and_closed_loop_bundle_to_workload(tmp_path: Path) -> None:
+    rp = read_workload(write_diag(tmp_path / "w.jsonl", ROWS[:3]))
+    spec = replay_spec(rp)
+    spec = WorkloadSpec(**{**spec.__dict__, "api": "chat"})
+    srv = StampServer()
+    status, _ = asyncio.run(run_probe(srv, spec, tmp_path / "b"))
+    assert status is not None and status.detail["requests_ok"] == 3
+    lens = sorted(len(str(body["messages"][0]["content"]).split()) + 1 for _, body in sent(srv))
+    assert lens == sorted(r["input_tokens"] for r in ROWS[:3])
+    # a closed loop: each worker's first request has no intended time, its send time stands in
+    status, b = asyncio.run(run_probe(TestServer(), spec_for("2", num_requests=5), tmp_path / "c"))
+    reqs, _, _ = from_bundle(b)
+    recs = b.records("requests")
+    assert sum(r["intended_ns"] is None for r in recs) == 2
+    t = sorted(r["intended_ns"] if r["intended_ns"] is not None else r["sent_ns"] for r in recs)
+    assert [r.offset_s for r in reqs] == pytest.approx([(x - t[0]) / 1e9 for x in t], abs=1e-6)
+    assert {(r.input_tokens, r.output_tokens) for r in reqs} == {(32, 8)} and all(r.prefix == () for r in reqs)
+
+
+def test_workload_card_in_the_report_is_escaped(tmp_path: Path) -> None:
+    from diagnose.cli.analyze import run_analysis
+    from diagnose.reports.render import write_report
+
+    f = write_diag(tmp_path / "w<b>x.jsonl", ROWS[:2])
+    asyncio.run(run_with_manifest(TestServer(), replay_spec(read_workload(f)), tmp_path / "r"))
+    write_report(run_analysis(tmp_path / "r"), tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    card = html[html.index('id="workload"'):html.index("</section>", html.index('id="workload"'))]
+    assert "w<b>x" not in html and "w&lt;b&gt;x.jsonl" in card and "<dt>Requests</dt><dd>2</dd>" in card
