@@ -92,6 +92,13 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         card["input_tokens"] = _pcts(col("prompt_tokens"))  # the server's usage count where it gave one
         card["input_tokens_planned"] = _pcts(col("prompt_tokens_planned"))  # the lengths the client asked for
         card["output_tokens"] = _pcts(col("output_tokens"))
+        # how faithfully the load was sent: the schedule lag (capped requests left out) and the input lengths
+        # the server counted over those planned (1.0: as asked; only where the server reports usage)
+        planned, served = col("prompt_tokens_planned"), col("prompt_tokens")
+        both = np.isfinite(planned) & np.isfinite(served) & (planned > 0)
+        card["fidelity"] = {
+            "schedule_lag_p99_ms": s("client_schedule_lag_p99_ms"),
+            "input_served_over_planned_p50": float(np.median(served[both] / planned[both])) if both.any() else None}
         cached, prompt = col("cached_tokens"), col("prompt_tokens")
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:

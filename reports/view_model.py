@@ -106,6 +106,7 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
             ("Prefix share (planned)", share(card["prefix_share_planned"])),
             ("Cached tokens (server usage)", share(card["cached_token_share"])),
             ("Prefix-cache hit ratio (server)", share(server.get("prefix_cache_hit_ratio"))),
+            ("Schedule lag P99", num((card.get("fidelity") or {}).get("schedule_lag_p99_ms"), " ms")),
             ("Note", card.get("note"))]
     return [{"label": k, "value": redact_value("workload", v)} for k, v in rows if v]
 

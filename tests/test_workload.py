@@ -341,6 +341,10 @@ def test_workload_card_of_a_replay_and_of_a_synthetic_run(tmp_path: Path) -> Non
     assert card["replay"]["requests"] == 12 and card["replay"]["speed"] == 4
     assert card["rate_rps"] is not None and card["rate_rps"] > 0 and card["concurrency_mean"] is not None
     assert card["cached_token_share"] == 0.0  # the test server reports cached_tokens 0 of 7
+    assert card["fidelity"]["schedule_lag_p99_ms"] == js["signals"]["client_schedule_lag_p99_ms"]["value"]
+    # the test server's usage says 7 prompt tokens whatever it got: served / planned shows the mismatch
+    assert card["fidelity"]["input_served_over_planned_p50"] == pytest.approx(
+        float(np.median([7 / n for n in ins])))
     spec = spec_for(None, rate="30", num_requests=8, arrival="gamma", burstiness=0.5, shared_prefix_fraction=0.25)
     asyncio.run(run_with_manifest(TestServer(), spec, tmp_path / "s"))
     card = analysis_json(run_analysis(tmp_path / "s"))["workload_card"]
