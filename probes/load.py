@@ -33,6 +33,7 @@ import secrets
 import statistics
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -536,7 +537,7 @@ class _LoadRun:
             async with sem:
                 await self._one(ph.index, warm, intended, capped, item)
 
-        def plan() -> Any:
+        def plan() -> Iterator[tuple[ReplayItem, int]]:  # (the request, when it is due: ns, monotonic)
             for lp in range(rp.loop):
                 for idx, req in enumerate(rp.requests):
                     yield (idx, lp, req), start + int((lp * period + req.offset_s) / rp.speed * 1e9)

@@ -12,6 +12,9 @@ to it either way.
 Uniqueness: after the shared prefix (``shared_prefix_fraction`` of the words, the same for every request),
 each prompt starts with its request number written in base-K digits using the word list itself, then
 seeded random words (a window of one seeded pool). Prefix caching therefore cannot hit beyond the shared prefix.
+
+Replay (``make_replay``, docs/workload.md): a prompt of a recorded length whose leading blocks are the seeded
+text of the recorded block hashes (the same words for the same hash), then the request number and filler.
 """
 
 from __future__ import annotations
