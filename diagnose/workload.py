@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from diagnose.errors import InputError
 
-Mode = Literal["concurrency", "rate", "observe"]
+Mode = Literal["concurrency", "rate", "observe", "replay"]
 Arrival = Literal["poisson", "gamma", "constant"]
 
 
@@ -30,6 +31,53 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class ReplayRequest:
+    """One request of a replayed workload file (docs/workload.md): when to send it and how big it is."""
+
+    offset_s: float  # arrival offset from the start of the trace (before --speed)
+    input_tokens: int
+    output_tokens: int
+    session: str | None = None
+    turn: int | None = None
+    prefix: tuple[str, ...] = ()  # hashes of the leading blocks (block_tokens each) shared with other requests
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A workload file to replay (``attach --workload``) and how: time scaled by ``speed``, ``loop`` times."""
+
+    file: str  # as given (the manifest records it)
+    format: str  # diagnose | mooncake | azure
+    block_tokens: int
+    requests: tuple[ReplayRequest, ...]
+    speed: float = 1.0
+    loop: int = 1
+    skipped: int = 0  # records of the file that could not be read
+    note: str = ""  # the warning about skipped records (file:line of the first), "" when none
+
+    def period_s(self) -> float:
+        """One pass of the trace in trace time: the last offset plus one mean gap (so a loop's first request
+        does not land on the previous loop's last)."""
+        if not self.requests:
+            return 0.0
+        first, last = self.requests[0].offset_s, self.requests[-1].offset_s
+        n = len(self.requests)
+        gap = (last - first) / (n - 1) if n > 1 else 1.0
+        return max(last + gap, 1e-3)
+
+    def summary(self) -> dict[str, Any]:
+        """What the manifest keeps of it (never the per-request rows: the bundle's requests have them)."""
+        from diagnose.workload_file import prefix_share
+
+        reqs = self.requests
+        return {"file": self.file, "format": self.format, "block_tokens": self.block_tokens,
+                "requests": len(reqs), "skipped": self.skipped, "speed": self.speed, "loop": self.loop,
+                "span_s": (reqs[-1].offset_s - reqs[0].offset_s) if reqs else 0.0,
+                "prefix_share": prefix_share(reqs, self.block_tokens),
+                "sessions": len({r.session for r in reqs if r.session is not None})}
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     mode: Mode = "concurrency"
     phases: tuple[Phase, ...] = ()
@@ -48,10 +96,13 @@ class WorkloadSpec:
     model: str | None = None  # None: first model of /v1/models
     store_text: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    replay: Replay | None = None  # mode "replay": the file's requests replace arrivals and lengths
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "replay"}
         d["phases"] = [asdict(p) for p in self.phases]
+        if self.replay is not None:
+            d["replay"] = self.replay.summary()
         return d
 
 

@@ -30,9 +30,12 @@ import gc
 import os
 import random
 import secrets
+import statistics
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -46,7 +49,10 @@ from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
 from diagnose.redact import Redactor, excerpt, scrub_text
-from diagnose.workload import Phase, WorkloadSpec, build_phases, parse_duration
+from diagnose.workload import Mode, Phase, Replay, ReplayRequest, WorkloadSpec, build_phases, parse_duration
+
+# a replayed request: (its index in the workload file, the loop it belongs to, the recorded request)
+ReplayItem = tuple[int, int, ReplayRequest]
 
 CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
@@ -274,14 +280,21 @@ class _LoadRun:
         if waiters or self._turn_sends:
             self._arm_turn()
 
-    async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False) -> StreamResult:
+    async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False,
+                   item: ReplayItem | None = None) -> StreamResult:
         gate = self._send_gate()
         if gate is not None:
             await gate
         seq = self.seq
         self.seq += 1
         rid = f"{self.token}-{seq}"
-        prompt = self.prompts.make(seq)
+        max_tokens = self.spec.output_tokens
+        if item is not None and self.spec.replay is not None:
+            req = item[2]
+            prompt = self.prompts.make_replay(seq, req.input_tokens, req.prefix, self.spec.replay.block_tokens)
+            max_tokens = req.output_tokens
+        else:
+            prompt = self.prompts.make(seq)
         # ids come from the OS, not the seeded workload RNG: two captures with the same --seed must not
         # send the same trace ids into a user's collector (--otlp-export)
         trace_id = secrets.token_hex(16)
@@ -289,7 +302,7 @@ class _LoadRun:
         headers = {"x-request-id": rid, "traceparent": f"00-{trace_id}-{span_id}-01"}
         res = StreamResult()
         try:
-            await self.client.stream(self.path, self._body(prompt.text), res, headers)
+            await self.client.stream(self.path, self._body(prompt.text, max_tokens), res, headers)
         except asyncio.CancelledError:
             res.error, res.error_detail = "incomplete", "capture stopped while the request was in flight"
             res.end_ns = now_ns()
@@ -298,7 +311,7 @@ class _LoadRun:
             raise
         finally:
             self._record(rid, phase, warmup, intended_ns, capped, prompt.text, prompt.tokens, prompt.source,
-                         trace_id, span_id, res)
+                         trace_id, span_id, res, max_tokens, item)
         return res
 
     def _clean_detail(self, detail: str, prompt: str, min_words: int = 3) -> str:
@@ -310,7 +323,8 @@ class _LoadRun:
         return excerpt(d)
 
     def _record(self, rid: str, phase: int, warmup: bool, intended_ns: int | None, capped: bool, text: str,
-                ptok: int, psource: str, trace_id: str, span_id: str, res: StreamResult) -> None:
+                ptok: int, psource: str, trace_id: str, span_id: str, res: StreamResult, max_tokens: int,
+                item: ReplayItem | None = None) -> None:
         if res.error_detail:
             res.error_detail = self._clean_detail(res.error_detail, text)
         usage = res.usage or {}
@@ -321,12 +335,22 @@ class _LoadRun:
             "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": res.end_ns or now_ns(),
             "ok": res.error is None, "http_status": res.status, "error": res.error,
             "error_detail": res.error_detail, "prompt_tokens": ptok, "prompt_tokens_source": psource,
-            "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": self.spec.output_tokens,
+            "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": max_tokens,
             "output_tokens_usage": usage.get("completion_tokens"), "output_tokens_chunks": sum(res.tok),
             "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason, "trace_id": trace_id,
             "span_id": span_id,
             "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
         }
+        if item is not None:  # what `diagnose workload` needs to write the request back (no text)
+            index, loop, req = item
+            rec["replay_index"] = index
+            rec["replay_loop"] = loop
+            if req.session is not None:
+                rec["session"] = req.session
+            if req.turn is not None:
+                rec["turn"] = req.turn
+            if req.prefix:
+                rec["prefix"] = list(req.prefix)
         if self.spec.store_text:
             rec["prompt_text"] = text
             rec["output_text"] = "".join(res.text or [])
@@ -497,6 +521,55 @@ class _LoadRun:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _replay(self, ph: Phase, rp: Replay, start: int, deadline: int | None) -> None:
+        """Sends each request of the workload file at its recorded offset (divided by ``speed``), ``loop``
+        times over (a loop starts one period after the previous one, ``Replay.period_s``), optionally capped
+        at ``max_concurrency`` in flight (a request that waits for the cap is marked ``capped``). A
+        Retry-After pause delays the requests it covers (their schedule lag shows it); none is dropped."""
+        sem = asyncio.Semaphore(ph.max_concurrency) if ph.max_concurrency else None
+        tasks: set[asyncio.Task[Any]] = set()
+        cap = self._num_requests(ph)
+        period = rp.period_s()
+
+        async def capped_one(warm: bool, intended: int, item: ReplayItem) -> None:
+            assert sem is not None
+            capped = sem.locked()
+            async with sem:
+                await self._one(ph.index, warm, intended, capped, item)
+
+        def plan() -> Iterator[tuple[ReplayItem, int]]:  # (the request, when it is due: ns, monotonic)
+            for lp in range(rp.loop):
+                for idx, req in enumerate(rp.requests):
+                    yield (idx, lp, req), start + int((lp * period + req.offset_s) / rp.speed * 1e9)
+
+        i = 0
+        try:
+            for item, t in plan():
+                if self.stopping or (cap is not None and i >= cap) or (deadline is not None and t >= deadline):
+                    break
+                if self.hold_until_ns > t:
+                    await self._hold()
+                    if self.stopping:
+                        break
+                delay = (t - now_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    if self.stopping:
+                        break
+                warm = i < self.spec.warmup_requests
+                coro = capped_one(warm, t, item) if sem else self._one(ph.index, warm, t, False, item)
+                task = asyncio.ensure_future(coro)
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                i += 1
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _phase(self, ph: Phase, rec: dict[str, Any]) -> None:
         start = now_ns()
         rec["start_ns"] = start
@@ -506,7 +579,9 @@ class _LoadRun:
         deadline = start + int(dur * 1e9) if dur else None
         self.stats.phase_label = ph.name
         self.stats.phase_end_s = None if deadline is None else deadline / 1e9
-        if ph.rate is not None:
+        if self.spec.replay is not None and ph.role != "baseline":
+            await self._replay(ph, self.spec.replay, start, deadline)
+        elif ph.rate is not None:
             await self._open(ph, start, deadline)
         else:
             await self._closed(ph, deadline)
@@ -514,7 +589,9 @@ class _LoadRun:
     async def _run_phase(self, ph: Phase) -> bool:
         """Runs one phase; returns False when the capture was stopped from outside during it."""
         seq0 = self.seq
-        rec: dict[str, Any] = {"phase": ph.index, "name": ph.name, "mode": "rate" if ph.rate else "concurrency",
+        mode = ("replay" if self.spec.replay is not None and ph.role != "baseline"
+                else "rate" if ph.rate else "concurrency")
+        rec: dict[str, Any] = {"phase": ph.index, "name": ph.name, "mode": mode,
                                "concurrency": ph.concurrency, "rate": ph.rate, "max_concurrency": ph.max_concurrency,
                                "role": ph.role, "arrival": self.spec.arrival, "burstiness": self.spec.burstiness,
                                "start_ns": now_ns(), "end_ns": None, "warmup_requests": self.spec.warmup_requests}
@@ -565,6 +642,7 @@ class _LoadRun:
             self.model = await self._resolve_model()
             self.notes["prompt_calibration"] = await self.prompts.calibrate(self.client, self.model)
             self.notes["prompt_tokens_planned"] = self.prompts.planned_tokens()
+            self.notes["shared_prefix_tokens"] = self.prompts.shared_prefix_tokens()
             pre = await self._negotiate()
             if pre.error in CONNECT_ERRORS:
                 self.counts[pre.error or "?"] += 1
@@ -609,7 +687,13 @@ class _LoadRun:
 # -- attach options: the workload ------------------------------------------------------------------------
 def workload_from_options(o: Options) -> WorkloadSpec:
     """The workload these options ask for (``--duration``, ``--model``, ``--store-text`` are attach's own)."""
-    mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
+    replay = _replay_from_options(o)
+    if replay is not None:
+        mode: Mode = "replay"
+        phases: tuple[Phase, ...] = (Phase(index=0, name=f"replay {Path(replay.file).name}" + (
+            f" x{replay.speed:g}" if replay.speed != 1 else ""), max_concurrency=o["max_concurrency"]),)
+    else:
+        mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
     num_requests, baseline = o["num_requests"], o["baseline"]
     if num_requests is not None and num_requests <= 0:
         raise InputError("--num-requests must be positive")
@@ -619,7 +703,11 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         raise InputError("--input-tokens and --output-tokens must be positive")
     if o["burstiness"] <= 0:
         raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
-    dur = parse_duration(o["duration"]) if o["duration"] else (None if num_requests else 30.0)
+    dur = parse_duration(o["duration"]) if o["duration"] else (None if num_requests or replay else 30.0)
+    input_tokens, output_tokens = o["input_tokens"], o["output_tokens"]
+    if replay is not None:  # the baseline phase (if any) sends requests of the trace's median size
+        input_tokens = int(statistics.median_low(r.input_tokens for r in replay.requests))
+        output_tokens = int(statistics.median_low(r.output_tokens for r in replay.requests))
     if baseline > 0:
         base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
         phases = (base, *(Phase(index=p.index + 1, name=p.name, concurrency=p.concurrency, rate=p.rate,
@@ -627,17 +715,36 @@ def workload_from_options(o: Options) -> WorkloadSpec:
                                 duration_s=p.duration_s, role=p.role) for p in phases))
     return WorkloadSpec(
         mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=o["warmup"],
-        arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=o["input_tokens"],
-        output_tokens=o["output_tokens"], ignore_eos=o["ignore_eos"], api=o["api"],
-        shared_prefix_fraction=o["shared_prefix"], seed=o["seed"], request_timeout_s=parse_duration(o["timeout"]),
-        model=o["model"], store_text=o["store_text"],
+        arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=input_tokens,
+        output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
+        shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
+        request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
     )
+
+
+def _replay_from_options(o: Options) -> Replay | None:
+    """``--workload FILE`` read (format detected; bad records skipped with a warning on stderr), or None."""
+    speed, loop = o.get("speed"), o.get("loop")
+    if not o.get("workload"):
+        if speed not in (None, 1.0) or loop not in (None, 1):
+            raise InputError("--speed and --loop scale and repeat a replay: give --workload FILE")
+        return None
+    if o["concurrency"] or o["rate"]:
+        raise InputError("--workload replays the file's own arrivals: drop --concurrency/--rate")
+    from diagnose.workload_file import read_workload
+
+    replay = read_workload(Path(o["workload"]), speed=float(speed or 1.0), loop=int(loop or 1))
+    if replay.note:
+        import click
+
+        click.echo(f"warning: {replay.note}", err=True)
+    return replay
 
 
 def _enabled(o: Options) -> bool:
     """Load is sent unless ``--observe``, which refuses a load level given with it."""
-    if o["observe"] and (o["concurrency"] or o["rate"]):
-        raise InputError("--observe sends no requests: drop --concurrency/--rate")
+    if o["observe"] and (o["concurrency"] or o["rate"] or o.get("workload")):
+        raise InputError("--observe sends no requests: drop --concurrency/--rate/--workload")
     return not o["observe"]
 
 
@@ -657,7 +764,14 @@ SPEC = ProbeSpec(
         ProbeOption("--arrival", choices=("poisson", "gamma", "constant"), default="poisson", show_default=True),
         ProbeOption("--burstiness", type=float, default=1.0, show_default=True,
                     help="Gamma shape (1 = Poisson, <1 burstier)."),
-        ProbeOption("--max-concurrency", type=int, help="Open loop: cap on requests in flight."),
+        ProbeOption("--max-concurrency", type=int, help="Open loop or replay: cap on requests in flight."),
+        ProbeOption("--workload", type=Path, metavar="FILE",
+                    help="Replay this workload file (diagnose JSONL, Mooncake JSONL or Azure trace CSV; "
+                         "docs/workload.md): each request at its recorded offset with its recorded lengths."),
+        ProbeOption("--speed", type=float, default=1.0, show_default=True,
+                    help="With --workload: time scale (2 = twice as fast)."),
+        ProbeOption("--loop", type=int, default=1, show_default=True,
+                    help="With --workload: replay the file this many times."),
         ProbeOption("--num-requests", short="-n", type=int, help="Per load level, instead of a duration."),
         ProbeOption("--warmup", type=int, default=2, show_default=True,
                     help="Warm-up requests per level, excluded from statistics."),

@@ -12,12 +12,17 @@ to it either way.
 Uniqueness: after the shared prefix (``shared_prefix_fraction`` of the words, the same for every request),
 each prompt starts with its request number written in base-K digits using the word list itself, then
 seeded random words (a window of one seeded pool). Prefix caching therefore cannot hit beyond the shared prefix.
+
+Replay (``make_replay``, docs/workload.md): a prompt of a recorded length whose leading blocks are the seeded
+text of the recorded block hashes (the same words for the same hash), then the request number and filler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +66,7 @@ class PromptFactory:
         self.source: Source = "estimate"
         self.note = "not calibrated: 1 token per word + 1 assumed"
         self._shared: list[str] = []
+        self._block = functools.lru_cache(maxsize=1024)(self._make_block)
         self._rebuild()
 
     # -- planning -----------------------------------------------------------------------------
@@ -79,11 +85,16 @@ class PromptFactory:
         pool_rng = random.Random(f"fill-{self.seed}")
         self._pool = pool_rng.choices(self.words, k=max(FILL_POOL, 2 * self._n_fill + 1))
         self._prefix = " " + " ".join(self._shared) + " " if self._shared else " "
+        self._block.cache_clear()
+
+    def shared_prefix_tokens(self) -> int:
+        """Tokens of the prefix every request shares (after what the server adds): 0 without one."""
+        return round(len(self._shared) * self.per_word)
 
     def planned_tokens(self) -> int:
         return self.base + round(self._n_words() * self.per_word)
 
-    def make(self, i: int) -> Prompt:
+    def _ident(self, i: int) -> list[str]:
         words = self.words
         k = len(words)
         ident = []
@@ -91,10 +102,44 @@ class PromptFactory:
         for _ in range(ID_DIGITS):
             ident.append(words[v % k])
             v //= k
+        return ident
+
+    def make(self, i: int) -> Prompt:
+        ident = self._ident(i)
         m = self._n_fill
         start = (i * 2_654_435_761) % (len(self._pool) - m)  # Knuth's multiplicative hash: spread windows
         text = self._prefix + " ".join(ident + self._pool[start:start + m])
         return Prompt(text=text, tokens=self.planned_tokens(), source=self.source)
+
+    # -- replay: a recorded length and prefix groups ----------------------------------------------------
+    def _make_block(self, h: str, n_words: int) -> tuple[str, ...]:
+        return tuple(random.Random(f"block-{self.seed}-{h}").choices(self.words, k=n_words))
+
+    def make_replay(self, i: int, tokens: int, prefix: Sequence[str] = (), block_tokens: int = 16) -> Prompt:
+        """Prompt ``i`` of a replay: ``tokens`` long; its leading blocks (``block_tokens`` each) are the text of
+        the block hashes in ``prefix`` -- the same text for the same hash, so requests that shared a prefix
+        share it again -- and the rest is unique to the request (its number, then seeded filler)."""
+        n = max(1, round((tokens - self.base) / self.per_word))
+        bw = max(1, round(block_tokens / self.per_word))
+        out: list[str] = []
+        for h in prefix:
+            if len(out) >= n:
+                break
+            out.extend(self._block(h, bw))
+        del out[n:]
+        rest = n - len(out)
+        if rest > 0:
+            ident = self._ident(i)[:rest]
+            out += ident
+            m = rest - len(ident)
+            pool = self._pool
+            start = (i * 2_654_435_761) % len(pool)
+            while m > 0:  # a window of the pool, wrapping round for prompts longer than it
+                part = pool[start:start + m]
+                out += part
+                m -= len(part)
+                start = 0
+        return Prompt(text=" " + " ".join(out), tokens=self.base + round(n * self.per_word), source=self.source)
 
     # -- calibration against the server ---------------------------------------------------------
     def _tok_body(self, model: str | None, text: str) -> dict[str, Any]:

@@ -76,7 +76,39 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                     "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail) if v != "—")}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "environment": _environment(manifest),
+        "workload_card": _workload_card(a),
     }
+
+
+def _workload_card(a: Analysis) -> list[dict[str, str]]:
+    """The workload card as (label, value) rows for the top of the report (diagnose/workload_card.py)."""
+    from diagnose.workload_card import workload_card
+
+    card = workload_card(a)
+    if card is None:
+        return []
+
+    def num(v: Any, unit: str = "", digits: int = 3) -> str | None:
+        return None if v is None else f"{float(v):.{digits}g}{unit}"
+
+    def pct(d: Any) -> str | None:
+        return None if not d else " / ".join(f"{d[k]:.0f}" for k in ("p50", "p90", "p99")) + " (P50/P90/P99)"
+
+    def share(v: Any) -> str | None:
+        return None if v is None else f"{float(v):.0%}"
+
+    server = card.get("server") or {}
+    rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", str(card["arrival"])),
+            ("Levels", ", ".join(card["levels"]) or None), ("Requests", num(card["requests"], digits=9)),
+            ("Measured rate", num(card["rate_rps"], " req/s")),
+            ("Mean in flight", num(card["concurrency_mean"] or server.get("running_mean"))),
+            ("Input tokens", pct(card["input_tokens"])), ("Output tokens", pct(card["output_tokens"])),
+            ("Prefix share (planned)", share(card["prefix_share_planned"])),
+            ("Cached tokens (server usage)", share(card["cached_token_share"])),
+            ("Prefix-cache hit ratio (server)", share(server.get("prefix_cache_hit_ratio"))),
+            ("Schedule lag P99", num((card.get("fidelity") or {}).get("schedule_lag_p99_ms"), " ms")),
+            ("Note", card.get("note"))]
+    return [{"label": k, "value": redact_value("workload", v)} for k, v in rows if v]
 
 
 def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ EXPECTED = {
     "--store-text", "--progress", "--no-progress", "--realtime", "--report", "-h", "--help",
 }
 EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own (docs/fleet.md)
+EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/workload.md)
 
 
 @pytest.fixture(autouse=True)

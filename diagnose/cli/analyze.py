@@ -92,7 +92,16 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         "probes": [s.to_json() for s in a.probe_statuses],
         "warnings": a.warnings,
         **_trace_json(a),
+        **_workload_json(a),
     }
+
+
+def _workload_json(a: Analysis) -> dict[str, Any]:
+    """The bundle's workload card (diagnose/workload_card.py; docs/workload.md); nothing for a trace."""
+    from diagnose.workload_card import workload_card
+
+    card = workload_card(a)
+    return {"workload_card": card} if card is not None else {}
 
 
 def _trace_json(a: Analysis) -> dict[str, Any]:

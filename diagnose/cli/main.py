@@ -29,6 +29,7 @@ COMMANDS = {
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
     "verify": "diagnose.cli.compare:verify",
+    "workload": "diagnose.cli.workload:workload",
 }
 
 

@@ -281,19 +281,19 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
 
 
 def _arrivals(req: pd.DataFrame, phases: pd.DataFrame | None, window: Window, out: dict[str, Signal]) -> None:
-    """``workload_open_loop`` (1: every measured phase of the window sends at a rate, 0: a closed loop at a
-    concurrency) and, for an open loop, ``arrival_gap_cv_ratio``: the coefficient of variation of the gaps
-    between the window's sends (Poisson 1; gamma arrivals of burstiness b about 1/sqrt(b)). A closed loop
-    sends when a request ends, so it has no arrival bursts of its own."""
+    """``workload_open_loop`` (1: every measured phase of the window sends at a rate or replays a workload
+    file, 0: a closed loop at a concurrency) and, for an open loop, ``arrival_gap_cv_ratio``: the coefficient
+    of variation of the gaps between the window's sends (Poisson 1; gamma arrivals of burstiness b about
+    1/sqrt(b)). A closed loop sends when a request ends, so it has no arrival bursts of its own."""
     if phases is None or phases.empty or "phase" not in phases.columns:
         return
     rows = phases[phases["role"] != "baseline"] if "role" in phases.columns else phases
     if window.phase is not None:
         rows = phases[phases["phase"] == window.phase]
     modes = {str(m) for m in rows.get("mode", pd.Series(dtype=str)).dropna()}
-    if not modes or not modes <= {"rate", "concurrency"}:
+    if not modes or not modes <= {"rate", "concurrency", "replay"}:
         return
-    open_loop = modes == {"rate"}
+    open_loop = modes <= {"rate", "replay"}  # a replay sends at the file's offsets, whatever completes
     out["workload_open_loop"] = _sig("workload_open_loop", 1.0 if open_loop else 0.0, "flag")
     if not open_loop:
         return

@@ -1,0 +1,45 @@
+"""`diagnose workload BUNDLE -o workload.jsonl`: the replayable, text-free workload of a capture
+(docs/workload.md); `diagnose attach --workload workload.jsonl` replays it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from diagnose.cli import exits
+from diagnose.errors import DiagnoseError
+
+WORKLOAD_CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.INTERNAL, exits.INTERRUPTED)
+
+
+@click.command(epilog=exits.epilog(WORKLOAD_CODES))
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("workload.jsonl"), show_default=True,
+              help="Where to write the workload file (JSONL).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
+def workload(bundle: Path, output: Path, quiet: bool) -> None:
+    """Write a bundle's workload as a replayable file: per request its arrival offset, input and output
+    token counts and prefix-group hashes (which requests share a prefix), never prompt text.
+
+    Needs a bundle captured with load (`attach` without --observe): an observe-mode bundle has server
+    counters only, no per-request rows (exit status 1). Replay it with `diagnose attach --workload FILE`.
+    """
+    from diagnose.bundle import open_bundle
+    from diagnose.cli.analyze import write_atomic
+    from diagnose.workload_file import encode_workload, from_bundle, prefix_share
+
+    b = open_bundle(bundle)
+    reqs, block, note = from_bundle(b)
+    data = encode_workload(reqs, block_tokens=block, source=f"diagnose workload {b.path.name}: {note}")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(output, data)
+    except OSError as e:
+        raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
+    if not quiet:
+        for w in b.warnings:
+            click.echo(f"warning: {w}", err=True)
+        share = prefix_share(reqs, block)
+        click.echo(f"workload: {len(reqs)} requests over {reqs[-1].offset_s:.3f} s, prefix share "
+                   f"{0.0 if share is None else share:.0%} (blocks of {block} tokens) -> {output}")

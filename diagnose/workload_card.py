@@ -1,0 +1,112 @@
+"""The workload card: what load a bundle carries, stated as data (issue 16; docs/workload.md).
+
+From the manifest's workload spec (what was asked: mode, arrival process, levels, the replayed file) and the
+requests the client recorded (what was measured: rate, requests in flight, input/output length percentiles,
+cached-token share), or, for an observe-mode bundle, the server's own counters. ``analyze --json`` writes it
+under ``workload_card``; the HTML report shows it at the top.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from diagnose.analysis import Analysis
+
+PCTS = (50, 90, 99)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) else None
+
+
+def _pcts(values: Any) -> dict[str, float] | None:
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return None
+    return {f"p{p}": float(np.percentile(v, p)) for p in PCTS}
+
+
+def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
+    mode = wl.get("mode")
+    if mode == "replay" and replay is not None:
+        speed, loop = _num(replay.get("speed")) or 1.0, int(_num(replay.get("loop")) or 1)
+        return ("recorded offsets" + (f", {speed:g}x speed" if speed != 1 else "")
+                + (f", looped {loop} times" if loop > 1 else ""))
+    if mode == "concurrency":
+        return "closed loop (each request sent when one ends)"
+    if mode == "rate":
+        arr = str(wl.get("arrival") or "poisson")
+        b = _num(wl.get("burstiness"))
+        return f"open loop, {arr}" + (f" (burstiness {b:g})" if arr == "gamma" and b is not None else "")
+    if mode == "observe":
+        return "the server's own traffic (not sent by diagnose)"
+    return "unknown"
+
+
+def workload_card(a: Analysis) -> dict[str, Any] | None:
+    """The card of a bundle's analysis; None for an input that is no capture (a kernel trace, a span file)."""
+    wl = a.manifest.get("workload")
+    if not isinstance(wl, dict) or not wl:
+        return None
+    mode = str(wl.get("mode") or "unknown")
+    replay = wl.get("replay") if isinstance(wl.get("replay"), dict) else None
+    source = ("observed traffic" if mode == "observe" else
+              f"replay of {replay.get('file')} ({replay.get('format')})" if mode == "replay" and replay else
+              "synthetic")
+    sig = a.signals
+
+    def s(name: str) -> float | None:
+        return sig[name].value if name in sig else None
+
+    planned = wl.get("phases")
+    phases: list[Any] = planned if isinstance(planned, list) else []
+    card: dict[str, Any] = {
+        "mode": mode, "source": source, "arrival": _arrival(wl, replay),
+        "levels": [str(p.get("name")) for p in phases if isinstance(p, dict) and p.get("role") != "baseline"],
+        "api": wl.get("api"), "ignore_eos": wl.get("ignore_eos"),
+        "rate_rps": s("request_rps"), "concurrency_mean": s("client_in_flight_mean"),
+        "arrival_gap_cv": s("arrival_gap_cv_ratio"),
+        "requests": None, "input_tokens": None, "input_tokens_planned": None, "output_tokens": None,
+        "prefix_share_planned": None, "cached_token_share": None,
+    }
+    if mode == "replay" and replay:
+        card["prefix_share_planned"] = _num(replay.get("prefix_share"))
+        card["replay"] = {k: replay.get(k) for k in ("file", "format", "requests", "skipped", "speed", "loop",
+                                                     "span_s", "block_tokens", "sessions")}
+    elif mode != "observe":
+        card["prefix_share_planned"] = _num(wl.get("shared_prefix_fraction"))
+    req = a.tables.get("requests")
+    if req is not None and not req.empty:
+        base = {p.phase for p in a.phases if p.is_baseline}
+        rows = req[~req["phase"].isin(base)] if base and "phase" in req.columns else req
+
+        def col(name: str) -> np.ndarray:
+            """A column as floats; NaN where the table (a report test's, an older bundle's) lacks it."""
+            return rows[name].to_numpy(dtype=float) if name in rows.columns else np.full(len(rows), np.nan)
+
+        card["requests"] = int(len(rows))
+        card["input_tokens"] = _pcts(col("prompt_tokens"))  # the server's usage count where it gave one
+        card["input_tokens_planned"] = _pcts(col("prompt_tokens_planned"))  # the lengths the client asked for
+        card["output_tokens"] = _pcts(col("output_tokens"))
+        # how faithfully the load was sent: the schedule lag (capped requests left out) and the input lengths
+        # the server counted over those planned (1.0: as asked; only where the server reports usage)
+        planned, served = col("prompt_tokens_planned"), col("prompt_tokens")
+        both = np.isfinite(planned) & np.isfinite(served) & (planned > 0)
+        card["fidelity"] = {
+            "schedule_lag_p99_ms": s("client_schedule_lag_p99_ms"),
+            "input_served_over_planned_p50": float(np.median(served[both] / planned[both])) if both.any() else None}
+        cached, prompt = col("cached_tokens"), col("prompt_tokens")
+        known = np.isfinite(cached) & np.isfinite(prompt)
+        if known.any() and prompt[known].sum() > 0:
+            card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
+    if mode == "observe" or card["requests"] is None:  # the server's counters, where there are no client rows
+        card["server"] = {"output_tps": s("server_output_tps"), "running_mean": s("running_requests_mean"),
+                          "prefix_cache_hit_ratio": s("prefix_cache_hit_ratio")}
+        card["note"] = "no per-request rows: lengths and prefix groups need request records (see docs/workload.md)"
+    elif s("prefix_cache_hit_ratio") is not None:
+        card["server"] = {"prefix_cache_hit_ratio": s("prefix_cache_hit_ratio")}
+    return card
