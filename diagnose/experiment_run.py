@@ -171,7 +171,7 @@ def attach_argv(url: str, out: Path, attach_args: Sequence[str]) -> list[str]:
 # request counts, SLO, reports) is left out of it.
 _SHAPE_VALUE = frozenset({"--api", "-c", "--concurrency", "-r", "--rate", "--arrival", "--burstiness",
                           "--max-concurrency", "--input-tokens", "--output-tokens", "--shared-prefix",
-                          "--timeout", "--api-key-env", "--model"})
+                          "--timeout", "--api-key-env", "--model", "--workload", "--speed"})
 _SHAPE_FLAG = frozenset({"--realtime", "--ignore-eos", "--no-ignore-eos"})
 
 
