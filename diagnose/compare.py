@@ -433,7 +433,29 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
         attribution = (f"{len(changed)} variables changed ({', '.join(c['what'] for c in changed)}): "
                        "a difference cannot be attributed to one of them")
     return {"comparable": not problems, "problems": problems, "changed": changed, "attribution": attribution,
-            "levels_only_in_a": only_a, "levels_only_in_b": only_b}
+            "levels_only_in_a": only_a, "levels_only_in_b": only_b, "host_drift": host_drift(a, b)}
+
+
+HOST_DRIFT_MIN = 0.10  # a reference phase that moved more than this between the runs is reported
+
+
+def host_drift(a: Analysis, b: Analysis) -> list[str]:
+    """The baseline phase (sequential requests at concurrency 1, sent first by `attach`) is the same load in
+    both runs and, for most settings, unaffected by the one changed (a batch cap, a token budget): when its
+    ITL P50 moved by more than 10%, the host ran at a different speed between the runs, and a difference of
+    that size elsewhere may be the host's, not the setting's. Reported, never used to change a verdict (a
+    setting that does change single-request speed moves the reference for real)."""
+    out = []
+    for sig, what in (("baseline_itl_p50_ms", "ITL P50"),):
+        sa, sb = a.signals.get(sig), b.signals.get(sig)
+        if sa is None or sb is None or not (sa.value > 0 and math.isfinite(sb.value)):
+            continue
+        rel = sb.value / sa.value - 1.0
+        if abs(rel) > HOST_DRIFT_MIN:
+            out.append(f"the concurrency-1 reference phase (the same load in both runs) moved: {what} "
+                       f"{sa.value:.2f} -> {sb.value:.2f} ms ({rel:+.0%}); the host may have run at a different "
+                       f"speed, so differences of that size may be the host's rather than the setting's")
+    return out
 
 
 COLD_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold

@@ -332,3 +332,23 @@ def test_a_cold_server_against_a_warm_one_is_a_variable_changed() -> None:
                                            "a": "cold (0 requests served before the capture)",
                                            "b": "warm (500 requests served before the capture)"}]
     assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["changed"] == []
+
+
+def test_a_reference_phase_that_moved_is_reported_as_host_drift() -> None:
+    """Same run against itself: no drift; the B side's concurrency-1 reference 28% slower (as a busy host
+    made it on this machine): reported in comparability, in the text and in the HTML, verdicts untouched."""
+    import dataclasses
+
+    from diagnose.cli.compare import comparison_lines
+    from diagnose.reports.compare import render_comparison
+
+    a, b = analyze(QUEUE), analyze(QUEUE)
+    assert cmp.compare(a, b, resamples=100).comparability["host_drift"] == []
+    ref = a.signals["baseline_itl_p50_ms"]
+    b.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * 1.28)
+    c = cmp.compare(a, b, resamples=100)
+    [d] = c.comparability["host_drift"]
+    assert "+28%" in d and "ITL P50" in d
+    assert c.to_json()["levels"] == cmp.compare(a, analyze(QUEUE), resamples=100).to_json()["levels"]
+    assert any(line.strip().startswith("note: the concurrency-1 reference") for line in comparison_lines(c))
+    assert "+28%" in render_comparison(c.to_json())

@@ -51,6 +51,7 @@ def comparison_lines(c: Comparison) -> list[str]:
     lines = [f"A: {c.a}", f"B: {c.b}"]
     lines += [f"  not comparable: {p}" for p in comp["problems"]]
     lines.append(f"  {comp['attribution']}")
+    lines += [f"  note: {d}" for d in comp.get("host_drift", [])]
     for ch in comp["changed"]:
         lines.append(f"  changed: {ch['what']}: {ch['a']!r} -> {ch['b']!r}")
     for lv in c.levels:
