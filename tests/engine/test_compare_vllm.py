@@ -39,15 +39,25 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     _warm(capped.url, tmp_path / "warm-a")  # type: ignore[attr-defined]
     _attach(capped.url, tmp_path / "a1")  # type: ignore[attr-defined]
     _attach(capped.url, tmp_path / "a2")  # type: ignore[attr-defined]
+    # A/A: the same setting twice in a row
+    p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
+    assert p.returncode == 0, p.stderr
+    aa = json.loads((tmp_path / "aa.json").read_text())
+    if aa["comparability"]["host_drift"]:
+        # compare itself saw the host change speed (the concurrency-1 reference moved > 10%: another process
+        # on this 2-core machine): an A/A pair then measures the host, not compare. The tool said so
+        # (checked here); the pair is captured once more, and the assertions below hold for that one.
+        assert "note: the concurrency-1 reference" in p.stdout, p.stdout
+        _attach(capped.url, tmp_path / "a1", "--force")  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a2", "--force")  # type: ignore[attr-defined]
+        p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
+        assert p.returncode == 0, p.stderr
+        aa = json.loads((tmp_path / "aa.json").read_text())
     capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
     _warm(raised.url, tmp_path / "warm-b")  # type: ignore[attr-defined]
     _attach(raised.url, tmp_path / "b")  # type: ignore[attr-defined]
 
-    # A/A: the same setting twice in a row
-    p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
-    assert p.returncode == 0, p.stderr
-    aa = json.loads((tmp_path / "aa.json").read_text())
     assert aa["comparability"]["comparable"] and aa["comparability"]["changed"] == []
     judged = [m for lv in aa["levels"] for m in lv["metrics"]
               if m["verdict"] in ("better", "worse", "within noise", "no significant change")]
