@@ -122,7 +122,7 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
             rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     out.capture = bool(steps.is_capture(rt.annotations, rt.step_frames))
     st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
-    t["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph)
+    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime)
     t["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:
         return out

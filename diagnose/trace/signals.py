@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.model import Signal
+from diagnose.trace import steps
 
 
 def _sig(out: list[Signal], name: str, value: Any, unit: str, desc: str) -> None:
@@ -150,6 +151,13 @@ def _comm_signals(out: list[Signal], cs: pd.DataFrame, g: pd.DataFrame, w: float
 def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
     if st.empty:
         return
+    if "excluded" in st:
+        n_all = len(st)
+        st = steps.included(st)
+        _sig(out, "trace_steps_excluded_count", n_all - len(st), "count",
+             "steps excluded as warm-up or profiler start/stop artefacts (not in any step signal)")
+        if st.empty:
+            return
     d = st["dur_us"].to_numpy(dtype=float) / 1e3
     _sig(out, "trace_steps_count", len(st), "count", "engine steps found in the trace annotations")
     for kind in ("prefill", "decode", "mixed"):

@@ -31,6 +31,11 @@ def _tokens(spec: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _step_no(name: str) -> int:
+    m = _PROFSTEP.match(name)
+    return int(m.group(1)) if m else -1
+
+
 def parse_step_name(name: str) -> dict[str, Any] | None:
     """Step fields from an annotation name, or None when it is not a step annotation."""
     m = _VLLM.match(name)
@@ -54,7 +59,22 @@ def parse_step_name(name: str) -> dict[str, Any] | None:
 
 
 STEP_COLUMNS = ["rank", "step", "source", "step_type", "kind_from", "ts_us", "dur_us", "prefill_reqs",
-                "prefill_tokens", "decode_reqs", "decode_tokens"]
+                "prefill_tokens", "decode_reqs", "decode_tokens", "excluded"]
+# Profiler artefacts (issue 11): a step is excluded from percentiles, graph mode, signals and findings, and kept
+# in the per-step table with the reason, when it is
+# - warm-up: ProfilerStep#0 (numbers start at 0 only when the schedule had no wait/warm-up steps, whose purpose
+#   per the torch.profiler docs is to keep the tracing start-up overhead out of the results), or one of the leading steps that call cudaMalloc/hipMalloc while a later step calls none (first-run
+#   allocation: the caching allocator grows);
+# - profiler start: the first step, whose CPU duration exceeds PROFILER_START_RATIO x the median of at least
+#   ARTEFACT_MIN_OTHERS later steps of its kind (profiler start-up overhead lands on it);
+# - profiler stop: the last step, whose CPU duration is under PROFILER_STOP_RATIO x the median of the other
+#   steps of its kind (the profiler stopped mid-step and closed it).
+PROFILER_START_RATIO = 1.3
+PROFILER_STOP_RATIO = 0.25
+ARTEFACT_MIN_OTHERS = 3
+WARMUP_STEP0 = ("warm-up: ProfilerStep#0, recorded without a warm-up step in the profiler schedule, carries the "
+                "profiler's start-up overhead and first-iteration costs")
+_MALLOC = re.compile(r"^(?:cuda|hip)Malloc(?:Managed)?$")
 
 
 def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -63,7 +83,7 @@ def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
     names = frames["name"].astype(str).to_numpy()
     hit = np.array([bool(_V1_FRAME.search(n)) for n in names], dtype=bool)
     return [{"ts_us": ts, "dur_us": dur, "source": "vllm_v1_frame", "step_type": "unknown", "prefill_reqs": 0,
-             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0}
+             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
             for ts, dur in zip(frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit], strict=True)]
 
 
@@ -89,7 +109,9 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
     for name, ts, dur in zip(names.to_numpy(), ann["ts_us"].to_numpy(), ann["dur_us"].to_numpy(), strict=True):
         p = parsed[str(name)]
         if p is not None:
-            rows.append({"ts_us": ts, "dur_us": dur, **p})
+            rows.append({"ts_us": ts, "dur_us": dur, **p,
+                         "excluded": WARMUP_STEP0 if p["source"] == "profiler_step" and _step_no(str(name)) == 0
+                         else ""})
     rows += v1
     if not rows:
         return pd.DataFrame(columns=cols)
@@ -223,10 +245,73 @@ def _infer_kinds(out: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _others_median(dur: np.ndarray, kind: np.ndarray, keep: np.ndarray, i: int) -> tuple[float, int]:
+    """Median CPU duration of the kept steps of step i's kind other than i, and how many there are."""
+    m = keep & (kind == kind[i])
+    m[i] = False
+    n = int(m.sum())
+    return (float(np.median(dur[m])), n) if n else (float("nan"), 0)
+
+
+def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Sets ``excluded`` (empty = the step counts) for warm-up and profiler start/stop steps (rules at
+    PROFILER_START_RATIO above); a trace's only step always stays counted."""
+    out = steps.copy()
+    if "excluded" not in out:
+        out["excluded"] = ""
+    n = len(out)
+    if n == 0:
+        return out
+    exc = out["excluded"].fillna("").astype(str).to_numpy(dtype=object)
+    if n == 1:  # a trace's only step stays counted (its figures then say they rest on one step)
+        exc[:] = ""
+    st = out["ts_us"].to_numpy(dtype=float)
+    en = st + out["dur_us"].to_numpy(dtype=float)
+    dur = out["dur_us"].to_numpy(dtype=float)
+    kind = out["step_type"].astype(str).to_numpy()
+    if runtime is not None and len(runtime):
+        names = runtime["name"].astype(str)
+        hit = np.asarray(names.str.match(_MALLOC.pattern).to_numpy(), dtype=bool)
+        mts = np.sort(runtime["ts_us"].to_numpy(dtype=float)[hit])
+        if len(mts):
+            calls = np.searchsorted(mts, en, side="right") - np.searchsorted(mts, st, side="left")
+            lead = 0
+            while lead < n and calls[lead] > 0:
+                lead += 1
+            if 0 < lead < n:  # a later step allocates nothing: the leading ones are first-run allocation
+                for i in range(lead):
+                    if not exc[i]:
+                        exc[i] = (f"warm-up: {int(calls[i])} cudaMalloc/hipMalloc call"
+                                  f"{'s' if calls[i] != 1 else ''} in the step (first-run allocation)")
+    keep = exc == ""
+    live = np.flatnonzero(keep)
+    if len(live) >= 2:
+        first, last = int(live[0]), int(live[-1])
+        med, others = _others_median(dur, kind, keep, first)
+        if others >= ARTEFACT_MIN_OTHERS and dur[first] > PROFILER_START_RATIO * med:
+            exc[first] = (f"profiler start: CPU duration {dur[first] / 1e3:.2f} ms, {dur[first] / med:.1f}x the "
+                          f"median of the {others} other {kind[first]} steps (profiler start-up overhead)")
+            keep[first] = False
+        med, others = _others_median(dur, kind, keep, last)
+        if others >= 1 and keep[last] and dur[last] < PROFILER_STOP_RATIO * med:
+            exc[last] = (f"profiler stop: cut short when the profiler stopped (CPU duration {dur[last] / 1e3:.2f} "
+                         f"ms, {dur[last] / med:.0%} of the median {kind[last]} step)")
+    out["excluded"] = exc
+    return out
+
+
+def included(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps that count: all but the warm-up and profiler start/stop artefacts (``excluded`` set)."""
+    if steps.empty or "excluded" not in steps:
+        return steps
+    return steps[steps["excluded"].fillna("").astype(str) == ""]
+
+
 def step_summary(steps: pd.DataFrame) -> pd.DataFrame:
     """Per step type: count, duration distribution, tokens per step, GPU busy share, CPU gap."""
     cols = ["step_type", "steps", "dur_ms_mean", "dur_ms_p50", "dur_ms_p99", "tokens_mean",
             "gpu_busy_ratio_mean", "cpu_gap_ms_p50", "sync_ms_mean"]
+    steps = included(steps)
     if steps.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -254,6 +339,7 @@ PERCENTILE_METRICS = (("dur_us", "CPU duration"), ("gpu_dur_us", "GPU duration (
 def step_percentiles(steps: pd.DataFrame) -> pd.DataFrame:
     """Percentiles over steps (P50, P90, P99, max) per step kind and for all steps, one row per metric."""
     cols = ["step_type", "metric", "steps", "p50", "p90", "p99", "max"]
+    steps = included(steps)
     if steps.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -328,6 +414,7 @@ GRAPH_MODE_COLUMNS = ["rank", "mode", "steps", "replays_per_step", "eager_kernel
 def graph_mode_table(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per rank: graph_mode() and its sentence."""
     rows = []
+    steps = included(steps)
     if not steps.empty:
         for rank, g in steps.groupby("rank", sort=True):
             gm = graph_mode(g)
@@ -341,6 +428,10 @@ def steps_sentence(steps: pd.DataFrame) -> str:
     duration, GPU busy share and where the host gap sits inside the step (medians over steps)."""
     if steps.empty:
         return ""
+    dropped = excluded_note(steps)
+    steps = included(steps)
+    if steps.empty:
+        return f"Steps: none counted; {dropped}."
     n = len(steps)
     kinds = steps["step_type"].value_counts()
     src = str(steps["source"].iloc[0])
@@ -367,4 +458,19 @@ def steps_sentence(steps: pd.DataFrame) -> str:
                      f"replays, {med['idle_after_last_us'] / 1e3:.2f} ms after the last")
     if n == 1:
         parts.append("one step only: every per-step figure rests on it")
+    if dropped:
+        parts.append(dropped)
     return "Steps: " + "; ".join(parts) + "."
+
+
+def excluded_note(steps: pd.DataFrame) -> str:
+    """'2 steps excluded (1 warm-up, 1 profiler stop): not in the percentiles or findings', or ''."""
+    if steps.empty or "excluded" not in steps:
+        return ""
+    why = steps["excluded"].fillna("").astype(str)
+    why = why[why != ""].str.split(":").str[0]
+    if why.empty:
+        return ""
+    counts = ", ".join(f"{int(c)} {k}" for k, c in why.value_counts().sort_index().items())
+    return (f"{len(why)} step{'s' if len(why) != 1 else ''} excluded ({counts}; see the per-step table): not in "
+            "the percentiles or findings")
