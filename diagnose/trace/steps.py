@@ -18,9 +18,16 @@ _SGLANG = re.compile(r"^step\[(\w+)(?:[^\]]*?bs=(\d+))?")
 _PROFSTEP = re.compile(r"^ProfilerStep#(\d+)")
 # vLLM V1: no step annotation; the worker's Python frame of each step (kept by columns.STEP_FRAME)
 _V1_FRAME = re.compile(r"(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\): execute_model$")
+# vLLM V1 ranges (user annotations with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1, NVTX ranges with
+# VLLM_NVTX_SCOPES_FOR_PROFILING=1 once exported to a Chrome trace): an explicit execute_model range, or the
+# runner's scopes of one step, "gpu_model_runner: preprocess" (opens each step), "...: forward",
+# "...: postprocess", "...: sample" etc. (vllm/v1/worker/gpu_model_runner.py, record_function_or_nullcontext)
+_V1_RANGE = re.compile(r"(?:^|[:./ ])execute_model$")
+_V1_SCOPE = re.compile(r"^gpu_model_runner: (\w+)$")
 # vLLM graph capture: annotation capture_<batch>_<FULL|PIECEWISE> and the capture_model frame
 CAPTURE_ANNOTATION = re.compile(r"^capture_\d+_(?:FULL|PIECEWISE|NONE)|^cuda_graph_capture|^graph_capture")
 CAPTURE_FRAME = re.compile(r"\.py\(\d+\): (?:capture_model|_capture_cudagraphs)$")
+V1_SOURCES = ("vllm_v1_frame", "vllm_v1_range")  # steps without token counts: kinds inferred from GPU time
 PREFILL_INFER_RATIO = 2.0  # a V1 step whose GPU time exceeds this multiple of the median step is a prefill
 _SGLANG_TYPES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed", "IDLE": "idle"}
 MEMORY_BOUND_CLASSES = ("memory", "norm_elementwise", "attention", "sampling")
@@ -82,9 +89,43 @@ def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
         return []
     names = frames["name"].astype(str).to_numpy()
     hit = np.array([bool(_V1_FRAME.search(n)) for n in names], dtype=bool)
-    return [{"ts_us": ts, "dur_us": dur, "source": "vllm_v1_frame", "step_type": "unknown", "prefill_reqs": 0,
-             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
-            for ts, dur in zip(frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit], strict=True)]
+    ts, dur = frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit]
+    return [_row(a, b, "vllm_v1_frame") for a, b in zip(ts, dur, strict=True)]
+
+
+def _row(ts: float, dur: float, source: str) -> dict[str, Any]:
+    return {"ts_us": ts, "dur_us": dur, "source": source, "step_type": "unknown", "prefill_reqs": 0,
+            "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
+
+
+def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[dict[str, Any]]:
+    """vLLM V1 steps from annotation / NVTX ranges: each explicit ``execute_model`` range is a step; without
+    one, a step runs from a ``gpu_model_runner: preprocess`` scope to the end of the runner scopes that follow
+    it before the next preprocess (scopes before the first preprocess belong to a step the trace cut)."""
+    uniq = [str(u) for u in pd.unique(names)]
+    explicit = {u for u in uniq if _V1_RANGE.search(u)}
+    if explicit:
+        hit = np.isin(names, list(explicit))
+        return [_row(a, b, "vllm_v1_range") for a, b in zip(ts[hit], dur[hit], strict=True)]
+    scopes = {u: m.group(1) for u in uniq if (m := _V1_SCOPE.match(u))}
+    if "preprocess" not in scopes.values():
+        return []
+    hit = np.isin(names, list(scopes))
+    order = np.argsort(ts[hit], kind="stable")
+    s_names, s_ts = names[hit][order], ts[hit][order]
+    s_end = s_ts + dur[hit][order]
+    rows: list[dict[str, Any]] = []
+    start = end = float("nan")
+    for name, a, b in zip(s_names, s_ts, s_end, strict=True):
+        if scopes[str(name)] == "preprocess":
+            if np.isfinite(start):
+                rows.append(_row(start, end - start, "vllm_v1_range"))
+            start, end = float(a), float(b)
+        elif np.isfinite(start):
+            end = max(end, float(b))
+    if np.isfinite(start):
+        rows.append(_row(start, end - start, "vllm_v1_range"))
+    return rows
 
 
 def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
@@ -113,12 +154,16 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
                          "excluded": WARMUP_STEP0 if p["source"] == "profiler_step" and _step_no(str(name)) == 0
                          else ""})
     rows += v1
+    if len(ann):
+        rows += _range_steps(names.to_numpy(dtype=object), ann["ts_us"].to_numpy(dtype=float),
+                             ann["dur_us"].to_numpy(dtype=float))
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
-    best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "profiler_step") if (df["source"] == s).any())
+    best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "vllm_v1_range", "profiler_step")
+                if (df["source"] == s).any())
     df = df[df["source"] == best].sort_values("ts_us", ignore_index=True)
-    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best == "vllm_v1_frame" else
+    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best in V1_SOURCES else
                        "none" if best == "profiler_step" else "annotation name")
     df.insert(0, "step", np.arange(len(df)))
     df.insert(0, "rank", rank)
@@ -234,7 +279,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
 def _infer_kinds(out: pd.DataFrame) -> pd.DataFrame:
     """vLLM V1 frames carry no token counts: a step whose GPU time (``kernel_us``) exceeds PREFILL_INFER_RATIO
     times the median step's is a prefill, the others decodes; with fewer than 3 steps the kind stays unknown."""
-    v1 = (out["source"] == "vllm_v1_frame").to_numpy() if len(out) else np.zeros(0, dtype=bool)
+    v1 = out["source"].isin(V1_SOURCES).to_numpy() if len(out) else np.zeros(0, dtype=bool)
     if not v1.any():
         return out
     gt = out.loc[v1, "kernel_us"].to_numpy(dtype=float)
@@ -436,7 +481,9 @@ def steps_sentence(steps: pd.DataFrame) -> str:
     kinds = steps["step_type"].value_counts()
     src = str(steps["source"].iloc[0])
     what = {"vllm": "vLLM step annotations", "sglang": "SGLang step annotations",
-            "vllm_v1_frame": "vLLM V1 execute_model frames", "profiler_step": "ProfilerStep ranges"}.get(src, src)
+            "vllm_v1_frame": "vLLM V1 execute_model frames",
+            "vllm_v1_range": "vLLM V1 execute_model ranges (annotation / NVTX)",
+            "profiler_step": "ProfilerStep ranges"}.get(src, src)
     how = str(steps["kind_from"].iloc[0]) if "kind_from" in steps else ""
     if src == "profiler_step":
         head = f"{n} step{'s' if n != 1 else ''} ({what}; no step kind)"
