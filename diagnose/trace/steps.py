@@ -315,8 +315,8 @@ def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> 
     dur = out["dur_us"].to_numpy(dtype=float)
     kind = out["step_type"].astype(str).to_numpy()
     if runtime is not None and len(runtime):
-        names = runtime["name"].astype(str)
-        hit = np.asarray(names.str.match(_MALLOC.pattern).to_numpy(), dtype=bool)
+        codes, uniq = pd.factorize(runtime["name"], sort=False)  # match the unique names only
+        hit = np.isin(codes, [i for i, u in enumerate(uniq) if _MALLOC.match(str(u))])
         mts = np.sort(runtime["ts_us"].to_numpy(dtype=float)[hit])
         if len(mts):
             calls = np.searchsorted(mts, en, side="right") - np.searchsorted(mts, st, side="left")
