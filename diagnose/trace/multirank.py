@@ -121,7 +121,7 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
         t["idle_streams"], out.rows["idle_row"], pre = timeline.idle_attribution(
             rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     out.capture = bool(steps.is_capture(rt.annotations, rt.step_frames))
-    st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
+    st = steps.find_steps(steps.with_op_profiler_steps(rt.annotations, rt.cpu_ops), rt.rank, rt.step_frames)
     t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime)
     t["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:

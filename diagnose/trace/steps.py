@@ -136,6 +136,26 @@ def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
     return any(CAPTURE_ANNOTATION.search(n) or CAPTURE_FRAME.search(n) for n in names)
 
 
+def _has_profiler_step(names: pd.Series) -> bool:
+    uniq = pd.unique(names.to_numpy()) if len(names) else []
+    return any(_PROFSTEP.match(str(u)) for u in uniq)
+
+
+def with_op_profiler_steps(annotations: pd.DataFrame, cpu_ops: pd.DataFrame | None) -> pd.DataFrame:
+    """The annotations plus ``ProfilerStep#N`` recorded as an operator (category ``Operator``/``cpu_op``, as
+    Kineto did in 2021, e.g. the kineto tb_plugin ResNet-50 samples) when no annotation carries it."""
+    if cpu_ops is None or cpu_ops.empty or (len(annotations) and _has_profiler_step(annotations["name"])):
+        return annotations
+    codes, uniq = pd.factorize(cpu_ops["name"], sort=False)
+    hit = np.isin(codes, [i for i, u in enumerate(uniq) if _PROFSTEP.match(str(u))])
+    if not hit.any():
+        return annotations
+    extra = cpu_ops.loc[hit, ["name", "tid", "ts_us", "dur_us"]].assign(where="cpu")
+    extra["name"] = extra["name"].astype(str)
+    base = annotations.assign(name=annotations["name"].astype(str)) if len(annotations) else annotations
+    return pd.concat([base, extra], ignore_index=True) if len(base) else extra.reset_index(drop=True)
+
+
 def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per engine step, the most specific source only: vLLM V0 annotations, SGLang annotations,
     vLLM V1 ``execute_model`` frames, then ``ProfilerStep#``."""

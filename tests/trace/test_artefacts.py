@@ -177,3 +177,11 @@ def test_json_and_table_show_the_label(tmp_path: Path) -> None:
     a = analyze_trace(path)
     tbl = next(s for s in sections(a.tables) if s.id == "trace_step_table").payload
     assert "excluded" in tbl.columns
+
+
+def test_profiler_step_recorded_as_an_operator_is_a_step() -> None:
+    """Kineto of 2021 (the tb_plugin test input) records ProfilerStep#2 as an operator, not an annotation."""
+    a = analyze_trace(DATA / "gpu_metrics_input.json")
+    st = a.tables["trace_steps"]
+    assert len(st) == 1 and st["source"].iloc[0] == "profiler_step"
+    assert st["dur_us"].iloc[0] == pytest.approx(13410) and st["excluded"].iloc[0] == ""
