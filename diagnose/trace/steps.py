@@ -365,6 +365,24 @@ def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> 
     return out
 
 
+def outside_artefacts(steps: pd.DataFrame, launch_ts: np.ndarray,
+                      runtime: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU rows, runtime rows) to keep for the window-level analyses: all but the kernels launched inside an
+    excluded step and the runtime calls that start inside one."""
+    keep_gpu = np.ones(len(launch_ts), dtype=bool)
+    keep_rt = np.ones(len(runtime), dtype=bool)
+    if steps.empty or "excluded" not in steps:
+        return keep_gpu, keep_rt
+    exc = steps[steps["excluded"].fillna("").astype(str) != ""]
+    if exc.empty:
+        return keep_gpu, keep_rt
+    rts = runtime["ts_us"].to_numpy(dtype=float) if len(runtime) else np.zeros(0)
+    for a, d in zip(exc["ts_us"].to_numpy(dtype=float), exc["dur_us"].to_numpy(dtype=float), strict=True):
+        keep_gpu &= ~((launch_ts >= a) & (launch_ts <= a + d))
+        keep_rt &= ~((rts >= a) & (rts <= a + d))
+    return keep_gpu, keep_rt
+
+
 def included(steps: pd.DataFrame) -> pd.DataFrame:
     """The steps that count: all but the warm-up and profiler start/stop artefacts (``excluded`` set)."""
     if steps.empty or "excluded" not in steps:

@@ -161,7 +161,11 @@ def test_excluded_steps_do_not_make_findings(tmp_path: Path) -> None:
         t += 50
     a = analyze_trace(write_trace(tmp_path / "warm.json", evs))
     assert _excluded(a)[0].startswith("warm-up") and "TRC004" not in _findings(a)
-    assert _sig(a)["trace_sync_in_step_ms"] == 0
+    s = _sig(a)
+    assert s["trace_sync_in_step_ms"] == 0
+    # the window-level figures leave the warm-up step out as well: its 3 ms of idle GPU would be ~23% idle
+    assert s["trace_gpu_idle_ratio"] < 0.05 and s["trace_gpu_kernels_count"] == 5
+    assert "trace_sync_total_ms" not in s  # its one sync was in the warm-up step
 
 
 def test_json_and_table_show_the_label(tmp_path: Path) -> None:
