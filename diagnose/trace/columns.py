@@ -29,7 +29,8 @@ GPU_CATS = {"kernel": 0, "Kernel": 0, "gpu_memcpy": 1, "Memcpy": 1, "gpu_memset"
 GPU_KINDS = ["kernel", "memcpy", "memset"]
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
 CPU_OP_CATS = {"cpu_op", "Operator"}
-ANNOTATION_CATS = {"user_annotation": 0, "gpu_user_annotation": 1}
+# NVTX ranges (nsys exports, vLLM's VLLM_NVTX_SCOPES_FOR_PROFILING scopes) read as CPU annotations
+ANNOTATION_CATS = {"user_annotation": 0, "gpu_user_annotation": 1, "nvtx": 0, "NVTX": 0}
 PYTHON_CATS = {"python_function", "Python"}
 # The Python frames kept without include_python: engine steps of vLLM V1 (no step annotation there) and its
 # CUDA-graph capture. Matched on the unique names of each piece only, so the other frames cost no more than

@@ -14,7 +14,7 @@ counts it in one warning naming each file and its reason (only when every rank f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +121,22 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
         t["idle_streams"], out.rows["idle_row"], pre = timeline.idle_attribution(
             rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     out.capture = bool(steps.is_capture(rt.annotations, rt.step_frames))
-    st = steps.find_steps(rt.annotations, rt.rank, rt.step_frames)
-    t["steps"] = steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph)
+    st = steps.find_steps(steps.with_op_profiler_steps(rt.annotations, rt.cpu_ops), rt.rank, rt.step_frames)
+    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime)
+    keep_gpu, keep_rt = steps.outside_artefacts(t["steps"], launch_ts, rt.runtime)
+    if not (keep_gpu.all() and keep_rt.all()):
+        # the window-level analyses leave out the excluded steps (warm-up, profiler start/stop): their
+        # kernels and runtime calls, so the window shrinks to the counted steps' activity
+        rt = replace(rt, gpu=rt.gpu[keep_gpu].reset_index(drop=True),
+                     runtime=rt.runtime[keep_rt].reset_index(drop=True))
+        cls = classify_kernels(rt.gpu)
+        launch_ts, launch_end = timeline.launch_call_for(rt.gpu, rt.runtime)
+        graph = timeline.graph_kernels(rt.gpu)
+        t.pop("idle_streams", None)
+        out.rows.pop("idle_row", None)
+        if not rt.gpu.empty:
+            t["idle_streams"], out.rows["idle_row"], _ = timeline.idle_attribution(
+                rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     t["sync"] = launch.sync_calls(rt.runtime, rt.rank) if not rt.runtime.empty else pd.DataFrame()
     if rt.gpu.empty:
         return out

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.model import Signal
+from diagnose.trace import steps
 
 
 def _sig(out: list[Signal], name: str, value: Any, unit: str, desc: str) -> None:
@@ -72,6 +73,10 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
             _sig(out, f"trace_gpu_idle_{k}_ratio", _ratio(v, tot), "ratio",
                  f"share of GPU idle time (gaps between activity, all streams merged, less the window before the "
                  f"trace's own work) attributed to {k}")
+        if "launch_explained_us" in idle:
+            _sig(out, "trace_gpu_idle_launch_explained_ratio", _ratio(idle["launch_explained_us"].sum(), tot), "ratio",
+                 "share of GPU idle time in gaps a launch explains (the CPU behind the GPU; see "
+                 "trace_gpu_launch_idle_ratio)")
         _sig(out, "trace_idle_gaps_count", idle["idle_gaps"].sum(), "count", "GPU idle gaps (all streams merged)")
         _sig(out, "trace_gpu_pre_trace_ms", pre / 1e3, "ms",
              "GPU idle in the trace before the first kernel that ran promptly after its launch, while kernels "
@@ -150,6 +155,13 @@ def _comm_signals(out: list[Signal], cs: pd.DataFrame, g: pd.DataFrame, w: float
 def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
     if st.empty:
         return
+    if "excluded" in st:
+        n_all = len(st)
+        st = steps.included(st)
+        _sig(out, "trace_steps_excluded_count", n_all - len(st), "count",
+             "steps excluded as warm-up or profiler start/stop artefacts (not in any step signal)")
+        if st.empty:
+            return
     d = st["dur_us"].to_numpy(dtype=float) / 1e3
     _sig(out, "trace_steps_count", len(st), "count", "engine steps found in the trace annotations")
     for kind in ("prefill", "decode", "mixed"):
@@ -183,7 +195,13 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
                                                                  dec["kernel_us"].sum()), "ratio",
                  "decode-step kernel time in memory-bound classes (memcpy/memset, norm/elementwise, attention, "
                  "sampling)")
+            if "attention_us" in dec:
+                _sig(out, "trace_decode_attention_ratio", _ratio(dec["attention_us"].sum(), dec["kernel_us"].sum()),
+                     "ratio", "decode-step kernel time in attention kernels")
     mix = st[st["step_type"] == "mixed"]
+    if len(mix) and mix["prefill_tokens"].sum() > 0:
+        _sig(out, "trace_mixed_prefill_tokens_p50_tokens", mix["prefill_tokens"].median(), "tokens",
+             "median prefill tokens carried by a mixed step")
     if len(mix) >= 2 and len(dec) >= 2:
         _sig(out, "trace_mixed_step_inflation_ratio", mix["dur_us"].median() / dec["dur_us"].median(), "ratio",
              "median mixed (prefill+decode) step duration over median pure decode step duration")

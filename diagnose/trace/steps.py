@@ -18,9 +18,16 @@ _SGLANG = re.compile(r"^step\[(\w+)(?:[^\]]*?bs=(\d+))?")
 _PROFSTEP = re.compile(r"^ProfilerStep#(\d+)")
 # vLLM V1: no step annotation; the worker's Python frame of each step (kept by columns.STEP_FRAME)
 _V1_FRAME = re.compile(r"(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\): execute_model$")
+# vLLM V1 ranges (user annotations with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1, NVTX ranges with
+# VLLM_NVTX_SCOPES_FOR_PROFILING=1 once exported to a Chrome trace): an explicit execute_model range, or the
+# runner's scopes of one step, "gpu_model_runner: preprocess" (opens each step), "...: forward",
+# "...: postprocess", "...: sample" etc. (vllm/v1/worker/gpu_model_runner.py, record_function_or_nullcontext)
+_V1_RANGE = re.compile(r"(?:^|[:./ ])execute_model$")
+_V1_SCOPE = re.compile(r"^gpu_model_runner: (\w+)$")
 # vLLM graph capture: annotation capture_<batch>_<FULL|PIECEWISE> and the capture_model frame
 CAPTURE_ANNOTATION = re.compile(r"^capture_\d+_(?:FULL|PIECEWISE|NONE)|^cuda_graph_capture|^graph_capture")
 CAPTURE_FRAME = re.compile(r"\.py\(\d+\): (?:capture_model|_capture_cudagraphs)$")
+V1_SOURCES = ("vllm_v1_frame", "vllm_v1_range")  # steps without token counts: kinds inferred from GPU time
 PREFILL_INFER_RATIO = 2.0  # a V1 step whose GPU time exceeds this multiple of the median step is a prefill
 _SGLANG_TYPES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed", "IDLE": "idle"}
 MEMORY_BOUND_CLASSES = ("memory", "norm_elementwise", "attention", "sampling")
@@ -29,6 +36,11 @@ MEMORY_BOUND_CLASSES = ("memory", "norm_elementwise", "attention", "sampling")
 def _tokens(spec: str) -> int:
     m = re.search(r"sq(\d+)", spec) or re.search(r"(\d+)", spec)
     return int(m.group(1)) if m else 0
+
+
+def _step_no(name: str) -> int:
+    m = _PROFSTEP.match(name)
+    return int(m.group(1)) if m else -1
 
 
 def parse_step_name(name: str) -> dict[str, Any] | None:
@@ -54,7 +66,22 @@ def parse_step_name(name: str) -> dict[str, Any] | None:
 
 
 STEP_COLUMNS = ["rank", "step", "source", "step_type", "kind_from", "ts_us", "dur_us", "prefill_reqs",
-                "prefill_tokens", "decode_reqs", "decode_tokens"]
+                "prefill_tokens", "decode_reqs", "decode_tokens", "excluded"]
+# Profiler artefacts (issue 11): a step is excluded from percentiles, graph mode, signals and findings, and kept
+# in the per-step table with the reason, when it is
+# - warm-up: ProfilerStep#0 (numbers start at 0 only when the schedule had no wait/warm-up steps, whose purpose
+#   per the torch.profiler docs is to keep the tracing start-up overhead out of the results), or one of the leading steps that call cudaMalloc/hipMalloc while a later step calls none (first-run
+#   allocation: the caching allocator grows);
+# - profiler start: the first step, whose CPU duration exceeds PROFILER_START_RATIO x the median of at least
+#   ARTEFACT_MIN_OTHERS later steps of its kind (profiler start-up overhead lands on it);
+# - profiler stop: the last step, whose CPU duration is under PROFILER_STOP_RATIO x the median of the other
+#   steps of its kind (the profiler stopped mid-step and closed it).
+PROFILER_START_RATIO = 1.3
+PROFILER_STOP_RATIO = 0.25
+ARTEFACT_MIN_OTHERS = 3
+WARMUP_STEP0 = ("warm-up: ProfilerStep#0, recorded without a warm-up step in the profiler schedule, carries the "
+                "profiler's start-up overhead and first-iteration costs")
+_MALLOC = re.compile(r"^(?:cuda|hip)Malloc(?:Managed)?$")
 
 
 def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
@@ -62,9 +89,43 @@ def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
         return []
     names = frames["name"].astype(str).to_numpy()
     hit = np.array([bool(_V1_FRAME.search(n)) for n in names], dtype=bool)
-    return [{"ts_us": ts, "dur_us": dur, "source": "vllm_v1_frame", "step_type": "unknown", "prefill_reqs": 0,
-             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0}
-            for ts, dur in zip(frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit], strict=True)]
+    ts, dur = frames["ts_us"].to_numpy()[hit], frames["dur_us"].to_numpy()[hit]
+    return [_row(a, b, "vllm_v1_frame") for a, b in zip(ts, dur, strict=True)]
+
+
+def _row(ts: float, dur: float, source: str) -> dict[str, Any]:
+    return {"ts_us": ts, "dur_us": dur, "source": source, "step_type": "unknown", "prefill_reqs": 0,
+            "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
+
+
+def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[dict[str, Any]]:
+    """vLLM V1 steps from annotation / NVTX ranges: each explicit ``execute_model`` range is a step; without
+    one, a step runs from a ``gpu_model_runner: preprocess`` scope to the end of the runner scopes that follow
+    it before the next preprocess (scopes before the first preprocess belong to a step the trace cut)."""
+    uniq = [str(u) for u in pd.unique(names)]
+    explicit = {u for u in uniq if _V1_RANGE.search(u)}
+    if explicit:
+        hit = np.isin(names, list(explicit))
+        return [_row(a, b, "vllm_v1_range") for a, b in zip(ts[hit], dur[hit], strict=True)]
+    scopes = {u: m.group(1) for u in uniq if (m := _V1_SCOPE.match(u))}
+    if "preprocess" not in scopes.values():
+        return []
+    hit = np.isin(names, list(scopes))
+    order = np.argsort(ts[hit], kind="stable")
+    s_names, s_ts = names[hit][order], ts[hit][order]
+    s_end = s_ts + dur[hit][order]
+    rows: list[dict[str, Any]] = []
+    start = end = float("nan")
+    for name, a, b in zip(s_names, s_ts, s_end, strict=True):
+        if scopes[str(name)] == "preprocess":
+            if np.isfinite(start):
+                rows.append(_row(start, end - start, "vllm_v1_range"))
+            start, end = float(a), float(b)
+        elif np.isfinite(start):
+            end = max(end, float(b))
+    if np.isfinite(start):
+        rows.append(_row(start, end - start, "vllm_v1_range"))
+    return rows
 
 
 def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
@@ -73,6 +134,26 @@ def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
     if frames is not None and len(frames):
         names += [str(n) for n in pd.unique(frames["name"].astype(str).to_numpy())]
     return any(CAPTURE_ANNOTATION.search(n) or CAPTURE_FRAME.search(n) for n in names)
+
+
+def _has_profiler_step(names: pd.Series) -> bool:
+    uniq = pd.unique(names.to_numpy()) if len(names) else []
+    return any(_PROFSTEP.match(str(u)) for u in uniq)
+
+
+def with_op_profiler_steps(annotations: pd.DataFrame, cpu_ops: pd.DataFrame | None) -> pd.DataFrame:
+    """The annotations plus ``ProfilerStep#N`` recorded as an operator (category ``Operator``/``cpu_op``, as
+    Kineto did in 2021, e.g. the kineto tb_plugin ResNet-50 samples) when no annotation carries it."""
+    if cpu_ops is None or cpu_ops.empty or (len(annotations) and _has_profiler_step(annotations["name"])):
+        return annotations
+    codes, uniq = pd.factorize(cpu_ops["name"], sort=False)
+    hit = np.isin(codes, [i for i, u in enumerate(uniq) if _PROFSTEP.match(str(u))])
+    if not hit.any():
+        return annotations
+    extra = cpu_ops.loc[hit, ["name", "tid", "ts_us", "dur_us"]].assign(where="cpu")
+    extra["name"] = extra["name"].astype(str)
+    base = annotations.assign(name=annotations["name"].astype(str)) if len(annotations) else annotations
+    return pd.concat([base, extra], ignore_index=True) if len(base) else extra.reset_index(drop=True)
 
 
 def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -89,14 +170,20 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
     for name, ts, dur in zip(names.to_numpy(), ann["ts_us"].to_numpy(), ann["dur_us"].to_numpy(), strict=True):
         p = parsed[str(name)]
         if p is not None:
-            rows.append({"ts_us": ts, "dur_us": dur, **p})
+            rows.append({"ts_us": ts, "dur_us": dur, **p,
+                         "excluded": WARMUP_STEP0 if p["source"] == "profiler_step" and _step_no(str(name)) == 0
+                         else ""})
     rows += v1
+    if len(ann):
+        rows += _range_steps(names.to_numpy(dtype=object), ann["ts_us"].to_numpy(dtype=float),
+                             ann["dur_us"].to_numpy(dtype=float))
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
-    best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "profiler_step") if (df["source"] == s).any())
+    best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "vllm_v1_range", "profiler_step")
+                if (df["source"] == s).any())
     df = df[df["source"] == best].sort_values("ts_us", ignore_index=True)
-    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best == "vllm_v1_frame" else
+    df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best in V1_SOURCES else
                        "none" if best == "profiler_step" else "annotation name")
     df.insert(0, "step", np.arange(len(df)))
     df.insert(0, "rank", rank)
@@ -212,7 +299,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
 def _infer_kinds(out: pd.DataFrame) -> pd.DataFrame:
     """vLLM V1 frames carry no token counts: a step whose GPU time (``kernel_us``) exceeds PREFILL_INFER_RATIO
     times the median step's is a prefill, the others decodes; with fewer than 3 steps the kind stays unknown."""
-    v1 = (out["source"] == "vllm_v1_frame").to_numpy() if len(out) else np.zeros(0, dtype=bool)
+    v1 = out["source"].isin(V1_SOURCES).to_numpy() if len(out) else np.zeros(0, dtype=bool)
     if not v1.any():
         return out
     gt = out.loc[v1, "kernel_us"].to_numpy(dtype=float)
@@ -223,10 +310,91 @@ def _infer_kinds(out: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _others_median(dur: np.ndarray, kind: np.ndarray, keep: np.ndarray, i: int) -> tuple[float, int]:
+    """Median CPU duration of the kept steps of step i's kind other than i, and how many there are."""
+    m = keep & (kind == kind[i])
+    m[i] = False
+    n = int(m.sum())
+    return (float(np.median(dur[m])), n) if n else (float("nan"), 0)
+
+
+def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Sets ``excluded`` (empty = the step counts) for warm-up and profiler start/stop steps (rules at
+    PROFILER_START_RATIO above); a trace's only step always stays counted."""
+    out = steps.copy()
+    if "excluded" not in out:
+        out["excluded"] = ""
+    n = len(out)
+    if n == 0:
+        return out
+    exc = out["excluded"].fillna("").astype(str).to_numpy(dtype=object)
+    if n == 1:  # a trace's only step stays counted (its figures then say they rest on one step)
+        exc[:] = ""
+    st = out["ts_us"].to_numpy(dtype=float)
+    en = st + out["dur_us"].to_numpy(dtype=float)
+    dur = out["dur_us"].to_numpy(dtype=float)
+    kind = out["step_type"].astype(str).to_numpy()
+    if runtime is not None and len(runtime):
+        codes, uniq = pd.factorize(runtime["name"], sort=False)  # match the unique names only
+        hit = np.isin(codes, [i for i, u in enumerate(uniq) if _MALLOC.match(str(u))])
+        mts = np.sort(runtime["ts_us"].to_numpy(dtype=float)[hit])
+        if len(mts):
+            calls = np.searchsorted(mts, en, side="right") - np.searchsorted(mts, st, side="left")
+            lead = 0
+            while lead < n and calls[lead] > 0:
+                lead += 1
+            if 0 < lead < n:  # a later step allocates nothing: the leading ones are first-run allocation
+                for i in range(lead):
+                    if not exc[i]:
+                        exc[i] = (f"warm-up: {int(calls[i])} cudaMalloc/hipMalloc call"
+                                  f"{'s' if calls[i] != 1 else ''} in the step (first-run allocation)")
+    keep = exc == ""
+    live = np.flatnonzero(keep)
+    if len(live) >= 2:
+        first, last = int(live[0]), int(live[-1])
+        med, others = _others_median(dur, kind, keep, first)
+        if others >= ARTEFACT_MIN_OTHERS and dur[first] > PROFILER_START_RATIO * med:
+            exc[first] = (f"profiler start: CPU duration {dur[first] / 1e3:.2f} ms, {dur[first] / med:.1f}x the "
+                          f"median of the {others} other {kind[first]} steps (profiler start-up overhead)")
+            keep[first] = False
+        med, others = _others_median(dur, kind, keep, last)
+        if others >= 1 and keep[last] and dur[last] < PROFILER_STOP_RATIO * med:
+            exc[last] = (f"profiler stop: cut short when the profiler stopped (CPU duration {dur[last] / 1e3:.2f} "
+                         f"ms, {dur[last] / med:.0%} of the median {kind[last]} step)")
+    out["excluded"] = exc
+    return out
+
+
+def outside_artefacts(steps: pd.DataFrame, launch_ts: np.ndarray,
+                      runtime: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU rows, runtime rows) to keep for the window-level analyses: all but the kernels launched inside an
+    excluded step and the runtime calls that start inside one."""
+    keep_gpu = np.ones(len(launch_ts), dtype=bool)
+    keep_rt = np.ones(len(runtime), dtype=bool)
+    if steps.empty or "excluded" not in steps:
+        return keep_gpu, keep_rt
+    exc = steps[steps["excluded"].fillna("").astype(str) != ""]
+    if exc.empty:
+        return keep_gpu, keep_rt
+    rts = runtime["ts_us"].to_numpy(dtype=float) if len(runtime) else np.zeros(0)
+    for a, d in zip(exc["ts_us"].to_numpy(dtype=float), exc["dur_us"].to_numpy(dtype=float), strict=True):
+        keep_gpu &= ~((launch_ts >= a) & (launch_ts <= a + d))
+        keep_rt &= ~((rts >= a) & (rts <= a + d))
+    return keep_gpu, keep_rt
+
+
+def included(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps that count: all but the warm-up and profiler start/stop artefacts (``excluded`` set)."""
+    if steps.empty or "excluded" not in steps:
+        return steps
+    return steps[steps["excluded"].fillna("").astype(str) == ""]
+
+
 def step_summary(steps: pd.DataFrame) -> pd.DataFrame:
     """Per step type: count, duration distribution, tokens per step, GPU busy share, CPU gap."""
     cols = ["step_type", "steps", "dur_ms_mean", "dur_ms_p50", "dur_ms_p99", "tokens_mean",
             "gpu_busy_ratio_mean", "cpu_gap_ms_p50", "sync_ms_mean"]
+    steps = included(steps)
     if steps.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -254,6 +422,7 @@ PERCENTILE_METRICS = (("dur_us", "CPU duration"), ("gpu_dur_us", "GPU duration (
 def step_percentiles(steps: pd.DataFrame) -> pd.DataFrame:
     """Percentiles over steps (P50, P90, P99, max) per step kind and for all steps, one row per metric."""
     cols = ["step_type", "metric", "steps", "p50", "p90", "p99", "max"]
+    steps = included(steps)
     if steps.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -328,6 +497,7 @@ GRAPH_MODE_COLUMNS = ["rank", "mode", "steps", "replays_per_step", "eager_kernel
 def graph_mode_table(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per rank: graph_mode() and its sentence."""
     rows = []
+    steps = included(steps)
     if not steps.empty:
         for rank, g in steps.groupby("rank", sort=True):
             gm = graph_mode(g)
@@ -341,11 +511,17 @@ def steps_sentence(steps: pd.DataFrame) -> str:
     duration, GPU busy share and where the host gap sits inside the step (medians over steps)."""
     if steps.empty:
         return ""
+    dropped = excluded_note(steps)
+    steps = included(steps)
+    if steps.empty:
+        return f"Steps: none counted; {dropped}."
     n = len(steps)
     kinds = steps["step_type"].value_counts()
     src = str(steps["source"].iloc[0])
     what = {"vllm": "vLLM step annotations", "sglang": "SGLang step annotations",
-            "vllm_v1_frame": "vLLM V1 execute_model frames", "profiler_step": "ProfilerStep ranges"}.get(src, src)
+            "vllm_v1_frame": "vLLM V1 execute_model frames",
+            "vllm_v1_range": "vLLM V1 execute_model ranges (annotation / NVTX)",
+            "profiler_step": "ProfilerStep ranges"}.get(src, src)
     how = str(steps["kind_from"].iloc[0]) if "kind_from" in steps else ""
     if src == "profiler_step":
         head = f"{n} step{'s' if n != 1 else ''} ({what}; no step kind)"
@@ -367,4 +543,19 @@ def steps_sentence(steps: pd.DataFrame) -> str:
                      f"replays, {med['idle_after_last_us'] / 1e3:.2f} ms after the last")
     if n == 1:
         parts.append("one step only: every per-step figure rests on it")
+    if dropped:
+        parts.append(dropped)
     return "Steps: " + "; ".join(parts) + "."
+
+
+def excluded_note(steps: pd.DataFrame) -> str:
+    """'2 steps excluded (1 warm-up, 1 profiler stop): not in the percentiles or findings', or ''."""
+    if steps.empty or "excluded" not in steps:
+        return ""
+    why = steps["excluded"].fillna("").astype(str)
+    why = why[why != ""].str.split(":").str[0]
+    if why.empty:
+        return ""
+    counts = ", ".join(f"{int(c)} {k}" for k, c in why.value_counts().sort_index().items())
+    return (f"{len(why)} step{'s' if len(why) != 1 else ''} excluded ({counts}; see the per-step table): not in "
+            "the percentiles or findings")

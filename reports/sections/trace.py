@@ -26,7 +26,7 @@ TABLES = (("trace_kernel_classes", "Kernel classes", 30), ("trace_top_kernels", 
 STEP_COLUMNS = ("rank", "step", "step_type", "prefill_tokens", "decode_tokens", "dur_us", "gpu_dur_us",
                 "gpu_busy_ratio", "idle_before_first_us", "idle_between_us", "idle_after_last_us", "graph_replays",
                 "eager_kernels", "sync_blocking_us", "gemm_us", "attention_us", "norm_elementwise_us",
-                "communication_us", "memory_us", "other_us")
+                "communication_us", "memory_us", "other_us", "excluded")
 
 
 def unit_of(column: str) -> str:
@@ -102,7 +102,9 @@ def sections(tables: Tables) -> list[Section]:
         df = tables.get(key, pd.DataFrame())
         if not df.empty:
             secs.append(Section(key, title, table(df), "trace", order))
-    st = tables.get("trace_steps", pd.DataFrame())
+    from diagnose.trace.steps import included
+
+    st = included(tables.get("trace_steps", pd.DataFrame()))
     if not st.empty:
         secs.append(Section("trace_step_hist", "Engine-step duration", Histogram(
             tuple(round(float(v) / 1e3, 4) for v in st["dur_us"].to_numpy()[:20000]), "ms",
@@ -130,6 +132,8 @@ def _step_sections(tables: Tables) -> list[Section]:
         cols = [c for c in STEP_COLUMNS if c in st]
         out.append(Section("trace_step_table", "Per-step table (first 50 steps)",
                            table(st[cols], "GPU duration and class split from the step's kernels; host gaps located "
-                                           "before the first kernel, between kernels / graph replays, after the last"),
+                                           "before the first kernel, between kernels / graph replays, after the last; "
+                                           "'excluded': a warm-up or profiler start/stop step, left out of the "
+                                           "percentiles, graph mode and findings"),
                            "trace", 13))
     return out

@@ -187,7 +187,7 @@ def _sync_steps(tmp_path: Path, n_steps: int, blocking_steps: set[int]) -> Path:
         if i in blocking_steps:
             evs.append(_sync(t, 1000, 20_000 + i))
             t += 1000
-        evs.append(annotation(f"ProfilerStep#{i}", start, t - start))
+        evs.append(annotation(f"ProfilerStep#{i + 1}", start, t - start))  # #0 would be a warm-up step
         t += 50
     return write_trace(tmp_path / f"sync_{n_steps}_{len(blocking_steps)}.json", evs)
 

@@ -41,6 +41,9 @@ def test_labelled_trace(label: dict[str, Any]) -> None:
     assert len(st) == label["steps"]
     kinds = st["step_type"].value_counts().items() if len(st) else []
     assert {str(k): int(v) for k, v in kinds} == label["step_kinds"]
+    # profiler artefacts: which steps are excluded (warm-up, profiler start / stop), none unless labelled
+    excluded = [str(e).split(":")[0] for e in st["excluded"] if e] if len(st) else []
+    assert excluded == label.get("excluded", [])
     gm = a.tables["trace_graph_mode"]
     assert (gm["mode"].tolist() or ["none"]) == [label["graph_mode"]]
     sig = {s.name: s for s in a.signals}
