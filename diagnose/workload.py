@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -67,14 +68,31 @@ class Replay:
 
     def summary(self) -> dict[str, Any]:
         """What the manifest keeps of it (never the per-request rows: the bundle's requests have them)."""
-        from diagnose.workload_file import prefix_share
-
         reqs = self.requests
         return {"file": self.file, "format": self.format, "block_tokens": self.block_tokens,
                 "requests": len(reqs), "skipped": self.skipped, "speed": self.speed, "loop": self.loop,
                 "span_s": (reqs[-1].offset_s - reqs[0].offset_s) if reqs else 0.0,
                 "prefix_share": prefix_share(reqs, self.block_tokens),
                 "sessions": len({r.session for r in reqs if r.session is not None})}
+
+
+def prefix_share(reqs: Sequence[ReplayRequest], block_tokens: int) -> float | None:
+    """Share of all input tokens that lie in prefix blocks an earlier request already sent (in arrival order):
+    what a prefix cache large enough to keep everything could hit. None without input tokens."""
+    seen: set[int] = set()
+    hit = 0
+    total = 0
+    for r in reqs:
+        total += r.input_tokens
+        key = 0
+        shared = 0
+        for j, h in enumerate(r.prefix):
+            key = hash((key, h))
+            if key in seen:
+                shared = j + 1
+            seen.add(key)
+        hit += min(shared * block_tokens, r.input_tokens)
+    return hit / total if total else None
 
 
 @dataclass(frozen=True)

@@ -213,25 +213,6 @@ def _read_azure(path: Path) -> tuple[list[ReplayRequest], int, str]:
 
 
 # -- prefix sharing ------------------------------------------------------------------------------------------
-def prefix_share(reqs: Sequence[ReplayRequest], block_tokens: int) -> float | None:
-    """Share of all input tokens that lie in prefix blocks an earlier request already sent (in arrival order):
-    what a prefix cache large enough to keep everything could hit. None without input tokens."""
-    seen: set[int] = set()
-    hit = 0
-    total = 0
-    for r in reqs:
-        total += r.input_tokens
-        key = 0
-        shared = 0
-        for j, h in enumerate(r.prefix):
-            key = hash((key, h))
-            if key in seen:
-                shared = j + 1
-            seen.add(key)
-        hit += min(shared * block_tokens, r.input_tokens)
-    return hit / total if total else None
-
-
 # -- writing ----------------------------------------------------------------------------------------------
 def encode_workload(reqs: Sequence[ReplayRequest], *, block_tokens: int, source: str) -> bytes:
     """The file: one header line, then one line per request (fields left out when empty)."""

@@ -100,14 +100,13 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
     server = card.get("server") or {}
     rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", str(card["arrival"])),
             ("Levels", ", ".join(card["levels"]) or None), ("Requests", num(card["requests"], digits=9)),
-            ("Measured rate", num(card["rate_rps"], " req/s")),
             ("Mean in flight", num(card["concurrency_mean"] or server.get("running_mean"))),
             ("Input tokens", pct(card["input_tokens"])), ("Output tokens", pct(card["output_tokens"])),
             ("Prefix share (planned)", share(card["prefix_share_planned"])),
             ("Cached tokens (server usage)", share(card["cached_token_share"])),
-            ("Prefix-cache hit ratio (server)", share(server.get("prefix_cache_hit_ratio"))),
-            ("Schedule lag P99", num((card.get("fidelity") or {}).get("schedule_lag_p99_ms"), " ms")),
             ("Note", card.get("note"))]
+    # the measured rate, the server's prefix-cache hit ratio and the schedule lag are left out here: the
+    # report shows each once elsewhere (headline tiles, signals, client self-check); --json's card has them
     return [{"label": k, "value": redact_value("workload", v)} for k, v in rows if v]
 
 

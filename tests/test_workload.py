@@ -18,8 +18,8 @@ from aiohttp import web
 
 from diagnose.bundle import Bundle, BundleWriter, open_bundle
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.workload import Phase, Replay, WorkloadSpec
-from diagnose.workload_file import encode_workload, from_bundle, prefix_share, read_workload
+from diagnose.workload import Phase, Replay, WorkloadSpec, prefix_share
+from diagnose.workload_file import encode_workload, from_bundle, read_workload
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
 

@@ -27,7 +27,8 @@ def workload(bundle: Path, output: Path, quiet: bool) -> None:
     """
     from diagnose.bundle import open_bundle
     from diagnose.cli.analyze import write_atomic
-    from diagnose.workload_file import encode_workload, from_bundle, prefix_share
+    from diagnose.workload import prefix_share
+    from diagnose.workload_file import encode_workload, from_bundle
 
     b = open_bundle(bundle)
     reqs, block, note = from_bundle(b)
