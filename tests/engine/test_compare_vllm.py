@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,16 +17,32 @@ DIAG = [sys.executable, "-m", "diagnose"]
 LOAD = ["--concurrency", "8", "--duration", "12s", "--input-tokens", "128", "--output-tokens", "32"]
 
 
-def _attach(url: str, out: Path, *extra: str) -> None:
-    p = subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "-o", str(out), *LOAD, *extra],
+def _attach(url: str, out: Path, *extra: str, load: Sequence[str] = LOAD) -> None:
+    p = subprocess.run([*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "-o", str(out), *load, *extra],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
 
 
-def _warm(url: str, out: Path) -> None:
-    """The same load for 10 s on the freshly started server, not compared: a cold engine (first-seen batch
-    shapes) runs slower than a warm one, and the A/A pair must differ in nothing (as `experiment` does)."""
-    _attach(url, out, "--duration", "10s", "--baseline", "0", "--warmup", "0")
+def _warm(url: str, out: Path, load: Sequence[str]) -> None:
+    """The same load on the freshly started server, not compared: a cold engine (first-seen batch shapes)
+    runs slower than a warm one, and the A/A pair must differ in nothing (as `experiment` does)."""
+    _attach(url, out, "--baseline", "0", "--warmup", "0", load=load)
+
+
+def _varied_lengths(path: Path, n: int = 64) -> list[str]:
+    """A workload file of ``n`` requests all due at once, 128 prompt tokens, 24-40 output tokens (seeded), sent
+    8 at a time: the closed loop at c=8 of LOAD, with output lengths that vary. With every output exactly 32
+    tokens the two batch slots of --max-num-seqs 2 lock into one of two regimes that persist for a whole run:
+    staggered (each admission's prefill stalls the other request's decode, >50 ms token gaps every 0.35 s)
+    or in step (both finish together, no stall). CI met one of each in an A/A pair: ITL P99 102 vs 19 ms,
+    TPOT P50 -24%, a real difference the intervals rightly found. Varied lengths keep the slots from locking."""
+    import random
+
+    rng = random.Random(5)
+    rows = [{"diagnose_workload": 1, "block_tokens": 16}]
+    rows += [{"offset_s": 0.0, "input_tokens": 128, "output_tokens": rng.randint(24, 40)} for _ in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["--workload", str(path), "--max-concurrency", "8", "--duration", "60s"]
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -35,10 +51,11 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(900)
 def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    load = _varied_lengths(tmp_path / "workload.jsonl")
     capped = start_vllm(extra_args=["--max-num-seqs", "2"])
-    _warm(capped.url, tmp_path / "warm-a")  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a1")  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a2")  # type: ignore[attr-defined]
+    _warm(capped.url, tmp_path / "warm-a", load)  # type: ignore[attr-defined]
+    _attach(capped.url, tmp_path / "a1", load=load)  # type: ignore[attr-defined]
+    _attach(capped.url, tmp_path / "a2", load=load)  # type: ignore[attr-defined]
     # A/A: the same setting twice in a row
     p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
     assert p.returncode == 0, p.stderr
@@ -48,15 +65,15 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
         # on this 2-core machine): an A/A pair then measures the host, not compare. The tool said so
         # (checked here); the pair is captured once more, and the assertions below hold for that one.
         assert "note: the concurrency-1 reference" in p.stdout, p.stdout
-        _attach(capped.url, tmp_path / "a1", "--force")  # type: ignore[attr-defined]
-        _attach(capped.url, tmp_path / "a2", "--force")  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a1", "--force", load=load)  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a2", "--force", load=load)  # type: ignore[attr-defined]
         p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
         assert p.returncode == 0, p.stderr
         aa = json.loads((tmp_path / "aa.json").read_text())
     capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
-    _warm(raised.url, tmp_path / "warm-b")  # type: ignore[attr-defined]
-    _attach(raised.url, tmp_path / "b")  # type: ignore[attr-defined]
+    _warm(raised.url, tmp_path / "warm-b", load)  # type: ignore[attr-defined]
+    _attach(raised.url, tmp_path / "b", load=load)  # type: ignore[attr-defined]
 
     assert aa["comparability"]["comparable"] and aa["comparability"]["changed"] == []
     judged = [m for lv in aa["levels"] for m in lv["metrics"]
