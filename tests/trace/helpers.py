@@ -20,6 +20,23 @@ def launch(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict[
             "args": {"correlation": corr}}
 
 
+def step_gpu_work(t: float, corr: int, eager: int = 0) -> tuple[list[dict[str, Any]], float, int]:
+    """One synthetic vLLM step's GPU work from ``t``: ``eager`` eager GEMMs (a launch each, 30 us apart), or,
+    with ``eager=0``, one CUDA-graph replay of 100 GEMMs. Returns (events, the time after it, last correlation
+    id)."""
+    evs: list[dict[str, Any]] = []
+    if eager:
+        for _k in range(eager):
+            corr += 1
+            evs += [launch("cudaLaunchKernel", t, 5, corr), kernel("gemm_bf16", t + 6, 30, corr)]
+            t += 30
+        return evs, t, corr
+    corr += 1
+    evs.append(launch("cudaGraphLaunch", t, 20, corr))
+    evs += [kernel("gemm_bf16", t + 25 + 19 * k, 18, corr) for k in range(100)]
+    return evs, t + 1925, corr
+
+
 def annotation(name: str, ts: float, dur: float) -> dict[str, Any]:
     return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur}
 

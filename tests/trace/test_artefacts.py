@@ -17,7 +17,7 @@ from diagnose.reports.formatting import fmt_text
 from diagnose.reports.sections.trace import sections
 from diagnose.trace import analyze_trace
 from diagnose.trace.analyze import TraceAnalysis
-from tests.trace.helpers import DATA, kernel, launch, write_trace
+from tests.trace.helpers import DATA, kernel, launch, step_gpu_work, write_trace
 from tests.trace.test_finding_cases import V1_FRAME, _findings, _pyframe, _sync, _v1_trace
 
 
@@ -90,17 +90,8 @@ def _v1_with(tmp_path: Path, *, first_overhead_us: float = 0.0, first_mallocs: i
             for m in range(first_mallocs):
                 evs.append(launch("cudaMalloc", t + m * 3, 2, 900_000 + 10 * step + m))
             t += 3 * first_mallocs
-        if prefill_first and step == 0:
-            for _k in range(300):
-                corr += 1
-                evs += [launch("cudaLaunchKernel", t, 5, corr), kernel("gemm_bf16", t + 6, 30, corr)]
-                t += 30
-        else:
-            corr += 1
-            evs.append(launch("cudaGraphLaunch", t, 20, corr))
-            for k in range(100):
-                evs.append(kernel("gemm_bf16", t + 25 + 19 * k, 18, corr))
-            t += 1925
+        work, t, corr = step_gpu_work(t, corr, eager=300 if prefill_first and step == 0 else 0)
+        evs += work
         evs.append(_pyframe(V1_FRAME, start, t - start + 10))
         t += 200
     if cut_last:

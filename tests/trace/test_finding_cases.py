@@ -14,7 +14,7 @@ from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
 from diagnose.trace import analyze_trace
 from diagnose.trace.analyze import TraceAnalysis
-from tests.trace.helpers import DATA, annotation, kernel, launch, write_trace
+from tests.trace.helpers import DATA, annotation, kernel, launch, step_gpu_work, write_trace
 
 V1_FRAME = "vllm/v1/worker/gpu_model_runner.py(3380): execute_model"
 
@@ -102,17 +102,8 @@ def _v1_trace(tmp_path: Path) -> Path:
         prefill = step == 0
         start = t
         evs.append(_pyframe("vllm/v1/worker/gpu_worker.py(400): execute_model_wrapper", t - 5, 1))
-        if prefill:
-            for _k in range(300):
-                corr += 1
-                evs += [launch("cudaLaunchKernel", t, 5, corr), kernel("gemm_bf16", t + 6, 30, corr)]
-                t += 30
-        else:
-            corr += 1
-            evs.append(launch("cudaGraphLaunch", t, 20, corr))
-            for k in range(100):
-                evs.append(kernel("gemm_bf16", t + 25 + 19 * k, 18, corr))
-            t += 1925
+        work, t, corr = step_gpu_work(t, corr, eager=300 if prefill else 0)
+        evs += work
         evs.append(_pyframe(V1_FRAME, start, t - start + 10))
         evs.append(_pyframe("torch/nn/modules/module.py(1750): _call_impl", start + 1, 2))
         t += 200

@@ -15,7 +15,7 @@ import pytest
 from diagnose.reports.formatting import fmt_text
 from diagnose.reports.sections.trace import sections
 from diagnose.trace import analyze_trace
-from tests.trace.helpers import kernel, launch, write_trace
+from tests.trace.helpers import step_gpu_work, write_trace
 
 
 def _range(name: str, ts: float, dur: float, cat: str) -> dict[str, Any]:
@@ -38,17 +38,8 @@ def _scoped_trace(tmp_path: Path, cat: str = "user_annotation", *, explicit: boo
         evs.append(_range("gpu_model_runner: preprocess", t, 300, cat))
         t += 310
         f0 = t
-        if step == 0:
-            for _k in range(200):
-                corr += 1
-                evs += [launch("cudaLaunchKernel", t, 5, corr), kernel("gemm_bf16", t + 6, 30, corr)]
-                t += 30
-        else:
-            corr += 1
-            evs.append(launch("cudaGraphLaunch", t, 20, corr))
-            for k in range(100):
-                evs.append(kernel("gemm_bf16", t + 25 + 19 * k, 18, corr))
-            t += 1925
+        work, t, corr = step_gpu_work(t, corr, eager=200 if step == 0 else 0)
+        evs += work
         evs.append(_range("gpu_model_runner: forward", f0, t - f0, cat))
         t += 5
         evs.append(_range("gpu_model_runner: postprocess", t, 50, cat))
