@@ -42,6 +42,18 @@ class ReplayRequest:
     turn: int | None = None
     prefix: tuple[str, ...] = ()  # hashes of the leading blocks (block_tokens each) shared with other requests
 
+    def structure(self) -> dict[str, Any]:
+        """Its session, turn and prefix hashes, those it has (a workload file's row and a replayed request's
+        record carry the same fields)."""
+        d: dict[str, Any] = {}
+        if self.session is not None:
+            d["session"] = self.session
+        if self.turn is not None:
+            d["turn"] = self.turn
+        if self.prefix:
+            d["prefix"] = list(self.prefix)
+        return d
+
 
 @dataclass(frozen=True)
 class Replay:

@@ -221,13 +221,7 @@ def encode_workload(reqs: Sequence[ReplayRequest], *, block_tokens: int, source:
     lines = [orjson.dumps(head)]
     for r in reqs:
         d: dict[str, Any] = {"offset_s": round(r.offset_s, 6), "input_tokens": r.input_tokens,
-                             "output_tokens": r.output_tokens}
-        if r.session is not None:
-            d["session"] = r.session
-        if r.turn is not None:
-            d["turn"] = r.turn
-        if r.prefix:
-            d["prefix"] = list(r.prefix)
+                             "output_tokens": r.output_tokens, **r.structure()}
         lines.append(orjson.dumps(d))
     return b"\n".join(lines) + b"\n"
 

@@ -345,12 +345,7 @@ class _LoadRun:
             index, loop, req = item
             rec["replay_index"] = index
             rec["replay_loop"] = loop
-            if req.session is not None:
-                rec["session"] = req.session
-            if req.turn is not None:
-                rec["turn"] = req.turn
-            if req.prefix:
-                rec["prefix"] = list(req.prefix)
+            rec.update(req.structure())
         if self.spec.store_text:
             rec["prompt_text"] = text
             rec["output_text"] = "".join(res.text or [])
