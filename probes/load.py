@@ -33,7 +33,7 @@ import secrets
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,20 @@ FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until
 FLUSH_BUDGET_MS = 0.5
 SEND_BATCH = 16  # requests set up and sent per event-loop turn at most (the rest wait a turn: _send_gate)
 
+
+def _spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> None:
+    """Start one request of an open loop or replay; ``tasks`` holds it while it runs."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+    """End an open loop's or replay's requests still running (a stop, an error) and wait for them."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 class LoadProbe:
     name = "load"
@@ -504,17 +518,12 @@ class _LoadRun:
                         break
                 warm = i < self.spec.warmup_requests
                 coro = capped_one(warm, int(t_next)) if sem else self._one(ph.index, warm, int(t_next))
-                task = asyncio.ensure_future(coro)
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                _spawn(tasks, coro)
                 i += 1
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
 
     async def _replay(self, ph: Phase, rp: Replay, start: int, deadline: int | None) -> None:
         """Sends each request of the workload file at its recorded offset (divided by ``speed``), ``loop``
@@ -553,17 +562,12 @@ class _LoadRun:
                         break
                 warm = i < self.spec.warmup_requests
                 coro = capped_one(warm, t, item) if sem else self._one(ph.index, warm, t, False, item)
-                task = asyncio.ensure_future(coro)
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                _spawn(tasks, coro)
                 i += 1
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
 
     async def _phase(self, ph: Phase, rec: dict[str, Any]) -> None:
         start = now_ns()
