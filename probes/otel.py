@@ -212,10 +212,9 @@ class OtlpReceiverProbe:
         if grpc_server is None and http_runner is None:
             return ProbeStatus(self.name, "failed", "; ".join(problems), {"ports_wanted": self._wanted()})
         ctx.shared["otel_receiver"] = self.endpoints()
-        started = time.monotonic()
         try:
             await ctx.stop.wait()
-            await self._drain(ctx, started)
+            await self._drain(ctx)
         finally:
             if http_runner is not None:
                 await http_runner.cleanup()
@@ -226,11 +225,12 @@ class OtlpReceiverProbe:
     def _wanted(self) -> dict[str, int | None]:
         return {"grpc": self.grpc_port, "http": self.http_port}
 
-    async def _drain(self, ctx: CaptureContext, started: float) -> None:
+    async def _drain(self, ctx: CaptureContext) -> None:
         """Wait for late spans: until every successful request has its span, or ``drain_s`` passes."""
+        # No early exit when nothing has arrived yet: an engine whose exporter was failing (it started before
+        # this receiver listened and is still in its retry back-off) sends its first batch late, and every
+        # span that comes after the receiver closes is lost for good. At most drain_s more.
         deadline = time.monotonic() + self.drain_s
-        if self.counters.spans == 0 and time.monotonic() - started > 2 * max(self.drain_s, 1.0):
-            return  # nothing arrived during a long capture: the engine is not exporting to us
         while time.monotonic() < deadline:
             expected = await asyncio.to_thread(expected_trace_ids, ctx.bundle.path)
             if expected:

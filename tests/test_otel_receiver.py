@@ -221,6 +221,26 @@ def test_drain_ends_when_every_request_has_its_span(tmp_path: Path) -> None:
     assert 0.5 < elapsed < 5.0  # waited for the late span, not the full 10 s drain
 
 
+def test_a_first_batch_that_comes_after_the_stop_is_kept(tmp_path: Path) -> None:
+    """An engine started before the receiver listened has its exporter in retry back-off: after a capture
+    longer than twice the drain with no span yet, its first batch can still come after the stop."""
+    trace_hex = "ef" * 16
+
+    async def body(probe: OtlpReceiverProbe, ctx: CaptureContext) -> None:
+        ctx.bundle.stream("requests").write({"rid": 0, "ok": True, "trace_id": trace_hex})
+        await asyncio.sleep(2.3)  # > 2 x drain_s, nothing received
+
+        async def late() -> None:
+            await asyncio.sleep(0.3)  # after the stop
+            async with aiohttp.ClientSession() as s:
+                await s.post(ctx.shared["otel_receiver"]["http"], data=orjson.dumps(_otlp_json(trace_hex, "02" * 8)),
+                             headers={"Content-Type": "application/json"})
+        asyncio.get_running_loop().create_task(late())
+
+    status, _, _ = asyncio.run(_with_receiver(tmp_path, body, drain_s=1.0))
+    assert status.detail["spans"] == 1 and status.detail["requests_with_spans"] == 1, status
+
+
 @pytest.mark.parametrize("ports", [(None, None)])
 def test_needs_a_port(ports: tuple[None, None]) -> None:
     with pytest.raises(ValueError, match="needs a gRPC port"):

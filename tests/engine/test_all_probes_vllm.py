@@ -60,7 +60,9 @@ def test_every_probe_lands_in_one_bundle_and_report(start_vllm: Callable[..., ob
     assert len(ok) >= 12 and len(ok) == len(reqs), [r.get("error") for r in reqs if not r["ok"]]
 
     # engine spans joined to the client requests by trace id
-    assert any(s["name"] == "llm_request" for s in b.records("spans"))
+    log = Path(server.log_path).read_text(errors="replace").splitlines()  # type: ignore[attr-defined]
+    exporter = [ln for ln in log if "export" in ln.lower() and "non-default args" not in ln][-12:]
+    assert any(s["name"] == "llm_request" for s in b.records("spans")), (st["otel"].reason, st["otel"].detail, exporter)
     rb = otel.tables(b)["request_breakdown"]
     client = rb[rb["rid"].notna() & ~rb["warmup"].astype(bool) & rb["ok"].astype(bool)]
     assert client["matched"].mean() >= 0.9, f"{client['matched'].sum()} of {len(client)} joined"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from diagnose.bundle import open_bundle
+from tests.engine.evidence import run_evidence
 
 pytestmark = pytest.mark.engine
 
@@ -40,8 +41,13 @@ def _analyze(bundle: Path, tmp: Path) -> dict:  # type: ignore[type-arg]
 def test_queue_bound_run_is_diagnosed_as_queueing(start_vllm: Callable[..., object], tmp_path: Path) -> None:
     server = start_vllm(extra_args=["--max-num-seqs", "2"])
     url = server.url  # type: ignore[attr-defined]
-    p = _attach(url, tmp_path / "b", "--concurrency", "16", "--duration", "15s", "--input-tokens", "128",
-                "--output-tokens", "32")
+    load = ("--concurrency", "16", "--input-tokens", "128", "--output-tokens", "32")
+    # one short pass of the same load first, not analysed: the first batches a fresh CPU engine sees run
+    # slower than later ones (measured: ITL P50 10.5 ms on a fresh server, 6.6 ms on the next capture), and
+    # the run judged here is a warm one, as tests/engine/test_compare_vllm.py and `diagnose experiment` do
+    w = _attach(url, tmp_path / "warm", *load, "--duration", "5s", "--baseline", "0", "--warmup", "0")
+    assert w.returncode == 0, w.stderr
+    p = _attach(url, tmp_path / "b", *load, "--duration", "15s")
     assert p.returncode == 0, p.stderr
     b = open_bundle(tmp_path / "b")
     assert b.manifest["target"]["engine"] == "vllm"
@@ -49,11 +55,12 @@ def test_queue_bound_run_is_diagnosed_as_queueing(start_vllm: Callable[..., obje
     assert {s.name: s.state for s in b.probe_statuses()} == {"load": "ok", "prometheus": "ok"}
     data = _analyze(tmp_path / "b", tmp_path)
     serious = [f for f in data["findings"] if f["severity"] != "info"]
-    assert serious and serious[0]["rule_id"] == "SCH001", [f["rule_id"] for f in data["findings"]]
+    why = run_evidence(tmp_path / "b", data)
+    assert serious and serious[0]["rule_id"] == "SCH001", why
     ev = {e["signal"]: e["value"] for e in serious[0]["evidence"]}
-    assert ev["queue_depth_mean"] > 5  # 16 offered, 2 admitted: most wait
-    assert ev["running_requests_max"] <= 2
-    assert ev["server_queue_share_of_ttft_ratio"] > 0.5
+    assert ev["queue_depth_mean"] > 5, why  # 16 offered, 2 admitted: most wait
+    assert ev["running_requests_max"] <= 2, why
+    assert ev["server_queue_share_of_ttft_ratio"] > 0.5, why
 
 
 def test_client_ttft_agrees_with_server_histogram(vllm_server: object, tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.evidence import analyzed_evidence
+
 pytestmark = pytest.mark.engine
 
 DIAG = [sys.executable, "-m", "diagnose"]
@@ -99,7 +101,8 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     assert v.returncode == 0 and ver["outcome"] == "confirmed", v.stdout
     # the same experiment judged on the A/A pair: nothing moved, the finding still fires
     r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
-    assert r.returncode == 7 and r.stdout.startswith("refuted"), r.stdout
+    assert r.returncode == 7 and r.stdout.startswith("refuted"), (
+        r.stdout + "\n" + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2"))
 
 
 def _launch_cmd(extra: list[str]) -> tuple[str, str]:
@@ -123,10 +126,14 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
     p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load, timeout=560)
     ver = json.loads((tmp_path / "e" / "verify.json").read_text())
     assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
-    assert p.returncode == 0 and ver["outcome"] == "confirmed", p.stdout + p.stderr
+    assert p.returncode == 0 and ver["outcome"] == "confirmed", (
+        p.stdout + p.stderr + "\n" + "\n".join(analyzed_evidence(d) for d in sorted((tmp_path / "e").iterdir())
+                                               if (d / "manifest.json").is_file()))
     assert p.stdout.startswith("confirmed: SCH001")
     assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
     # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
     q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
              "--finding", "SCH001", "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
-    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), q.stdout + q.stderr
+    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), (
+        q.stdout + q.stderr + "\n" + "\n".join(analyzed_evidence(d) for d in sorted((tmp_path / "r").iterdir())
+                                               if (d / "manifest.json").is_file()))
