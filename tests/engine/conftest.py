@@ -4,6 +4,7 @@ needs no engine (pure harness logic) opts out with ``@pytest.mark.offline``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,9 +33,25 @@ def _cpu_times() -> list[int]:
         return []
 
 
+def _pressure() -> dict[str, int]:
+    """Pressure-stall totals (µs) from /proc/pressure: time some task waited for a CPU, for I/O or for memory
+    (and for I/O with every task stalled): stalls that CPU shares and steal do not show."""
+    out: dict[str, int] = {}
+    for res in ("cpu", "io", "memory"):
+        try:
+            with open(f"/proc/pressure/{res}") as fh:
+                for line in fh:
+                    kind, *fields = line.split()
+                    out[f"{res} {kind}"] = int(dict(f.split("=") for f in fields)["total"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     item.stash[_HOST_AT_START] = _cpu_times()
+    item.stash[_PRESSURE_AT_START] = (time.monotonic(), _pressure())
     yield
 
 
@@ -54,9 +71,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         load = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
         load = []
+    t0, p0 = item.stash.get(_PRESSURE_AT_START, (time.monotonic(), {}))
+    wall_us = max(1.0, (time.monotonic() - t0) * 1e6)
+    stalls = ", ".join(f"{k} {(v - p0[k]) / wall_us:.1%}" for k, v in _pressure().items() if k in p0)
     rep.sections.append(("host during this test", (
         f"cpu busy {1 - (d[3] + d[4]) / total:.0%}, stolen by the hypervisor {d[7] / total:.1%} "
-        f"(over {total} jiffies); loadavg {' '.join(load)}")))
+        f"(over {total} jiffies); loadavg {' '.join(load)}"
+        + (f"; share of the test's time stalled (/proc/pressure): {stalls}" if stalls else ""))))
 
 
 _HOST_AT_START = pytest.StashKey[list[int]]()
+_PRESSURE_AT_START = pytest.StashKey[tuple[float, dict[str, int]]]()
