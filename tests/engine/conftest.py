@@ -48,37 +48,40 @@ def _pressure() -> dict[str, int]:
     return out
 
 
+def _host_snapshot() -> tuple[float, list[int], dict[str, int]]:
+    return time.monotonic(), _cpu_times(), _pressure()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    item.stash[_HOST_AT_START] = _cpu_times()
-    item.stash[_PRESSURE_AT_START] = (time.monotonic(), _pressure())
+    item.stash[_HOST_AT_START] = _host_snapshot()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A failed engine test's report says what the machine did meanwhile (these tests measure timing on
-    2 shared cores): CPU busy and stolen by the hypervisor over the test, and the load average."""
+    2 shared cores): CPU busy and stolen by the hypervisor over the test, the load average, and the share
+    of the test's time that tasks stalled on CPU, I/O or memory (/proc/pressure)."""
     outcome = yield
     rep = outcome.get_result()
-    start = item.stash.get(_HOST_AT_START, [])
-    end = _cpu_times()
-    if call.when != "call" or not rep.failed or len(start) != 8 or len(end) != 8:
+    if call.when != "call" or not rep.failed or _HOST_AT_START not in item.stash:
         return
-    d = [b - a for a, b in zip(start, end, strict=True)]
+    (t0, cpu0, p0), (t1, cpu1, p1) = item.stash[_HOST_AT_START], _host_snapshot()
+    if len(cpu0) != 8 or len(cpu1) != 8:
+        return
+    d = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     total = sum(d) or 1
     try:
         load = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
         load = []
-    t0, p0 = item.stash.get(_PRESSURE_AT_START, (time.monotonic(), {}))
-    wall_us = max(1.0, (time.monotonic() - t0) * 1e6)
-    stalls = ", ".join(f"{k} {(v - p0[k]) / wall_us:.1%}" for k, v in _pressure().items() if k in p0)
+    wall_us = max(1.0, (t1 - t0) * 1e6)
+    stalls = ", ".join(f"{k} {(v - p0[k]) / wall_us:.1%}" for k, v in p1.items() if k in p0)
     rep.sections.append(("host during this test", (
         f"cpu busy {1 - (d[3] + d[4]) / total:.0%}, stolen by the hypervisor {d[7] / total:.1%} "
         f"(over {total} jiffies); loadavg {' '.join(load)}"
         + (f"; share of the test's time stalled (/proc/pressure): {stalls}" if stalls else ""))))
 
 
-_HOST_AT_START = pytest.StashKey[list[int]]()
-_PRESSURE_AT_START = pytest.StashKey[tuple[float, dict[str, int]]]()
+_HOST_AT_START = pytest.StashKey[tuple[float, list[int], dict[str, int]]]()

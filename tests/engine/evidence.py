@@ -64,3 +64,8 @@ def analyzed_evidence(bundle: Path) -> str:
         if not out.is_file():
             return f"bundle {bundle}: analyze exited {p.returncode}: {p.stderr[-500:]}"
         return run_evidence(bundle, out)
+
+
+def runs_evidence(folder: Path) -> str:
+    """``analyzed_evidence`` of every bundle directly inside ``folder`` (an experiment's runs)."""
+    return "\n".join(analyzed_evidence(d) for d in sorted(folder.iterdir()) if (d / "manifest.json").is_file())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.evidence import analyzed_evidence
+from tests.engine.evidence import analyzed_evidence, runs_evidence
 
 pytestmark = pytest.mark.engine
 
@@ -127,13 +127,11 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
     ver = json.loads((tmp_path / "e" / "verify.json").read_text())
     assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
     assert p.returncode == 0 and ver["outcome"] == "confirmed", (
-        p.stdout + p.stderr + "\n" + "\n".join(analyzed_evidence(d) for d in sorted((tmp_path / "e").iterdir())
-                                               if (d / "manifest.json").is_file()))
+        p.stdout + p.stderr + "\n" + runs_evidence(tmp_path / "e"))
     assert p.stdout.startswith("confirmed: SCH001")
     assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
     # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
     q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
              "--finding", "SCH001", "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
     assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), (
-        q.stdout + q.stderr + "\n" + "\n".join(analyzed_evidence(d) for d in sorted((tmp_path / "r").iterdir())
-                                               if (d / "manifest.json").is_file()))
+        q.stdout + q.stderr + "\n" + runs_evidence(tmp_path / "r"))
