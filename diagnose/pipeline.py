@@ -24,6 +24,7 @@ from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, o
 from diagnose.errors import BundleError, InputError
 from diagnose.model import NotEvaluated, Phase, Signal, Window
 from diagnose.normalize import derived, load_normalizers
+from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
@@ -235,12 +236,22 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         findings=res.findings,
         not_evaluated=[n for n in res.not_evaluated if _relevant(bundle.kind, n)],
         probe_statuses=bundle.probe_statuses(),
-        warnings=list(bundle.warnings),
+        warnings=[*bundle.warnings, *_coverage_warnings(tables, window)],
         partial=bundle.partial,
         verdict=verdict,
         run_window=window,
     )
     return analysis
+
+
+def _coverage_warnings(tables: dict[str, pd.DataFrame], window: Window) -> list[str]:
+    cov = window_coverage(tables, window) if "metrics" in tables else None
+    if cov is None or cov[0] >= MIN_WINDOW_COVERAGE:
+        return []
+    share, first, last = cov
+    return [f"the metrics scrapes ({first:.1f}-{last:.1f} s) cover {share:.0%} of the measured window "
+            f"({window.start_s:.1f}-{window.end_s:.1f} s): no server figure is computed for it, and the rules that "
+            "need one are not evaluated"]
 
 
 analyze_bundle = analyze  # a capture bundle directory: the same pipeline

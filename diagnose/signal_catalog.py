@@ -180,6 +180,8 @@ _PROMETHEUS: list[_Entry] = [
     *_server_histograms(),
     ("server_queue_share_of_ttft_ratio", "ratio", "server queue time / server TTFT (means over the window)"),
     ("server_output_tps", "tokens/s", "server generated tokens per second (counter rate)"),
+    ("metrics_window_coverage_ratio", "ratio", "share of the window between the first and the last metrics "
+     "scrape (below 0.8 the window gets no other server figure)"),
     ("server_requests_before_capture", "requests", "requests the server had finished before the capture began "
      "(its counter at the first scrape; 0: a cold server)"),
     ("server_process_cpu_ratio", "cores", "API-server process CPU time per second (1.0 = one core busy)"),

@@ -6,8 +6,14 @@ process; benchmarks/results/prometheus_probe_cost.md measures it. :class:`ParseW
 ``python -m diagnose.probes.prometheus_worker`` once per capture and exchanges one length-prefixed text and
 one JSON line per scrape over pipes. If the child cannot start or dies, the probe falls back to a thread.
 
-Protocol (stdin): a JSON header line ``{"n": <bytes>, "keep_all": bool}`` then ``n`` bytes of UTF-8 text.
-(stdout): one JSON line ``{"samples": [...], "families": [...]}`` or ``{"error": category, "message": str}``.
+Protocol (stdin): a JSON header line ``{"n": <bytes>, "keep_all": bool, "cpu_s": <budget>}`` then ``n``
+bytes of UTF-8 text. (stdout): one JSON line ``{"samples": [...], "families": [...], "cpu_ms": <float>}`` or
+``{"error": category, "message": str}``.
+
+The cost limit is CPU time, not wall time: the child runs at normal priority beside an engine that may
+saturate every core, so a parse that needs 40 ms of CPU can wait seconds for it, and that wait costs the
+engine nothing. A profiling timer (``ITIMER_PROF``, the child's own user + system CPU) ends a parse that
+has used ``cpu_s`` of CPU: category ``parse_timeout``, on which the probe stops scraping.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -81,6 +89,31 @@ def parse_scrape(text: str, keep_all: bool = False) -> tuple[list[list[Any]], li
 
 
 
+class _OverBudget(BaseException):
+    """Raised by the profiling timer inside a parse (a BaseException: no parser ``except`` catches it)."""
+
+
+def _over_budget(signum: int, frame: object) -> None:
+    raise _OverBudget
+
+
+def parse_within_cpu(text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
+    """One parse in this process's main thread, ended once it has used ``cpu_s`` of CPU; the answer the
+    worker sends back (with ``cpu_ms``, the CPU the parse used)."""
+    c0 = time.process_time()
+    old = signal.signal(signal.SIGPROF, _over_budget)
+    signal.setitimer(signal.ITIMER_PROF, max(cpu_s, 1e-3))
+    try:
+        samples, families = parse_scrape(text, keep_all)
+    except _OverBudget:
+        return {"error": "parse_timeout", "message": f"parsing a {len(text)}-byte scrape used over {cpu_s:g} s "
+                                                     "of CPU"}
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+    return {"samples": samples, "families": families, "cpu_ms": (time.process_time() - c0) * 1e3}
+
+
 class WorkerGone(Exception):
     """The child process is not (or no longer) usable."""
 
@@ -110,13 +143,17 @@ class ParseWorker:
         assert self._proc.stdout is not None
         self._ready = asyncio.ensure_future(self._proc.stdout.readline())
 
-    async def parse(self, text: str, keep_all: bool) -> dict[str, Any]:
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    async def parse(self, text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdout is None or proc.returncode is not None:
             raise WorkerGone("parse worker not running")
         data = text.encode("utf-8")
         try:
-            proc.stdin.write(orjson.dumps({"n": len(data), "keep_all": keep_all}) + b"\n" + data)
+            proc.stdin.write(orjson.dumps({"n": len(data), "keep_all": keep_all, "cpu_s": cpu_s}) + b"\n" + data)
             await proc.stdin.drain()
             line = await proc.stdout.readline()
         except (OSError, ValueError, asyncio.LimitOverrunError) as e:
@@ -160,8 +197,7 @@ def main() -> int:
         try:
             h = orjson.loads(header)
             text = stdin.read(int(h["n"])).decode("utf-8")
-            samples, families = parse_scrape(text, bool(h.get("keep_all")))
-            out: dict[str, Any] = {"samples": samples, "families": families}
+            out = parse_within_cpu(text, bool(h.get("keep_all")), float(h.get("cpu_s", 5.0)))
         except ScrapeError as e:
             out = {"error": e.category, "message": str(e)}
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:

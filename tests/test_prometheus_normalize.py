@@ -283,3 +283,41 @@ def test_ttft_cross_check_section_and_gap_with_the_client_table() -> None:
     assert "120 client requests, 120 server TTFT observations" in fmt_text(sec.payload.note)
     # without the client table there is nothing to compare
     assert "ttft_crosscheck" not in {x.id for x in prom_sections(prom.tables(b))}
+
+
+def test_a_window_the_scrapes_cover_only_in_part_gets_no_server_figures(tmp_path: Path) -> None:
+    """CI: the metrics probe stopped after the first scrapes (a parse starved of CPU was read as a costly one),
+    and the server TTFT P50 of the baseline's first seconds (60-80 ms) was reported as the measured window's,
+    against a client P50 of 327 ms. Scrapes that do not span a window give it none but the coverage."""
+    tables = prom.tables(open_bundle(REAL_BUNDLE))
+    ts = sorted(tables["metrics_scrapes"]["t_s"])
+    window = Window(ts[0], ts[-1])
+    full = {s.name: s for s in prom.signals(tables, window)}
+    assert full["metrics_window_coverage_ratio"].value == 1.0 and "server_ttft_p50_ms" in full
+    early = {name: df[df["t_s"] <= ts[3]] if "t_s" in df else df for name, df in tables.items()}
+    part = {s.name: s for s in prom.signals(early, window)}
+    assert part["metrics_window_coverage_ratio"].value == pytest.approx((ts[3] - ts[0]) / (ts[-1] - ts[0]))
+    assert part["metrics_window_coverage_ratio"].value < prom.MIN_WINDOW_COVERAGE
+    assert set(part) == {"metrics_window_coverage_ratio", "server_requests_before_capture"}
+    # the same scrapes still give the window they do span its figures
+    covered = {s.name for s in prom.signals(early, Window(ts[0], ts[3]))}
+    assert {"server_ttft_p50_ms", "queue_depth_mean"} <= covered
+
+
+def test_analysis_warns_when_the_scrapes_stop_early(tmp_path: Path) -> None:
+    import gzip
+    import shutil
+
+    from diagnose.pipeline import analyze
+
+    src = Path(__file__).parents[1] / "sample_traces" / "vllm_cpu_healthy" / "bundle"
+    shutil.copytree(src, tmp_path / "b")
+    path = tmp_path / "b" / "metrics.jsonl.gz"
+    lines = gzip.decompress(path.read_bytes()).splitlines()
+    path.write_bytes(gzip.compress(b"\n".join(lines[:8]) + b"\n"))
+    a = analyze(tmp_path / "b")
+    assert "server_ttft_p50_ms" not in a.signals and a.signals["metrics_window_coverage_ratio"].value < 0.8
+    assert any("metrics scrapes" in w and "no server figure" in w for w in a.warnings), a.warnings
+    whole = analyze(src)
+    assert whole.signals["metrics_window_coverage_ratio"].value == 1.0 and "server_ttft_p50_ms" in whole.signals
+    assert not any("no server figure" in w for w in whole.warnings)

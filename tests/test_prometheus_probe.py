@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -198,3 +199,106 @@ def test_a_dead_parse_worker_falls_back_to_a_thread(tmp_path: Path, monkeypatch:
     assert "thread" in status.detail["parse_note"] and status.detail["parsed_in_worker"] == 0
     assert status.detail["scrapes_failed"] == 0
     assert len(open_bundle(bdir).records("metrics")) == status.detail["scrapes_ok"] >= 2
+
+
+def _parse_worker_pid(timeout_s: float = 5.0) -> int:
+    """The pid of this process's parse worker (``python -m diagnose.probes.prometheus_worker``), once it runs."""
+    import os
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in psutil.Process(os.getpid()).children():
+            try:
+                if "diagnose.probes.prometheus_worker" in " ".join(c.cmdline()):
+                    return c.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.01)
+    raise AssertionError("no parse worker started")
+
+
+def _freeze_worker(after_s: float, for_s: float) -> Any:
+    """A thread that stops the parse worker (SIGSTOP) ``after_s`` into the run and lets it go on after ``for_s``:
+    a parser that gets no CPU, as beside an engine that saturates every core."""
+    import os
+    import signal
+    import threading
+    import time
+
+    frozen: dict[str, float] = {}
+
+    def run() -> None:
+        pid = _parse_worker_pid()
+        time.sleep(after_s)
+        os.kill(pid, signal.SIGSTOP)
+        frozen["at"] = time.monotonic()
+        time.sleep(for_s)
+        with contextlib.suppress(ProcessLookupError):  # killed meanwhile (the wall-clock backstop)
+            os.kill(pid, signal.SIGCONT)
+        frozen["until"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, frozen
+
+
+def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path) -> None:
+    """CI: beside the saturating CPU engine one parse waited over 5 s for the CPU (it needs ~40 ms of it), the
+    wall-clock parse limit read that as a costly scrape and stopped the probe after 1-3 scrapes, and the
+    queue-bound runs lost their engine evidence. The limit is now the parse's own CPU time: a parser that gets
+    no CPU for longer than that limit delays the scrapes and stops none."""
+    t, frozen = _freeze_worker(after_s=0.5, for_s=1.5)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.0, interval_s=0.1, parse_cpu_s=0.5)
+    t.join(5)
+    assert frozen.get("until", 0) - frozen.get("at", 0) >= 1.5  # frozen three times as long as the CPU limit
+    assert status.state == "ok", status
+    assert status.detail["scrapes_failed"] == 0 and "stopped" not in status.detail, status.detail
+    assert status.detail["parse_ms_max"] >= 1000 and status.detail["parse_cpu_ms_p50"] < 500
+    assert status.detail["parses_over_interval"] >= 1 and "waiting for the CPU" in status.reason
+    recs = open_bundle(bdir).records("metrics")
+    assert len(recs) == status.detail["scrapes_ok"]
+    # scraping went on after the pause: records on both sides of it
+    t_ns = [r["t_ns"] / 1e9 for r in recs]
+    assert sum(1 for t in t_ns if t > recs[0]["t_ns"] / 1e9 + 2.2) >= 3, t_ns
+
+
+def test_a_parse_that_costs_too_much_cpu_stops_the_scraping(tmp_path: Path) -> None:
+    # ~40 ms of CPU per vLLM scrape here, against a 1 ms limit: every scrape would cost as much
+    status, _, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=1.0, interval_s=0.1, parse_cpu_s=0.001)
+    assert status.state == "unavailable" and status.detail["category"] == "parse_timeout", status
+    assert "of CPU" in status.reason and "scrape" in status.reason
+
+
+def test_the_worker_ends_a_parse_at_its_cpu_limit() -> None:
+    from diagnose.probes.prometheus_worker import ParseWorker
+
+    big = VLLM_SCRAPE * 20  # repeated families still parse; ~50x the CPU of one scrape
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        w = ParseWorker()
+        await w.start()
+        try:
+            while not w.ready:
+                await asyncio.sleep(0.01)
+            cheap = await w.parse(VLLM_SCRAPE, False, 5.0)
+            costly = await w.parse(big, False, 0.01)
+            after = await w.parse(VLLM_SCRAPE, False, 5.0)  # the worker is still usable after a limit hit
+            return cheap, costly, after
+        finally:
+            await w.close()
+
+    cheap, costly, after = asyncio.run(main())
+    assert "samples" in cheap and 0 < cheap["cpu_ms"] < 5000
+    assert costly["error"] == "parse_timeout" and "0.01 s of CPU" in costly["message"]
+    assert after["samples"] == cheap["samples"]
+
+
+def test_a_wedged_parser_is_killed_at_the_wall_clock_backstop(tmp_path: Path) -> None:
+    t, _ = _freeze_worker(after_s=0.3, for_s=2.5)
+    status, _, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.0, interval_s=0.1, parse_wall_s=0.5)
+    t.join(5)
+    assert status.state == "ok" and status.detail["failures"] == {"parse_timeout": 1}, status
+    assert "no answer within 0.5 s" in status.detail["stopped"] and "scraping stopped" in status.reason

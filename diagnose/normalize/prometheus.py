@@ -15,7 +15,9 @@ Engine-specific names are mapped to engine-neutral signals with ``diagnose.engin
 * ``server_config``: ``key, value`` (``kv_capacity_tokens``, ``max_num_seqs`` when known).
 
 A window takes every scrape interval that overlaps it, so its counters and histograms include the
-observations of the whole window (and at most one scrape interval on either side).
+observations of the whole window (and at most one scrape interval on either side). Scrapes that cover less
+than ``MIN_WINDOW_COVERAGE`` of a window (the probe stopped early, or started late) give that window no
+server figures but ``metrics_window_coverage_ratio``: a histogram of the first seconds is not the window's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "ki
 HIST_COLUMNS = ["t0_s", "t_s", "signal", "le", "count"]
 HIST_SUM_COLUMNS = ["t0_s", "t_s", "signal", "count", "sum"]
 
+MIN_WINDOW_COVERAGE = 0.8  # share of a window between the first and the last scrape, below which: no figures
 MAX_VALUE = 1e18  # a sample beyond this (1e308, an integer >= 2**63) is malformed: sums and rates would overflow
 
 _Series = dict[tuple[tuple[str, str], ...], dict[str, Any]]
@@ -388,9 +391,32 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         _BY_SIGNAL.reset(token)
 
 
+def window_coverage(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, float, float] | None:
+    """(share of the window between the first and the last scrape, first, last scrape time); None without
+    scrapes or for an empty or unbounded window."""
+    df = tables.get("metrics_scrapes")
+    if df is None or df.empty:
+        df = tables["metrics"]
+    t = df["t_s"].to_numpy(float)
+    t = t[np.isfinite(t)]
+    span = window.end_s - window.start_s
+    if not len(t) or not span > 0 or not math.isfinite(span):  # an unbounded window: every scrape is in it
+        return None
+    first, last = float(t.min()), float(t.max())
+    return max(0.0, min(1.0, (min(last, window.end_s) - max(first, window.start_s)) / span)), first, last
+
+
 def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     out: list[Signal] = []
     engine = str(tables["metrics"]["engine"].iloc[0]) if len(tables["metrics"]) else "unknown"
+    cov = window_coverage(tables, window)
+    if cov is not None:
+        share, first, last = cov
+        out.append(Signal("metrics_window_coverage_ratio", share, "ratio", SOURCE,
+                          f"share of the window {window.start_s:.1f}-{window.end_s:.1f} s that lies between the "
+                          f"first and the last metrics scrape ({first:.1f}-{last:.1f} s)"))
+        if share < MIN_WINDOW_COVERAGE:
+            return out + _served_signal(tables, engine)
     littles: dict[str, float] = {}  # the time-weighted means by Little's law, for the in-flight split below
     for sig, name, unit in (("queue_depth", "queue_depth", ""), ("running_requests", "running_requests", ""),
                             ("kv_usage_ratio", "kv_usage", "_ratio")):
@@ -422,11 +448,7 @@ def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("prefix_cache_hit_ratio", hits / queries, "ratio", SOURCE,
                           f"prefix-cache hit tokens / queried tokens ({hits:.0f} / {queries:.0f})"))
     out.extend(_rate_signals(tables, window))
-    served = _served_before_capture(tables)
-    if served is not None:
-        out.append(Signal("server_requests_before_capture", served, "requests", SOURCE,
-                          f"{engine} finished-requests counter at the capture's first scrape: requests the server "
-                          "had served since it started, before this capture (0: a cold server)"))
+    out.extend(_served_signal(tables, engine))
     for sig, prefix, pcts, want_mean, what in HISTOGRAM_SIGNALS:
         for p in pcts:
             est = hist_quantile(tables, sig, p / 100, window)
@@ -508,6 +530,15 @@ def _rate_signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signa
         if span > 0:
             out.append(Signal(name, float(c["delta"].sum()) / span, unit, SOURCE, f"server {desc} (counter rate)"))
     return out
+
+
+def _served_signal(tables: dict[str, pd.DataFrame], engine: str) -> list[Signal]:
+    served = _served_before_capture(tables)
+    if served is None:
+        return []
+    return [Signal("server_requests_before_capture", served, "requests", SOURCE,
+                   f"{engine} finished-requests counter at the capture's first scrape: requests the server "
+                   "had served since it started, before this capture (0: a cold server)")]
 
 
 def _served_before_capture(tables: dict[str, pd.DataFrame]) -> float | None:
