@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from diagnose.analysis import Window
@@ -295,6 +296,8 @@ def test_a_window_the_scrapes_cover_only_in_part_gets_no_server_figures(tmp_path
     full = {s.name: s for s in prom.signals(tables, window)}
     assert full["metrics_window_coverage_ratio"].value == 1.0 and "server_ttft_p50_ms" in full
     early = {name: df[df["t_s"] <= ts[3]] if "t_s" in df else df for name, df in tables.items()}
+    # the client's requests say the capture went on after the last scrape (without them nothing would)
+    early["requests"] = pd.DataFrame({"sent_s": [ts[0], ts[-2]], "end_s": [ts[1], ts[-1]]})
     part = {s.name: s for s in prom.signals(early, window)}
     assert part["metrics_window_coverage_ratio"].value == pytest.approx((ts[3] - ts[0]) / (ts[-1] - ts[0]))
     assert part["metrics_window_coverage_ratio"].value < prom.MIN_WINDOW_COVERAGE
@@ -302,6 +305,10 @@ def test_a_window_the_scrapes_cover_only_in_part_gets_no_server_figures(tmp_path
     # the same scrapes still give the window they do span its figures
     covered = {s.name for s in prom.signals(early, Window(ts[0], ts[3]))}
     assert {"server_ttft_p50_ms", "queue_depth_mean"} <= covered
+    # a window wider than the capture is clipped to what the capture holds (scrapes and client requests):
+    # not uncovered (tests/engine/test_all_probes_vllm.py reads a capture's figures over (-1e9, 1e9))
+    wide = {s.name: s for s in prom.signals(tables, Window(-1e9, 1e9))}
+    assert wide["metrics_window_coverage_ratio"].value == 1.0 and "server_ttft_p50_ms" in wide
 
 
 def test_analysis_warns_when_the_scrapes_stop_early(tmp_path: Path) -> None:

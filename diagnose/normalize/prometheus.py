@@ -393,17 +393,27 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
 
 def window_coverage(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, float, float] | None:
     """(share of the window between the first and the last scrape, first, last scrape time); None without
-    scrapes or for an empty or unbounded window."""
+    scrapes or when the window holds nothing. The window is first clipped to what the capture holds (the
+    scrapes and the client's requests, sent to done): a window wider than the capture is not uncovered."""
     df = tables.get("metrics_scrapes")
     if df is None or df.empty:
         df = tables["metrics"]
     t = df["t_s"].to_numpy(float)
     t = t[np.isfinite(t)]
-    span = window.end_s - window.start_s
-    if not len(t) or not span > 0 or not math.isfinite(span):  # an unbounded window: every scrape is in it
+    if not len(t):
         return None
     first, last = float(t.min()), float(t.max())
-    return max(0.0, min(1.0, (min(last, window.end_s) - max(first, window.start_s)) / span)), first, last
+    lo, hi = first, last
+    req = tables.get("requests")
+    if req is not None and len(req) and {"sent_s", "end_s"} <= set(req.columns):
+        ends = np.concatenate([req["sent_s"].to_numpy(float), req["end_s"].to_numpy(float)])
+        ends = ends[np.isfinite(ends)]
+        if len(ends):
+            lo, hi = min(lo, float(ends.min())), max(hi, float(ends.max()))
+    start, end = max(window.start_s, lo), min(window.end_s, hi)
+    if not end > start:
+        return None
+    return max(0.0, min(1.0, (min(last, end) - max(first, start)) / (end - start))), first, last
 
 
 def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
