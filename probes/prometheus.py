@@ -298,15 +298,25 @@ class PrometheusProbe:
         if stats.ok == 0:
             return ProbeStatus(self.name, "failed", f"no scrape of {url} succeeded: {stats.last_error}", detail=detail)
         reason = f"{stats.ok} scrapes" + (f", {stats.failed} failed ({stats.last_error})" if stats.failed else "")
-        late = sum(1 for ms in stats.parse_ms if ms > self.interval_s * 1e3)
-        if late:  # starved, not costly: the scrapes are still right (timed by the HTTP exchange), just fewer
-            detail["parses_over_interval"] = late
-            reason += (f"; {late} parses took longer than the {self.interval_s:g} s interval, waiting for the CPU "
-                       f"(CPU per parse P50 {detail['parse_cpu_ms_p50']:g} ms, wall max {detail['parse_ms_max']:.0f} "
-                       "ms): later scrapes skipped those ticks")
+        n_late, note = late_parses(stats.parse_ms, stats.parse_cpu_ms, self.interval_s)
+        if n_late:  # the scrapes are still right (timed by the HTTP exchange), just fewer
+            detail["parses_over_interval"] = n_late
+            reason += f"; {note}"
         if stopped:
             reason += f"; {stopped}"
         return ProbeStatus(self.name, "ok", reason, detail=detail)
+
+
+def late_parses(wall_ms: list[float], cpu_ms: list[float], interval_s: float) -> tuple[int, str]:
+    """(how many parses took longer than the interval, a line saying so and why: waiting for the CPU when
+    their CPU time is under half their wall time, else slow parsing itself)."""
+    late = [(w, c) for w, c in zip(wall_ms, cpu_ms, strict=True) if w > interval_s * 1e3]
+    if not late:
+        return 0, ""
+    cpu = sum(c for _, c in late) / len(late)
+    why = "waiting for the CPU" if cpu < 0.5 * sum(w for w, _ in late) / len(late) else "parsing itself was slow"
+    return len(late), (f"{len(late)} parses took longer than the {interval_s:g} s interval, {why} (their CPU mean "
+                       f"{cpu:.0f} ms, wall max {max(w for w, _ in late):.0f} ms): later scrapes skipped those ticks")
 
 
 def _parse_timed(text: str, keep_all: bool) -> tuple[list[list[Any]], list[dict[str, str]], float]:

@@ -265,6 +265,16 @@ def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path) -> N
     assert sum(1 for t in t_ns if t > recs[0]["t_ns"] / 1e9 + 2.2) >= 3, t_ns
 
 
+def test_late_parses_say_whether_they_waited_or_worked() -> None:
+    from diagnose.probes.prometheus import late_parses
+
+    assert late_parses([40.0, 50.0], [40.0, 45.0], 1.0) == (0, "")
+    n, note = late_parses([40.0, 1500.0, 5200.0], [40.0, 41.0, 39.0], 1.0)  # starved: 40 ms of CPU in 5 s
+    assert n == 2 and "waiting for the CPU" in note and "CPU mean 40 ms, wall max 5200 ms" in note
+    n, note = late_parses([1300.0], [1200.0], 1.0)  # the parse itself used the time
+    assert n == 1 and "parsing itself was slow" in note
+
+
 def test_a_parse_that_costs_too_much_cpu_stops_the_scraping(tmp_path: Path) -> None:
     # ~40 ms of CPU per vLLM scrape here, against a 1 ms limit: every scrape would cost as much
     status, _, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=1.0, interval_s=0.1, parse_cpu_s=0.001)
