@@ -143,10 +143,6 @@ class ParseWorker:
         assert self._proc.stdout is not None
         self._ready = asyncio.ensure_future(self._proc.stdout.readline())
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     async def parse(self, text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdout is None or proc.returncode is not None:
