@@ -352,3 +352,28 @@ def test_a_reference_phase_that_moved_is_reported_as_host_drift() -> None:
     assert c.to_json()["levels"] == cmp.compare(a, analyze(QUEUE), resamples=100).to_json()["levels"]
     assert any(line.strip().startswith("note: the concurrency-1 reference") for line in comparison_lines(c))
     assert "+28%" in render_comparison(c.to_json())
+
+
+def test_a_replay_keeps_its_reference_phase_so_host_drift_is_measured() -> None:
+    """A `--workload FILE` replay sends the concurrency-1 baseline first like any attach, but its measured
+    phase has no load level: the baseline's figures were dropped with it, so two replays never got a host
+    drift note (CI met an A/A pair of replays 11-39% apart with no note). The reference is kept now."""
+    from diagnose.model import Phase, Signal
+    from diagnose.normalize import derived
+
+    base = Phase(0, "baseline c=1", "baseline", 0.0, 3.0, mode="closed", concurrency=1)
+    replay = Phase(1, "replay workload.jsonl", "measure", 3.0, 10.0, mode="replay")
+    per = {0: {"itl_p50_ms": Signal("itl_p50_ms", 3.9, "ms", "client"),
+               "ttft_p50_ms": Signal("ttft_p50_ms", 40.0, "ms", "client")},
+           1: {"itl_p50_ms": Signal("itl_p50_ms", 4.2, "ms", "client")}}
+    out = derived.signals({}, [base, replay], per, {})
+    assert out["baseline_itl_p50_ms"].value == 3.9 and out["baseline_ttft_p50_ms"].value == 40.0
+    assert "load_vs_baseline_ratio" not in out  # a replay has no offered level to set against it
+
+    import dataclasses
+
+    a, b = analyze(QUEUE), analyze(QUEUE)
+    for an, v in ((a, 3.9), (b, 4.7)):  # two replays' references, B's 21% slower
+        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(out["baseline_itl_p50_ms"], value=v)
+    [d] = cmp.compare(a, b, resamples=100).comparability["host_drift"]
+    assert "+21%" in d

@@ -52,6 +52,13 @@ def worst_slo_ratio(sigs: Mapping[str, Signal], slo: Mapping[str, float], metric
     return max(ratios) if ratios else None
 
 
+def _reference(out: dict[str, Signal], bs: Mapping[str, Signal]) -> None:
+    for key, name in (("ttft_p50_ms", "baseline_ttft_p50_ms"), ("itl_p50_ms", "baseline_itl_p50_ms")):
+        b = _val(bs, key)
+        if b is not None:
+            out[name] = _sig(name, b, "ms")
+
+
 def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
@@ -63,6 +70,8 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
 
     baseline = [p for p in phases if p.is_baseline]
     measured = [p for p in phases if not p.is_baseline and _load(p) is not None]
+    if baseline:  # the reference itself, whatever the load after it (a replay's phase has no load level)
+        _reference(out, per_phase.get(baseline[0].phase, {}))
     if not measured:
         return out
     top = max(measured, key=lambda p: (_load(p) or 0.0, p.phase))
@@ -82,10 +91,8 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
         b, t = _val(bs, key), _val(ts, key)
         if b is not None and t is not None and b > 0:
             out[f"{name}_vs_baseline_ratio"] = _sig(f"{name}_vs_baseline_ratio", t / b)
-    for key, name in (("ttft_p50_ms", "baseline_ttft_p50_ms"), ("itl_p50_ms", "baseline_itl_p50_ms")):
-        b = _val(bs, key)
-        if b is not None:
-            out[name] = _sig(name, b, "ms")
+    if not baseline:  # no baseline phase: the sweep's lowest level is the reference
+        _reference(out, bs)
     lb, lt = _load(base), _load(top)
     if base.level_kind != top.level_kind:
         # an open loop at N req/s against a concurrency-1 baseline: compare like with like, the requests each

@@ -15,6 +15,7 @@ KEY_SIGNALS = (
     "server_queue_share_of_ttft_ratio", "ttft_queue_share_ratio", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
     "itl_p99_ms", "baseline_itl_p50_ms", "client_loop_lag_p99_ms", "client_schedule_lag_p99_ms",
     "client_cpu_max_percent", "server_process_cpu_ratio", "host_cpu_steal_ratio", "server_requests_before_capture",
+    "host_cpu_busy_ratio", "host_work_wait_ratio", "host_foreign_cpu_cores", "host_engine_cpu_cores_mean",
 )
 
 

@@ -82,7 +82,9 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
               if m["verdict"] in ("better", "worse", "within noise", "no significant change")]
     same = [m for m in judged if m["verdict"] in ("no significant change", "within noise")]
     assert len(judged) >= 8
-    assert len(same) >= 0.9 * len(judged), [(m["metric"], m["verdict"], m["rel"]) for m in judged]
+    assert len(same) >= 0.9 * len(judged), (
+        str([(m["metric"], m["verdict"], round(m["rel"], 3)) for m in judged]) + "\n" + p.stdout + "\n"
+        + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2"))
 
     # one flag changed: TTFT falls with the cap raised, and the queue-bound hypothesis is confirmed
     p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "b"), "--json", str(tmp_path / "ab.json"),
