@@ -1,8 +1,10 @@
 """Prometheus probe: scrape the server's /metrics at a fixed interval during the capture.
 
-Each scrape is parsed with prometheus_client's text-format parser in a child process
-(``probes/prometheus_worker.py``; a thread with ``parse_in="thread"`` or when the child cannot run), so
-parsing neither blocks nor GIL-starves the load generator's event loop, and written as one ``metrics`` record
+Each scrape is fetched on its tick and parsed behind it, in order, with prometheus_client's text-format
+parser in a child process (``probes/prometheus_worker.py``; a thread with ``parse_in="thread"`` or when the
+child cannot run), so parsing neither blocks nor GIL-starves the load generator's event loop, and a parser
+starved of CPU beside a saturating engine delays the writing, not the sampling (the backlog of fetched
+scrapes is bounded: ``BACKLOG_BYTES``). Each is written as one ``metrics`` record
 ``{t_ns, scrape_ms, parse_ms, bytes, samples: [[name, {labels}, value], ...]}``; ``t_ns`` is the midpoint of
 the HTTP exchange, ``scrape_ms`` its duration (the cost the server sees). Each metric family's type and help
 are written once to ``metric_families`` as ``{name, type, help}``.
@@ -44,6 +46,9 @@ STOP_CATEGORIES = ("too_large", "parse_timeout")  # recurring and costly: the pr
 # No answer from a parse for this long (wall clock) means a wedged parser, not a starved one: a parse that
 # waits for the CPU beside a saturating engine took 1.3 s here with one CPU hog, and over 5 s in CI
 PARSE_WALL_S = 60.0
+# Scrapes fetched and waiting for the parser, at most (bytes of text): 600 vLLM scrapes of 55 KB; a tick that
+# finds the backlog this full is not sampled (counted), so a parser that never catches up costs no more memory
+BACKLOG_BYTES = 32 << 20
 GONE_CATEGORIES = ("refused", "connect", "timeout")  # the server did not answer at all
 GONE_AFTER = 3  # scrapes in a row: the server stopped answering (issue 12, defect 15)
 
@@ -62,6 +67,11 @@ class _Stats:
     parse_note: str = ""
     parsed_in_worker: int = 0
     gone: str = ""  # the server stopped answering: when and how
+    parse_stopped: str = ""  # a parse that cost too much or never answered: why the scraping stopped
+    unparsed: int = 0  # scrapes fetched but not parsed (after such a stop, or still owed at the end)
+    skipped_backlog: int = 0  # ticks not sampled because the parser was that far behind
+    backlog_max: int = 0  # most scrapes waiting for the parser at once
+    lag_ms: float = 0.0  # longest time from a scrape's fetch to its record on disk
     outages: list[str] = field(default_factory=list)  # it stopped answering and came back
 
     def fail(self, e: ScrapeError) -> None:
@@ -83,7 +93,9 @@ class _Stats:
             "parse_ms_p50": pct(self.parse_ms, 0.5), "parse_ms_max": max(self.parse_ms) if self.parse_ms else None,
             "parse_cpu_ms_p50": pct(self.parse_cpu_ms, 0.5), "bytes_received": self.bytes_in,
             "samples_per_scrape": self.samples_last, "parse_note": self.parse_note,
-            "parsed_in_worker": self.parsed_in_worker,
+            "parsed_in_worker": self.parsed_in_worker, "parse_backlog_max": self.backlog_max,
+            "parse_lag_ms_max": round(self.lag_ms, 1), "scrapes_unparsed": self.unparsed,
+            "ticks_skipped_backlog": self.skipped_backlog,
         }
 
 
@@ -95,7 +107,8 @@ class PrometheusProbe:
     def __init__(self, interval_s: float = 1.0, path: str = "/metrics", timeout_s: float | None = None,
                  keep_all: bool = False, settle_s: float = 0.2,
                  parse_in: Literal["process", "thread"] = "process", max_bytes: int = MAX_SCRAPE_BYTES,
-                 parse_cpu_s: float | None = None, parse_wall_s: float | None = None) -> None:
+                 parse_cpu_s: float | None = None, parse_wall_s: float | None = None,
+                 backlog_bytes: int = BACKLOG_BYTES) -> None:
         self.interval_s = float(interval_s)
         self.path = path if path.startswith("/") else "/" + path
         self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
@@ -106,6 +119,7 @@ class PrometheusProbe:
         # the cost limit is the parse's own CPU time (probes/prometheus_worker.py says why not wall time)
         self.parse_cpu_s = float(parse_cpu_s) if parse_cpu_s else max(2.0, 2.0 * self.interval_s)
         self.parse_wall_s = float(parse_wall_s) if parse_wall_s else max(PARSE_WALL_S, 10.0 * self.interval_s)
+        self.backlog_bytes = int(backlog_bytes)
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
@@ -212,8 +226,7 @@ class PrometheusProbe:
                                                    f"s of CPU ({cpu_ms / 1e3:.1f} s; {url})")
             return samples, families, cpu_ms
 
-        async def scrape(session: aiohttp.ClientSession) -> None:
-            text, t0, t1 = await self._fetch(session, url, headers)
+        async def parse_and_write(text: str, t0: int, t1: int) -> None:
             p0 = time.perf_counter()
             samples, families, cpu_ms = await parse(text)
             parse_ms = (time.perf_counter() - p0) * 1e3
@@ -222,21 +235,68 @@ class PrometheusProbe:
             stats.scrape_ms.append((t1 - t0) / 1e6)
             stats.parse_ms.append(parse_ms)
             stats.parse_cpu_ms.append(cpu_ms)
+            stats.lag_ms = max(stats.lag_ms, (time.monotonic_ns() - t1) / 1e6)  # fetched -> written
             stats.bytes_in += len(text)
             stats.samples_last = len(samples)
 
+        async def first(session: aiohttp.ClientSession) -> None:  # fetched and parsed in turn: it decides
+            text, t0, t1 = await self._fetch(session, url, headers)  # whether there are metrics at all
+            await parse_and_write(text, t0, t1)
+
+        # later scrapes: fetched on their ticks, parsed behind in order (a parser starved of CPU beside a
+        # saturating engine delays the writing, never the sampling); the backlog is bounded in bytes
+        backlog: asyncio.Queue[tuple[str, int, int] | None] = asyncio.Queue()
+        queued = {"bytes": 0}
+
+        async def parser() -> None:
+            while (item := await backlog.get()) is not None:
+                text, t0, t1 = item
+                try:
+                    if not stats.parse_stopped:
+                        await parse_and_write(text, t0, t1)
+                    else:
+                        stats.unparsed += 1
+                except ScrapeError as e:
+                    stats.fail(e)
+                    if e.category in STOP_CATEGORIES:  # every later parse would cost as much: stop here
+                        stats.parse_stopped = f"{e}; scraping stopped"
+                finally:
+                    queued["bytes"] -= len(text)
+
+        async def later(session: aiohttp.ClientSession, final: bool) -> None:
+            if queued["bytes"] >= self.backlog_bytes and not final:
+                stats.skipped_backlog += 1  # the parser is this far behind: this tick is not sampled
+                return
+            text, t0, t1 = await self._fetch(session, url, headers)
+            queued["bytes"] += len(text)
+            stats.backlog_max = max(stats.backlog_max, backlog.qsize() + 1)
+            backlog.put_nowait((text, t0, t1))
+
+        task = asyncio.create_task(parser())
         try:
-            return await self._loop(ctx, url, scrape, stats)
+            status = await self._loop(ctx, url, first, later, stats)
+            backlog.put_nowait(None)
+            try:  # the capture waits for the parses still owed, within the wedged-parser backstop
+                await asyncio.wait_for(asyncio.shield(task), self.parse_wall_s)
+            except asyncio.TimeoutError:
+                stats.unparsed += backlog.qsize()
+            return self._status(status, stats, url)
         finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
             if worker is not None:
                 await worker.close()
 
-    async def _loop(self, ctx: CaptureContext, url: str, scrape: Callable[[aiohttp.ClientSession], Awaitable[None]],
-                    stats: _Stats) -> ProbeStatus:
+    async def _loop(self, ctx: CaptureContext, url: str, first: Callable[[aiohttp.ClientSession], Awaitable[None]],
+                    later: Callable[[aiohttp.ClientSession, bool], Awaitable[None]],
+                    stats: _Stats) -> ProbeStatus | None:
+        """Scrape until the capture stops: a ProbeStatus when the probe ends early (no metrics there), else None
+        and the final status is made from ``stats`` once the parses are done (``_status``)."""
         connector = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
             try:
-                await scrape(session)
+                await first(session)
             except ScrapeError as e:
                 if e.category in ("refused", "connect", "not_prometheus") or e.category.startswith("http_4"):
                     return ProbeStatus(self.name, "unavailable", f"no Prometheus metrics at {url}: {e}",
@@ -248,9 +308,8 @@ class PrometheusProbe:
             start = time.monotonic()
             t_start = time.monotonic()
             in_a_row = 0  # scrapes in a row the server did not answer (after it had answered)
-            stopped = ""
             k = 1
-            while True:
+            while not stats.parse_stopped:
                 if not ctx.stop.is_set():
                     delay = start + k * self.interval_s - time.monotonic()
                     if delay < 0:  # a slow scrape: skip the ticks it overran instead of bursting
@@ -263,7 +322,7 @@ class PrometheusProbe:
                 if final and self.settle_s > 0:  # let the server record the last requests' observations
                     await asyncio.sleep(self.settle_s)
                 try:  # the scrape after stop closes the window for counters and histograms
-                    await scrape(session)
+                    await later(session, final)
                     in_a_row = 0
                     if stats.gone:  # it came back (a restart, a long pause): an outage, not the end
                         stats.outages.append(stats.gone)
@@ -272,7 +331,7 @@ class PrometheusProbe:
                 except ScrapeError as e:
                     stats.fail(e)
                     if e.category in STOP_CATEGORIES:  # every later scrape would cost as much: stop here
-                        stopped = f"{e}; scraping stopped"
+                        stats.parse_stopped = f"{e}; scraping stopped"
                         break
                     # under load a busy server may answer /metrics late: only a refusal means gone then
                     gone_cats = GONE_CATEGORIES if ctx.options.get("observe") else GONE_CATEGORIES[:2]
@@ -287,7 +346,13 @@ class PrometheusProbe:
                                 break
                 if final:
                     break
+        return None
+
+    def _status(self, early: ProbeStatus | None, stats: _Stats, url: str) -> ProbeStatus:
+        if early is not None:
+            return early
         detail = stats.detail()
+        stopped = stats.parse_stopped
         if stopped:
             detail["stopped"] = stopped
         if stats.outages:
@@ -299,9 +364,14 @@ class PrometheusProbe:
             return ProbeStatus(self.name, "failed", f"no scrape of {url} succeeded: {stats.last_error}", detail=detail)
         reason = f"{stats.ok} scrapes" + (f", {stats.failed} failed ({stats.last_error})" if stats.failed else "")
         n_late, note = late_parses(stats.parse_ms, stats.parse_cpu_ms, self.interval_s)
-        if n_late:  # the scrapes are still right (timed by the HTTP exchange), just fewer
+        if n_late:  # the scrapes are still right (timed by the HTTP exchange) and on their ticks: parsed later
             detail["parses_over_interval"] = n_late
             reason += f"; {note}"
+        if stats.skipped_backlog:
+            reason += (f"; {stats.skipped_backlog} ticks not sampled: the parser was "
+                       f"{self.backlog_bytes >> 20} MiB of scrapes behind")
+        if stats.unparsed:
+            reason += f"; {stats.unparsed} scrapes fetched but not parsed"
         if stopped:
             reason += f"; {stopped}"
         return ProbeStatus(self.name, "ok", reason, detail=detail)
@@ -316,7 +386,7 @@ def late_parses(wall_ms: list[float], cpu_ms: list[float], interval_s: float) ->
     cpu = sum(c for _, c in late) / len(late)
     why = "waiting for the CPU" if cpu < 0.5 * sum(w for w, _ in late) / len(late) else "parsing itself was slow"
     return len(late), (f"{len(late)} parses took longer than the {interval_s:g} s interval, {why} (their CPU mean "
-                       f"{cpu:.0f} ms, wall max {max(w for w, _ in late):.0f} ms): later scrapes skipped those ticks")
+                       f"{cpu:.0f} ms, wall max {max(w for w, _ in late):.0f} ms): the scrapes kept their ticks and were parsed behind")
 
 
 def _parse_timed(text: str, keep_all: bool) -> tuple[list[list[Any]], list[dict[str, str]], float]:

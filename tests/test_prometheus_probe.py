@@ -265,6 +265,38 @@ def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path) -> N
     assert sum(1 for t in t_ns if t > recs[0]["t_ns"] / 1e9 + 2.2) >= 3, t_ns
 
 
+def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path) -> None:
+    """Held-back scenarios beside a saturating engine (load average 4-8) got a scrape every few seconds: the
+    next fetch waited for the previous parse, which waited up to 8.9 s for the CPU, and the queue-bound run
+    lost its queue evidence. Fetches now keep their ticks while the parser is frozen; it catches up after."""
+    t, frozen = _freeze_worker(after_s=0.5, for_s=1.5)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.0, interval_s=0.1)
+    t.join(5)
+    assert frozen.get("until", 0) - frozen.get("at", 0) >= 1.5
+    assert status.state == "ok" and status.detail.get("scrapes_unparsed", 0) == 0, status
+    recs = open_bundle(bdir).records("metrics")
+    t_s = [r["t_ns"] / 1e9 for r in recs]
+    gaps = [b - a for a, b in zip(t_s, t_s[1:], strict=False)]
+    assert t_s == sorted(t_s) and len(recs) == status.detail["scrapes_ok"] >= 20, t_s
+    assert max(gaps) < 0.6, gaps  # a tick is 0.1 s; the freeze was 1.5 s
+    assert status.detail["parse_backlog_max"] >= 5 and status.detail["parse_lag_ms_max"] >= 1000, status.detail
+    assert "kept their ticks" in status.reason
+
+
+def test_the_backlog_of_unparsed_scrapes_is_bounded(tmp_path: Path) -> None:
+    """A parser that never catches up must not hold every scrape in memory: past the bound a tick is not
+    sampled, counted and said; the scrapes fetched before are all parsed once it resumes."""
+    t, _ = _freeze_worker(after_s=0.3, for_s=1.2)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.0, interval_s=0.1,
+                                 backlog_bytes=3 * len(VLLM_SCRAPE))
+    t.join(5)
+    assert status.state == "ok", status
+    assert status.detail["parse_backlog_max"] <= 4 and status.detail["ticks_skipped_backlog"] >= 3, status.detail
+    assert "ticks not sampled" in status.reason
+    assert len(open_bundle(bdir).records("metrics")) == status.detail["scrapes_ok"]
+    assert status.detail["scrapes_unparsed"] == 0
+
+
 def test_late_parses_say_whether_they_waited_or_worked() -> None:
     from diagnose.probes.prometheus import late_parses
 
