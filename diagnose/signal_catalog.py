@@ -319,6 +319,8 @@ _TRACE: list[_Entry] = [
     ("trace_collectives_count", "count", "collectives matched across ranks"),
     ("trace_straggler_rank", "count", "the rank that started the most collectives last (a rank number)"),
     ("trace_straggler_lag_p50_us", "us", "median lag of that rank behind the earliest rank at each collective"),
+    ("trace_straggler_idle_share_ratio", "ratio",
+     "the straggler's GPU idle before each collective beyond the other ranks', over its lag (1: host late)"),
 ]
 
 # fleet (diagnose/normalize/fleet.py, docs/fleet.md): across the replicas of a Prometheus selector; the

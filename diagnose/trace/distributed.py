@@ -122,7 +122,10 @@ def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> 
         df.to_parquet(out / f"{key}.parquet", engine="pyarrow", index=False)
         written.append(key)
     if r.comm_ts_us is not None and r.comm_dur_us is not None:
-        pd.DataFrame({"ts_us": r.comm_ts_us, "dur_us": r.comm_dur_us}).to_parquet(out / COMM_FILE, index=False)
+        cols = {"ts_us": r.comm_ts_us, "dur_us": r.comm_dur_us}
+        if r.comm_pre_idle_us is not None:
+            cols["pre_idle_us"] = r.comm_pre_idle_us
+        pd.DataFrame(cols).to_parquet(out / COMM_FILE, index=False)
     return {"index": r.index, "path": str(r.path), "rank": r.rank, "has_rank": r.has_rank, "error": r.error,
             "meta": r.meta, "events": r.events, "unit": r.unit, "categories": r.categories, "warnings": r.warnings,
             "span_us": r.span_us, "rows": r.rows, "capture": r.capture, "dir": str(out), "tables": written,
@@ -142,6 +145,8 @@ def load_result(s: dict[str, Any]) -> RankResult:
         c = pd.read_parquet(d / COMM_FILE, engine="pyarrow")
         r.comm_ts_us = c["ts_us"].to_numpy(dtype=np.float64)
         r.comm_dur_us = c["dur_us"].to_numpy(dtype=np.float64)
+        if "pre_idle_us" in c:
+            r.comm_pre_idle_us = c["pre_idle_us"].to_numpy(dtype=np.float64)
     return r
 
 

@@ -13,6 +13,7 @@ counts it in one warning naming each file and its reason (only when every rank f
 
 from __future__ import annotations
 
+import warnings as _warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,6 +63,7 @@ class RankResult:
     capture: bool = False  # the trace records a graph capture, not serving
     comm_ts_us: np.ndarray | None = None  # starts of the communication kernels (None: no GPU events)
     comm_dur_us: np.ndarray | None = None
+    comm_pre_idle_us: np.ndarray | None = None  # the GPU's idle time just before each of them (NaN: none before)
 
 
 def kernel_tables(rt: RankTrace, cls: pd.Series) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -148,6 +150,20 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
     comm = cls.to_numpy() == "communication"
     out.comm_ts_us = rt.gpu["ts_us"].to_numpy()[comm]
     out.comm_dur_us = rt.gpu["dur_us"].to_numpy()[comm]
+    out.comm_pre_idle_us = idle_before(rt.gpu["ts_us"].to_numpy(float), rt.gpu["dur_us"].to_numpy(float))[comm]
+    return out
+
+
+def idle_before(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per kernel, how long the whole device had been idle when it started: its start minus the latest end
+    of the kernels (any stream) that started before it, never negative; NaN for the first kernel."""
+    out = np.full(len(ts), np.nan)
+    if len(ts) < 2:
+        return out
+    order = np.argsort(ts, kind="stable")
+    prev_end = np.maximum.accumulate((ts + dur)[order])
+    gap = np.concatenate([[np.nan], np.clip(ts[order][1:] - prev_end[:-1], 0.0, None)])
+    out[order] = gap
     return out
 
 
@@ -236,7 +252,8 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
     tables["trace_capture"] = pd.DataFrame({"rank": [r.rank for r in ok if r.capture]}, dtype="int64")
     comm = {r.rank: r.comm_ts_us for r in ok if r.comm_ts_us is not None}
     durs = {r.rank: r.comm_dur_us for r in ok if r.comm_dur_us is not None}
-    per_coll, per_rank, w = collective_skew(comm, durs)
+    idle = {r.rank: r.comm_pre_idle_us for r in ok if r.comm_pre_idle_us is not None}
+    per_coll, per_rank, w = collective_skew(comm, durs, idle)
     warnings.extend(w)
     tables["trace_collectives"] = per_coll
     tables["trace_rank_skew"] = per_rank
@@ -289,14 +306,17 @@ def _merge_counts(counts: list[dict[str, int]]) -> dict[str, int]:
 
 
 def collective_skew(comm_starts: dict[int, np.ndarray], comm_durs: dict[int, np.ndarray] | None = None,
-                    ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+                    pre_idle: dict[int, np.ndarray] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Match the i-th communication kernel of every rank; per collective: start skew and the last rank.
 
     Needs traces captured over the same window with comparable clocks (one host, or synchronised hosts). A
     collective whose starts all lie within TIE_US of each other has no last rank (``last_rank`` -1).
     With the kernels' durations, each rank's time in a collective splits into *wait* (from its own start to
     the last rank's start, capped at its duration: the collective cannot progress before every rank is in
-    it) and *transfer* (the rest). Returns (per collective, per rank, warnings).
+    it) and *transfer* (the rest). With each rank's GPU idle before each of its collectives (``pre_idle``,
+    :func:`idle_before`), ``pre_idle_us_p50`` per rank: a rank that starts late with its GPU idle was held up
+    by its host; one whose GPU was busy right up to the collective was held up by GPU work. Returns (per
+    collective, per rank, warnings).
     """
     warnings: list[str] = []
     ranks = sorted(r for r, a in comm_starts.items() if len(a))
@@ -331,4 +351,9 @@ def collective_skew(comm_starts: dict[int, np.ndarray], comm_durs: dict[int, np.
         tot = per_rank["comm_us"].to_numpy()
         per_rank["wait_ratio"] = np.divide(per_rank["wait_us"].to_numpy(), tot, out=np.full(len(tot), np.nan),
                                            where=tot > 0)
+    if pre_idle is not None and all(r in pre_idle and len(pre_idle[r]) == counts[r] for r in ranks):
+        gap = np.stack([pre_idle[r][order[r]] for r in ranks])
+        with _warnings.catch_warnings():  # a rank whose every collective came first on its GPU: NaN
+            _warnings.simplefilter("ignore", RuntimeWarning)
+            per_rank["pre_idle_us_p50"] = np.nanpercentile(gap, 50, axis=1)
     return per_coll, per_rank, warnings

@@ -128,7 +128,25 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
             _sig(out, "trace_straggler_rank", top["rank"], "count", "the rank that started the most collectives last")
             _sig(out, "trace_straggler_lag_p50_us", top.get("lag_us_p50", top["lag_us_mean"]), "us",
                  "median lag of that rank behind the earliest rank at each collective")
+            _straggler_idle(out, rk, top)
     return out
+
+
+def _straggler_idle(out: list[Signal], rk: pd.DataFrame, top: pd.Series) -> None:
+    """How much of the straggler's lag its GPU spent idle before the collective, beyond what the other ranks'
+    GPUs idled there: near 1, its host launched late (CPU work, contention); near 0, its GPU was busy right up
+    to the collective (longer kernels: a slower GPU or more work)."""
+    if "pre_idle_us_p50" not in rk:
+        return
+    lag = float(top.get("lag_us_p50", top["lag_us_mean"]))
+    mine = float(top["pre_idle_us_p50"])
+    others = rk.loc[rk["rank"] != top["rank"], "pre_idle_us_p50"].to_numpy(float)
+    if not (lag > 0 and np.isfinite(mine) and np.isfinite(others).any()):
+        return
+    excess = mine - float(np.nanmedian(others))
+    _sig(out, "trace_straggler_idle_share_ratio", max(0.0, excess) / lag, "ratio",
+         f"the straggler's GPU idle just before each collective beyond the other ranks' (median {excess:.0f} µs), "
+         f"over its lag ({lag:.0f} µs): near 1 its host launched late, near 0 its GPU was busy up to it")
 
 
 def _comm_signals(out: list[Signal], cs: pd.DataFrame, g: pd.DataFrame, w: float) -> None:

@@ -298,3 +298,41 @@ def test_case8_delayed_rank_is_named(tmp_path: Path) -> None:
     assert s["trace_straggler_rank"] == 2 and s["trace_straggler_last_share_ratio"] == 1.0
     f = _findings(a)
     assert "TRC008" in f and f["TRC008"].title.startswith("Rank 2 starts 100% of")  # old code: no finding
+
+
+def _late_rank(tmp_path: Path, slow: str) -> Path:
+    """Three ranks of 40 steps (a GEMM, then an all-reduce); rank 2 reaches every all-reduce ~500 µs late,
+    either with its GPU idle before it (``slow="host"``: its launches came late) or busy (``"gpu"``: its GEMM
+    runs 1.3 ms instead of 0.8)."""
+    d = tmp_path / f"late_{slow}"
+    d.mkdir()
+    for r in (0, 1, 2):
+        evs = []
+        for i in range(40):
+            t0 = 10_000 + i * 3000.0
+            comp = 1300.0 if (slow == "gpu" and r == 2) else 800.0
+            gap = 500.0 if (slow == "host" and r == 2) else 10.0
+            evs += [{"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7, "ts": t0,
+                     "dur": comp, "args": {"device": 0, "stream": 7, "correlation": 2 * i + 1}},
+                    {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0,
+                     "tid": 7, "ts": t0 + comp + gap, "dur": 200.0,
+                     "args": {"device": 0, "stream": 7, "correlation": 2 * i + 2}}]
+        doc = {"traceEvents": evs, "distributedInfo": {"rank": r, "world_size": 3, "backend": "nccl"}}
+        (d / f"rank{r}.json").write_text(json.dumps(doc))
+    return d
+
+
+@pytest.mark.parametrize(("slow", "host", "gpu"), [("host", "supported", "ruled out"),
+                                                    ("gpu", "ruled out", "supported")])
+def test_case8_the_stragglers_cause_is_told_by_its_gpu_idle_before_the_collective(tmp_path: Path, slow: str,
+                                                                                   host: str, gpu: str) -> None:
+    """The straggler rule named a host cause it had no evidence for (only a host probe could support it, and
+    nothing refuted it): the GPU idle of the late rank just before each collective, beyond the others', now
+    tells a late launch (idle) from longer GPU work (busy up to the collective)."""
+    a = analyze_trace(_late_rank(tmp_path, slow))
+    s = _sig(a)
+    assert s["trace_straggler_rank"] == 2 and s["trace_straggler_lag_p50_us"] == pytest.approx(500, abs=15)
+    assert s["trace_straggler_idle_share_ratio"] == pytest.approx(1.0 if slow == "host" else 0.0, abs=0.05)
+    f = _findings(a)["TRC008"]
+    status = {c.cause.split(" ")[0]: c.status for c in f.causes}
+    assert status == {"host-side": host, "a": gpu}, status
