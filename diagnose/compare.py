@@ -443,8 +443,9 @@ def host_drift(a: Analysis, b: Analysis) -> list[str]:
     """The baseline phase (sequential requests at concurrency 1, sent first by `attach`) is the same load in
     both runs and, for most settings, unaffected by the one changed (a batch cap, a token budget): when its
     ITL P50 moved by more than 10%, the host ran at a different speed between the runs, and a difference of
-    that size elsewhere may be the host's, not the setting's. Reported, never used to change a verdict (a
-    setting that does change single-request speed moves the reference for real)."""
+    that size elsewhere may be the host's, not the setting's. Reported, never used to change a compare verdict (a
+    setting that does change single-request speed moves the reference for real); ``verify`` reads it through
+    ``host_confound``."""
     out = []
     for sig, what in (("baseline_itl_p50_ms", "ITL P50"),):
         sa, sb = a.signals.get(sig), b.signals.get(sig)
@@ -852,6 +853,10 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
         outcome, reason = "inconclusive", "none of the predicted signals has a confidence interval in these runs"
     else:
         outcome, reason = "inconclusive", "no predicted move is significant"
+    if outcome in ("confirmed", "refuted"):
+        confound = host_confound(before, after, outcome, good, judged, cause.experiment.expect, c.noise)
+        if confound:
+            outcome, reason = "inconclusive", confound
     slo = (after.manifest.get("options") or {}).get("slo") or {}
     broken = []
     if isinstance(slo, dict):
@@ -868,6 +873,62 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
     variable = describe(e.variable_kind, e.variable, e.value, before.engine) if e.variable else ""
     return Verification(fid, f.title, cause.cause, e.change + (f" (changes {variable})" if variable else ""),
                         lv.label, outcome, reason, moves, after_state, broken, elsewhere, c)
+
+
+def _speed_signal(sig: str) -> bool:
+    """A signal an experiment names when it changes single-request speed (CUDA graphs, a smaller model): then
+    the concurrency-1 reference moves for real and is no measure of the host."""
+    return sig.startswith(("itl_", "tpot_", "baseline_", "e2e_"))
+
+
+def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequence[Move], judged: Sequence[Move],
+                  expect: Sequence[tuple[str, str]], noise: float) -> str:
+    """Why ``outcome`` cannot be told from a change of host speed, or "" when it can.
+
+    The concurrency-1 reference phase is the same load in both runs (``host_drift``). When it moved more than
+    HOST_DRIFT_MIN, every latency moved by about that factor for reasons of the host's (CI: the reference 46%
+    faster in the second run, TTFT -46%, and a flag that changes nothing "confirmed"). A confirmation stands
+    only if one predicted move lies wholly beyond what the host's factor explains, or goes against it; a
+    refutation only if the host's change did not push against the prediction (a slower host can mask a real
+    gain). Not applied when the experiment itself predicts single-request speed to change."""
+    if any(_speed_signal(sig) for sig, _ in expect):
+        return ""
+    ra, rb = before.signals.get("baseline_itl_p50_ms"), after.signals.get("baseline_itl_p50_ms")
+    if ra is None or rb is None or not (ra.value > 0 and math.isfinite(rb.value) and rb.value > 0):
+        return ""
+    drift = rb.value / ra.value - 1.0
+    if abs(drift) <= HOST_DRIFT_MIN:
+        return ""
+
+    def host_factor(m: Move) -> float | None:  # what the host's change alone does to this metric
+        md = METRIC_BY_SIGNAL.get(m.signal)
+        if md is None:
+            return None
+        return (1.0 + drift) if md.better == "lower" else 1.0 / (1.0 + drift)
+
+    def explained(m: Move) -> bool:
+        f = host_factor(m)
+        if f is None or m.interval is None:
+            return False
+        lo, hi = m.interval
+        if m.expect == "down":
+            return f < 1.0 and not hi < f * (1.0 - noise) - 1.0
+        if m.expect == "up":
+            return f > 1.0 and not lo > f * (1.0 + noise) - 1.0
+        return False
+
+    def against(m: Move) -> bool:
+        f = host_factor(m)
+        return f is not None and ((m.expect == "down" and f > 1.0) or (m.expect == "up" and f < 1.0))
+
+    what = (f"the host ran at a different speed: the concurrency-1 reference phase (the same load in both runs) "
+            f"moved {drift:+.0%} (ITL P50 {ra.value:.2f} -> {rb.value:.2f} ms)")
+    if outcome == "confirmed" and good and all(explained(m) for m in good):
+        return (f"{what}, as much as the predicted moves ({', '.join(f'{m.signal} {m.rel:+.0%}' for m in good)}); "
+                "capture both runs again")
+    if outcome == "refuted" and any(against(m) for m in judged):
+        return f"{what}, against the predicted moves, which it could mask; capture both runs again"
+    return ""
 
 
 def _phase_signals(a: Analysis, label: str) -> Mapping[str, Signal]:

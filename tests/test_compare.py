@@ -377,3 +377,29 @@ def test_a_replay_keeps_its_reference_phase_so_host_drift_is_measured() -> None:
         an.signals["baseline_itl_p50_ms"] = dataclasses.replace(out["baseline_itl_p50_ms"], value=v)
     [d] = cmp.compare(a, b, resamples=100).comparability["host_drift"]
     assert "+21%" in d
+
+
+def test_verify_does_not_credit_the_host_with_the_setting(tmp_path: Path) -> None:
+    """CI: a refute experiment (a flag that changes nothing here) came out "confirmed" because the second
+    server ran on a faster host: its concurrency-1 reference 46% faster, TTFT -46%. A move the host's change
+    explains is no confirmation, and a slower host can mask a real gain; a move far beyond it stands."""
+    import dataclasses
+
+    def with_reference(an: Any, factor: float) -> Any:
+        ref = an.signals["baseline_itl_p50_ms"]
+        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * factor)
+        return an
+
+    a = analyze(QUEUE)
+    host_like = analyze(_rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55))
+    v = cmp.verify(a, with_reference(host_like, 0.54), resamples=300)
+    assert v.outcome == "inconclusive" and "host ran at a different speed" in v.reason, v.reason
+    assert "-46%" in v.reason
+    assert cmp.verify(a, analyze(_rewrite(QUEUE, tmp_path / "y055", ttft_scale=0.55)),
+                      resamples=300).outcome == "confirmed"  # the same move on a steady host
+    beyond = analyze(_rewrite(QUEUE, tmp_path / "x02", ttft_scale=0.2))
+    assert cmp.verify(a, with_reference(beyond, 0.54), resamples=300).outcome == "confirmed"
+    # nothing moved: refuted on a steady or faster host, but not when the host got slower meanwhile
+    assert cmp.verify(a, with_reference(analyze(QUEUE), 0.7), resamples=300).outcome == "refuted"
+    masked = cmp.verify(a, with_reference(analyze(QUEUE), 1.3), resamples=300)
+    assert masked.outcome == "inconclusive" and "could mask" in masked.reason, masked.reason

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,10 +102,14 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     ver = json.loads((tmp_path / "v.json").read_text())
     assert ver["finding"] == "SCH001", ver["finding"]
     assert v.returncode == 0 and ver["outcome"] == "confirmed", v.stdout
-    # the same experiment judged on the A/A pair: nothing moved, the finding still fires
+    # the same experiment judged on the A/A pair: nothing moved, the finding still fires; unless compare saw the
+    # host slow down between the two (a slower host can mask a gain): then verify must say so, not refute
     r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
-    assert r.returncode == 7 and r.stdout.startswith("refuted"), (
-        r.stdout + "\n" + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2"))
+    evidence = r.stdout + "\n" + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2")
+    if aa["comparability"]["host_drift"] and r.returncode == 8:
+        assert "host ran at a different speed" in r.stdout, evidence
+    else:
+        assert r.returncode == 7 and r.stdout.startswith("refuted"), evidence
 
 
 def _launch_cmd(extra: list[str]) -> tuple[str, str]:
@@ -121,19 +126,33 @@ def _launch_cmd(extra: list[str]) -> tuple[str, str]:
     return shlex.join(argv), s.url
 
 
-@pytest.mark.timeout(1200)
+def _experiment(cmd: str, url: str, out: Path, args: Sequence[str]) -> tuple[subprocess.CompletedProcess[str],
+                                                                            dict[str, Any]]:
+    """`diagnose experiment` once; once more (into ``out``-2) when it came out inconclusive because it saw the
+    host change speed between its two servers (the tool said so, checked here): on these 2 shared cores
+    the second server's run once had a concurrency-1 reference 46% faster than the first's."""
+    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(out), *args, timeout=560)
+    ver = json.loads((out / "verify.json").read_text())
+    if p.returncode == 8 and "host ran at a different speed" in str(ver.get("reason")):
+        assert "host ran at a different speed" in p.stdout, p.stdout
+        out = out.with_name(out.name + "-2")
+        p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(out), *args, timeout=560)
+        ver = json.loads((out / "verify.json").read_text())
+    return p, ver
+
+
+@pytest.mark.timeout(1500)
 def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
     cmd, url = _launch_cmd(["--max-num-seqs", "2"])
     load = ["--", "--no-nvml", "--realtime", *LOAD]
-    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "e"), *load, timeout=560)
-    ver = json.loads((tmp_path / "e" / "verify.json").read_text())
+    p, ver = _experiment(cmd, url, tmp_path / "e", load)
     assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
     assert p.returncode == 0 and ver["outcome"] == "confirmed", (
-        p.stdout + p.stderr + "\n" + runs_evidence(tmp_path / "e"))
+        p.stdout + p.stderr + "\n" + runs_evidence(Path(p.args[p.args.index("-o") + 1])))
     assert p.stdout.startswith("confirmed: SCH001")
-    assert (tmp_path / "e" / "report.html").read_text().count("confirmed") >= 1
+    assert (Path(p.args[p.args.index("-o") + 1]) / "report.html").read_text().count("confirmed") >= 1
     # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
-    q = _run("experiment", "--launch", cmd, "--url", url, "-o", str(tmp_path / "r"),
-             "--finding", "SCH001", "--set", "--max-num-batched-tokens=4096", *load, timeout=560)
+    q, _ = _experiment(cmd, url, tmp_path / "r", ["--finding", "SCH001", "--set", "--max-num-batched-tokens=4096",
+                                                  *load])
     assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), (
-        q.stdout + q.stderr + "\n" + runs_evidence(tmp_path / "r"))
+        q.stdout + q.stderr + "\n" + runs_evidence(Path(q.args[q.args.index("-o") + 1])))
