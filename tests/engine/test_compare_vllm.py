@@ -63,16 +63,20 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
     assert p.returncode == 0, p.stderr
     aa = json.loads((tmp_path / "aa.json").read_text())
-    if aa["comparability"]["host_drift"]:
+    drifted: list[str] = []
+    while aa["comparability"]["host_drift"] and len(drifted) < 3:
         # compare itself saw the host change speed (the concurrency-1 reference moved > 10%: another process
-        # on this 2-core machine): an A/A pair then measures the host, not compare. The tool said so
-        # (checked here); the pair is captured once more, and the assertions below hold for that one.
+        # on this 2-core machine; CI once met +213%): an A/A pair then measures the host, not compare. The tool
+        # said so (checked here); the pair is captured again (at most 3 times), and the assertions below hold
+        # for the first pair the host left alone.
         assert "note: the concurrency-1 reference" in p.stdout, p.stdout
+        drifted += aa["comparability"]["host_drift"]
         _attach(capped.url, tmp_path / "a1", "--force", load=load)  # type: ignore[attr-defined]
         _attach(capped.url, tmp_path / "a2", "--force", load=load)  # type: ignore[attr-defined]
         p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
         assert p.returncode == 0, p.stderr
         aa = json.loads((tmp_path / "aa.json").read_text())
+    assert not aa["comparability"]["host_drift"], f"the host changed speed in {len(drifted) + 1} A/A pairs: {drifted}"
     capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
     _warm(raised.url, tmp_path / "warm-b", load)  # type: ignore[attr-defined]
@@ -102,14 +106,10 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     ver = json.loads((tmp_path / "v.json").read_text())
     assert ver["finding"] == "SCH001", ver["finding"]
     assert v.returncode == 0 and ver["outcome"] == "confirmed", v.stdout
-    # the same experiment judged on the A/A pair: nothing moved, the finding still fires; unless compare saw the
-    # host slow down between the two (a slower host can mask a gain): then verify must say so, not refute
+    # the same experiment judged on the A/A pair (one the host left alone): nothing moved, the finding still fires
     r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
     evidence = r.stdout + "\n" + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2")
-    if aa["comparability"]["host_drift"] and r.returncode == 8:
-        assert "host ran at a different speed" in r.stdout, evidence
-    else:
-        assert r.returncode == 7 and r.stdout.startswith("refuted"), evidence
+    assert r.returncode == 7 and r.stdout.startswith("refuted"), evidence
 
 
 def _launch_cmd(extra: list[str]) -> tuple[str, str]:
