@@ -269,8 +269,8 @@ def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path) ->
     """Held-back scenarios beside a saturating engine (load average 4-8) got a scrape every few seconds: the
     next fetch waited for the previous parse, which waited up to 8.9 s for the CPU, and the queue-bound run
     lost its queue evidence. Fetches now keep their ticks while the parser is frozen; it catches up after."""
-    t, frozen = _freeze_worker(after_s=0.5, for_s=1.5)
-    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.0, interval_s=0.1)
+    t, frozen = _freeze_worker(after_s=1.0, for_s=1.5)  # after the worker is ready (see the backlog test)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.5, interval_s=0.1)
     t.join(5)
     assert frozen.get("until", 0) - frozen.get("at", 0) >= 1.5
     assert status.state == "ok" and status.detail.get("scrapes_unparsed", 0) == 0, status
@@ -286,8 +286,10 @@ def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path) ->
 def test_the_backlog_of_unparsed_scrapes_is_bounded(tmp_path: Path) -> None:
     """A parser that never catches up must not hold every scrape in memory: past the bound a tick is not
     sampled, counted and said; the scrapes fetched before are all parsed once it resumes."""
-    t, _ = _freeze_worker(after_s=0.3, for_s=1.2)
-    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.0, interval_s=0.1,
+    # frozen 1 s in: a worker frozen before it answered "ready" is never used (parses go to a thread), which
+    # CI met once at 0.3 s on a loaded machine
+    t, _ = _freeze_worker(after_s=1.0, for_s=1.2)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.7, interval_s=0.1,
                                  backlog_bytes=3 * len(VLLM_SCRAPE))
     t.join(5)
     assert status.state == "ok", status
