@@ -446,17 +446,22 @@ def host_drift(a: Analysis, b: Analysis) -> list[str]:
     that size elsewhere may be the host's, not the setting's. Reported, never used to change a compare verdict (a
     setting that does change single-request speed moves the reference for real); ``verify`` reads it through
     ``host_confound``."""
-    out = []
-    for sig, what in (("baseline_itl_p50_ms", "ITL P50"),):
-        sa, sb = a.signals.get(sig), b.signals.get(sig)
-        if sa is None or sb is None or not (sa.value > 0 and math.isfinite(sb.value)):
-            continue
-        rel = sb.value / sa.value - 1.0
-        if abs(rel) > HOST_DRIFT_MIN:
-            out.append(f"the concurrency-1 reference phase (the same load in both runs) moved: {what} "
-                       f"{sa.value:.2f} -> {sb.value:.2f} ms ({rel:+.0%}); the host may have run at a different "
-                       f"speed, so differences of that size may be the host's rather than the setting's")
-    return out
+    ref = reference_drift(a, b)
+    if ref is None:
+        return []
+    va, vb, rel = ref
+    return [f"the concurrency-1 reference phase (the same load in both runs) moved: ITL P50 "
+            f"{va:.2f} -> {vb:.2f} ms ({rel:+.0%}); the host may have run at a different "
+            f"speed, so differences of that size may be the host's rather than the setting's"]
+
+
+def reference_drift(a: Analysis, b: Analysis) -> tuple[float, float, float] | None:
+    """(A's, B's baseline ITL P50, B's relative move) when it moved more than HOST_DRIFT_MIN, else None."""
+    sa, sb = a.signals.get("baseline_itl_p50_ms"), b.signals.get("baseline_itl_p50_ms")
+    if sa is None or sb is None or not (sa.value > 0 and math.isfinite(sb.value)):
+        return None
+    rel = sb.value / sa.value - 1.0
+    return (sa.value, sb.value, rel) if abs(rel) > HOST_DRIFT_MIN else None
 
 
 COLD_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold
@@ -893,12 +898,10 @@ def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequenc
     gain). Not applied when the experiment itself predicts single-request speed to change."""
     if any(_speed_signal(sig) for sig, _ in expect):
         return ""
-    ra, rb = before.signals.get("baseline_itl_p50_ms"), after.signals.get("baseline_itl_p50_ms")
-    if ra is None or rb is None or not (ra.value > 0 and math.isfinite(rb.value) and rb.value > 0):
+    ref = reference_drift(before, after)
+    if ref is None or ref[1] <= 0:
         return ""
-    drift = rb.value / ra.value - 1.0
-    if abs(drift) <= HOST_DRIFT_MIN:
-        return ""
+    va, vb, drift = ref
 
     def host_factor(m: Move) -> float | None:  # what the host's change alone does to this metric
         md = METRIC_BY_SIGNAL.get(m.signal)
@@ -922,7 +925,7 @@ def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequenc
         return f is not None and ((m.expect == "down" and f > 1.0) or (m.expect == "up" and f < 1.0))
 
     what = (f"the host ran at a different speed: the concurrency-1 reference phase (the same load in both runs) "
-            f"moved {drift:+.0%} (ITL P50 {ra.value:.2f} -> {rb.value:.2f} ms)")
+            f"moved {drift:+.0%} (ITL P50 {va:.2f} -> {vb:.2f} ms)")
     if outcome == "confirmed" and good and all(explained(m) for m in good):
         return (f"{what}, as much as the predicted moves ({', '.join(f'{m.signal} {m.rel:+.0%}' for m in good)}); "
                 "capture both runs again")
