@@ -100,10 +100,14 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
         explained = tuple(x.rule_id for x in findings if x.explained_by == f.rule_id)
         symptoms = [x for x in ranked(findings) if x.kind == "symptom" and x.severity in ALARM and not x.held_back]
         linked = [x for x in symptoms if x.explained_by == f.rule_id] or symptoms
+        symptom = linked[0].title if linked else ""
+        serving = [x for x in symptoms if x.family != "trace"]
+        if linked and linked[0].family == "trace" and serving:  # the user's symptom first, the kernel trace's beside it
+            symptom = f"{serving[0].title}; in the kernel trace: {linked[0].title}"
         return Verdict(level, f"{prefix}Most likely: {f.title}",
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"
                                        if more else ""), partial=partial, top_rule=f.rule_id,
-                       share=f.share, explains=explained, symptom=linked[0].title if linked else "",
+                       share=f.share, explains=explained, symptom=symptom,
                        **best_cause(f, engine))
     if not signals and findings:
         f = ranked(findings)[0]

@@ -143,3 +143,15 @@ def test_the_verdict_never_quotes_a_held_back_symptom() -> None:
     lat = next(f for f in a.findings if f.rule_id == "LAT001")
     assert lat.held_back == "VAL006"
     assert a.verdict is not None and a.verdict.top_rule == "SCH001" and lat.title != a.verdict.symptom
+
+
+def test_a_serving_symptom_leads_and_the_kernel_traces_idle_stands_beside_it() -> None:
+    """h200 idle-between-steps: TRC002 (host wait) explains the trace symptom TRC010 (GPU idle); the verdict's
+    symptom is the user's (latency under load) first, then the kernel trace's."""
+    a = analyze(SAMPLES / "h200_toy_idle_between_steps")
+    by = {f.rule_id: f for f in a.findings}
+    assert a.verdict is not None and a.verdict.top_rule == "TRC002"
+    assert by["TRC010"].explained_by == "TRC002" and by["TRC010"].kind == "symptom"
+    head, _, trace = a.verdict.symptom.partition("; in the kernel trace: ")
+    assert trace == by["TRC010"].title
+    assert head in {f.title for f in a.findings if f.kind == "symptom" and f.family != "trace"}

@@ -7,6 +7,7 @@ expected_findings.json keys (all optional):
   must_not_include: rule ids that must not fire
   must_not_include_severity_at_least: no finding this severe or worse (e.g. "warning" for healthy runs)
   evidence_checks: [{rule, signal, op, value}]: the finding's evidence shows the numbers that prove it
+  explained_by: {rule: cause rule}: the finding is shown as explained by that cause (a symptom or consequence)
   run_valid: expected validity of the run
 """
 
@@ -64,6 +65,9 @@ def test_sample(sample: Path) -> None:
         ev = {e.signal: e.value for e in f.evidence}
         assert chk["signal"] in ev, f"{chk['rule']} shows no {chk['signal']}"
         assert OPS[chk["op"]](ev[chk["signal"]], chk["value"]), f"{chk['signal']}={ev[chk['signal']]}"
+    by = {f.rule_id: f.explained_by for f in a.findings}
+    for rid, cause in exp.get("explained_by", {}).items():
+        assert by.get(rid) == cause, f"{rid} explained by {by.get(rid)!r}, expected {cause}"
     if "run_valid" in exp:
         assert a.run_valid is exp["run_valid"]
     html = render_html(a)

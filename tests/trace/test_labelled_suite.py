@@ -1,6 +1,7 @@
 """The labelled trace suite (issue 11): every trace under /work/shared/traces (the small ones copied to
 tests/data/traces) against its hand-written expectation in tests/trace/labels/: steps and kinds, graph mode,
-GPU busy share, and the exact set of trace findings (none for the GPU-bound ones), each with its reasons."""
+GPU busy share, the exact set of trace findings (none for the GPU-bound ones), each with its reasons, and the cause
+that explains the GPU-idle symptom (TRC010), if any."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def test_labelled_trace(label: dict[str, Any]) -> None:
         assert lo <= sig["trace_gpu_busy_ratio"].value <= hi
     res = evaluate([r for r in load_rules() if r.family == "trace"], sig, load_thresholds())
     assert sorted(f.rule_id for f in res.findings) == sorted(label["findings"]), label["why"]
+    # the symptom (TRC010, GPU idle) is explained by the cause labelled for it, or by none (then the report says so)
+    idle = next((f for f in res.findings if f.rule_id == "TRC010"), None)
+    assert (idle.explained_by or None if idle else None) == label["idle_explained_by"], label["why"]
     for f in res.findings:  # the reasons are shown: evidence with values, and a sample size in the title
         assert f.hypothesis and f.evidence and "unknown" not in f.title.replace("unknown steps", ""), f.title
 
