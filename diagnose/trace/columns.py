@@ -68,6 +68,7 @@ class Event(msgspec.Struct, gc=False):
 _NO_ARGS = Args()
 _getcat = operator.attrgetter("cat")
 _getname = operator.attrgetter("name")
+_getph = operator.attrgetter("ph")
 DECODER = msgspec.json.Decoder(list[Event])
 
 
@@ -212,11 +213,16 @@ class Accumulator:
         self.tids: dict[Any, int] = {}
         self.meta_events: list[Event] = []
         self.events = 0
+        # begin / end events of annotation ranges (NVTX push / pop exported as Chrome "B" / "E"), with their
+        # position in the file; paired per thread into complete ranges once the whole file is read
+        self.range_marks: list[tuple[int, Event]] = []
+        self.ranges_unpaired = 0
 
     def consume(self, evs: list[Event]) -> None:
         cl = list(map(_getcat, evs))  # C-level pass
         if not evs:
             return
+        base = self.events
         self.events += len(evs)
         codes, uniq = pd.factorize(np.asarray(cl, dtype=object), use_na_sentinel=True)
         counts = np.bincount(codes[codes >= 0], minlength=len(uniq))
@@ -225,7 +231,12 @@ class Accumulator:
         n_none = int((codes < 0).sum())
         if n_none:
             self.cats[None] += n_none
-            self.meta_events.extend(e for e, c in zip(evs, cl, strict=True) if c is None and e.ph == "M")
+            for i, (e, c) in enumerate(zip(evs, cl, strict=True)):
+                if c is None and e.ph in ("M", "E"):  # an "E" often carries no category: it may close a range
+                    if e.ph == "M":
+                        self.meta_events.append(e)
+                    else:
+                        self.range_marks.append((base + i, e))
         pos = {u: i for i, u in enumerate(uniq)}
         buckets = ((self.gpu, GPU_CATS), (self.runtime, RUNTIME_CATS), (self.cpu, CPU_OP_CATS),
                    (self.ann, ANNOTATION_CATS), (self.py, PYTHON_CATS))
@@ -235,11 +246,58 @@ class Accumulator:
                 continue
             idx = np.flatnonzero(codes == want[0]) if len(want) == 1 else np.flatnonzero(np.isin(codes, want))
             picked = [evs[int(idx[0])]] if len(idx) == 1 else list(operator.itemgetter(*idx.tolist())(evs))
+            if table is self.ann:
+                picked = self._split_ranges(picked, idx, base)
+                if not picked:
+                    continue
             if table is self.py:
                 self._step_frames(picked)
                 if not self.include_python:
                     continue
             table.add(picked, self.tids)
+
+    def _split_ranges(self, evs: list[Event], idx: np.ndarray, base: int) -> list[Event]:
+        """The annotation events that are complete ranges; begin / end events are kept aside for pairing (the
+        check is one C-level pass over the phases, so a trace without them pays nothing more)."""
+        phs = list(map(_getph, evs))
+        if "B" not in phs and "E" not in phs:
+            return evs
+        keep = []
+        for i, e, ph in zip(idx.tolist(), evs, phs, strict=True):
+            if ph == "B" or ph == "E":
+                self.range_marks.append((base + int(i), e))
+            else:
+                keep.append(e)
+        return keep
+
+    def _pair_ranges(self) -> None:
+        """Pair the begin / end events of each thread into complete ranges (in time order, file order between
+        equal times; an end closes the innermost open range), as the Chrome trace format defines them. An end
+        without a category is matched only while a range is open on its thread (it may close something else
+        otherwise); a begin never closed, or an annotation's end with nothing open, is counted as unpaired."""
+        if not any(e.ph == "B" for _, e in self.range_marks):
+            self.ranges_unpaired += sum(1 for _, e in self.range_marks if e.cat is not None)
+            self.range_marks = []
+            return
+        marks = sorted(self.range_marks, key=lambda m: (_num(m[1].ts), m[0]))
+        self.range_marks = []
+        open_: dict[tuple[str, str], list[Event]] = {}
+        done: list[Event] = []
+        for _, e in marks:
+            key = (repr(e.pid), repr(e.tid))
+            if e.ph == "B":
+                open_.setdefault(key, []).append(e)
+                continue
+            stack = open_.get(key)
+            if stack:
+                b = stack.pop()
+                done.append(Event(cat=b.cat, name=b.name, ph="X", ts=b.ts, dur=_num(e.ts) - _num(b.ts),
+                                  tid=b.tid, pid=b.pid, args=b.args))
+            elif e.cat is not None:
+                self.ranges_unpaired += 1
+        self.ranges_unpaired += sum(len(v) for v in open_.values())
+        done.sort(key=lambda e: _num(e.ts))
+        self.ann.add(done, self.tids)
 
     def _step_frames(self, evs: list[Event]) -> None:
         names = list(map(_getname, evs))
@@ -252,6 +310,8 @@ class Accumulator:
     def frames(self) -> dict[str, pd.DataFrame]:
         gpu = self.gpu.frame().rename(columns={"tid": "stream"})
         gpu["kind"] = pd.Categorical.from_codes(gpu["kind"].to_numpy().astype(np.int8), categories=GPU_KINDS)
+        if self.range_marks:
+            self._pair_ranges()
         ann = self.ann.frame()
         ann["where"] = np.where(ann.pop("gpu").to_numpy() > 0, "gpu", "cpu")
         out = {"gpu": gpu, "runtime": self.runtime.frame(), "cpu_ops": self.cpu.frame(), "annotations": ann,

@@ -348,6 +348,8 @@ def _finish(p: Path, rank: int | None, meta: dict[str, Any], acc: Accumulator) -
         top = ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items(), key=lambda kv: -kv[1])[:5])
         warnings.append(f"{p.name}: unknown event categories ignored: {top}")
     frames = acc.frames()
+    if acc.ranges_unpaired:
+        warnings.append(f"{p.name}: {acc.ranges_unpaired} annotation begin/end events without their pair were ignored")
     bad = {"without a numeric timestamp": 0, "without a numeric duration": 0, "with a negative duration": 0}
     for key, f in frames.items():
         ts = f["ts_us"].to_numpy()

@@ -84,3 +84,46 @@ def test_explicit_execute_model_ranges(tmp_path: Path) -> None:
 
 def test_scopes_before_the_first_preprocess_are_no_step(tmp_path: Path) -> None:
     _check_steps(_scoped_trace(tmp_path, cut_first=True))
+
+
+def _as_begin_end(path: Path, *, drop_end_cat: bool = True) -> Path:
+    """The same trace with every annotation range written as an NVTX push / pop would be: a "B" event and an
+    "E" event, in time order per thread (outer ranges open first, inner ones close first), the "E" without
+    category or name when ``drop_end_cat`` (both are optional in the Chrome trace format)."""
+    import json
+
+    evs = json.loads(path.read_text())["traceEvents"]
+    ranges = [e for e in evs if e.get("cat") in ("nvtx", "NVTX", "user_annotation")]
+    rest = [e for e in evs if e not in ranges]
+    marks = []
+    for r in ranges:
+        b = {k: v for k, v in r.items() if k != "dur"} | {"ph": "B"}
+        e = {"ph": "E", "ts": r["ts"] + r["dur"], "pid": r["pid"], "tid": r["tid"]}
+        if not drop_end_cat:
+            e |= {"cat": r["cat"], "name": r["name"]}
+        marks += [((r["ts"], 1, -r["dur"]), b), ((r["ts"] + r["dur"], 0, r["dur"]), e)]
+    marks.sort(key=lambda m: m[0])  # at one time: ends before begins, inner ends first, outer begins first
+    out = path.with_name(path.stem + "_begin_end.json")
+    return write_trace(out, [m for _, m in marks] + rest)
+
+
+@pytest.mark.parametrize("drop_end_cat", [True, False], ids=["bare-end", "end-with-category"])
+def test_runner_scopes_as_nvtx_begin_end_pairs(tmp_path: Path, drop_end_cat: bool) -> None:
+    """NVTX push / pop ranges as Chrome "B" / "E" pairs (nested: an execute_model range around each step's
+    scopes) give the same steps as complete ("X") ranges, with no event dropped."""
+    path = _as_begin_end(_scoped_trace(tmp_path, "nvtx", explicit=True), drop_end_cat=drop_end_cat)
+    assert '"ph": "B"' in path.read_text() or '"ph":"B"' in path.read_text()
+    _check_steps(path)
+    assert analyze_trace(path).warnings == analyze_trace(_scoped_trace(tmp_path, "nvtx", explicit=True)).warnings
+
+
+def test_unpaired_begin_end_events_are_counted_and_ignored(tmp_path: Path) -> None:
+    path = _as_begin_end(_scoped_trace(tmp_path, "nvtx"))
+    import json
+
+    evs = json.loads(path.read_text())["traceEvents"]
+    evs.append({"ph": "B", "cat": "nvtx", "name": "never closed", "ts": 1e9, "pid": 100, "tid": 100})
+    evs.append({"ph": "E", "cat": "nvtx", "name": "opened elsewhere", "ts": 5.0, "pid": 100, "tid": 999})
+    a = analyze_trace(write_trace(tmp_path / "unpaired.json", evs))
+    assert "unpaired.json: 2 annotation begin/end events without their pair were ignored" in a.warnings
+    assert len(a.tables["trace_steps"]) == 8  # the paired ranges still give the steps
