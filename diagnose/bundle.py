@@ -345,7 +345,7 @@ class BundleWriter:
 MAX_LINE = 32 << 20  # a stream line longer than this is skipped and counted (never held whole in memory)
 # which probe writes which stream: a stream the manifest lists but that is missing or emptied marks its probe
 STREAM_PROBE = {"requests": "load", "chunks": "load", "phases": "load", "client_health": "load",
-                "metrics": "prometheus", "metric_families": "prometheus", "host_samples": "pyspy",
+                "metrics": "prometheus", "metric_families": "prometheus", "host_samples": "pyspy",  # or "host": see below
                 "gpu_samples": "nvml", "spans": "otel"}
 
 
@@ -619,6 +619,8 @@ class Bundle:
             n = listed if isinstance(listed, int) and not isinstance(listed, bool) and listed >= 0 else None
             p = self.stream_file(name)
             probe = STREAM_PROBE.get(name)
+            if name == "host_samples" and "host" in (self.manifest.get("probes") or {}):
+                probe = "host"  # the counters without stacks (probes/host_cpu.py)
             if p is None:
                 what = f"stream {name} is listed in the manifest" + (f" with {n} records" if n else "")
                 self.warn(f"{self.path}: {what} but its file is missing or unreadable")

@@ -22,6 +22,7 @@ PROBE_MODULES: tuple[str, ...] = (
     "diagnose.probes.prometheus",
     "diagnose.probes.otel",
     "diagnose.probes.pyspy",
+    "diagnose.probes.host_cpu",
     "diagnose.probes.nvml",
     "diagnose.probes.profiler",
     "diagnose.probes.pyinstrument_probe",

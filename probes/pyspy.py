@@ -69,6 +69,7 @@ from diagnose.probes.host_procs import (
 from diagnose.realtime import normal_priority_in_child
 
 NAME = "pyspy"
+HOST_NAME = "host"
 # Defaults sized by benchmarks/overhead_host.py on the three vLLM processes: py-spy used 0.036 cores at
 # 10 Hz with 30 s windows, 0.076 at 20 Hz with 10 s windows (each restart re-reads symbols), 0.151 at 50 Hz.
 DEFAULT_RATE_HZ = 10.0
@@ -120,12 +121,15 @@ def parse_raw(text: str) -> list[tuple[int, str, list[str], int]]:
 class PySpyProbe:
     """Host stacks of the engine's process tree (see module docstring for the records)."""
 
-    name = NAME
-
     def __init__(self, *, pid: int | None = None, port: int | None = None, rate_hz: float = DEFAULT_RATE_HZ,
                  nonblocking: bool = True, cpu_interval_s: float = 1.0, dump_interval_s: float = 15.0,
                  binary: str | None = None, stop_timeout_s: float = 10.0, window_s: float = 30.0,
-                 rate: float | None = None, foreign_interval_s: float = 5.0, foreign_top_n: int = 5) -> None:
+                 rate: float | None = None, foreign_interval_s: float = 5.0, foreign_top_n: int = 5,
+                 stacks: bool = True) -> None:
+        # stacks=False: the /proc counters and the foreign-process scan only, no py-spy at all (the ``host``
+        # probe, probes/host_cpu.py: on by default, since it needs neither ptrace nor a Python target)
+        self.stacks = stacks
+        self.name = NAME if stacks else HOST_NAME
         self.pid = pid
         self.port = port
         self.rate_hz = float(rate if rate is not None else rate_hz)  # ``rate``: the CLI's name for it
@@ -167,13 +171,15 @@ class PySpyProbe:
         return pid, ""
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
-        if self._binary() is None:
+        if self.stacks and self._binary() is None:
             return False, "py-spy is not installed (pip install py-spy)"
         pid, why = self._root_pid(ctx)
         if pid is None:
             return False, why
         if pid == os.getpid():
             return False, f"PID {pid} is diagnose itself, not the server: pass the server's PID"
+        if not self.stacks:
+            return True, ""
         state = python_state(pid)
         if state == "other":
             return False, (f"PID {pid} is not a Python process ({_proc_name(pid)}): py-spy samples Python "
@@ -188,31 +194,39 @@ class PySpyProbe:
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
         ok, why = self.available(ctx)
         if not ok:
-            return ProbeStatus(NAME, "unavailable", why)
+            return ProbeStatus(self.name, "unavailable", why)
         root, _ = self._root_pid(ctx)
         assert root is not None
         try:
             procs = engine_tree(root)
         except psutil.AccessDenied as e:
-            return ProbeStatus(NAME, "failed", f"cannot read process {root}: {e}. {PTRACE_FIX}")
+            return ProbeStatus(self.name, "failed", f"cannot read process {root}: {e}. {PTRACE_FIX}")
         except psutil.NoSuchProcess:
-            return ProbeStatus(NAME, "failed", f"server process {root} exited before sampling started")
+            return ProbeStatus(self.name, "failed", f"server process {root} exited before sampling started")
         stream = ctx.bundle.stream("host_samples", "py-spy stacks, per-thread CPU and run-queue counters")
         now = ctx.now_ns()
         stream.write_many([{"kind": "process", "t_ns": now, "pid": p.pid, "ppid": p.ppid, "role": p.role,
                             "name": p.name} for p in procs])
-        self._recorders = [_Recorder(p, ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")) for p in procs]
+        if self.stacks:
+            self._recorders = [_Recorder(p, ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")) for p in procs]
         loops = [asyncio.create_task(asyncio.to_thread(self._record_loop, ctx, r, stream)) for r in self._recorders]
         if self.foreign_interval_s > 0:
             self._foreign = ForeignCpu(root, top_n=self.foreign_top_n)
-        sampler = asyncio.create_task(self._sample_loop(ctx, procs, stream))
+        # the counters and the dumps are separate loops: a py-spy dump runs at normal priority and may take
+        # its full 5 s timeout per process on a contended host, which must never thin out the counters
+        # (seen: 3 counter samples in a 20 s capture with busy processes on the API server's core)
+        samplers = [asyncio.create_task(self._sample_loop(ctx, procs, stream))]
+        if self.stacks and self.dump_interval_s > 0:
+            samplers.append(asyncio.create_task(self._dump_loop(ctx, procs, stream)))
         try:
             await ctx.stop.wait()
         finally:
             self._halt.set()
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            for t in samplers:
+                t.cancel()
+            for t in samplers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
             if self._foreign is not None:  # the last interval up to the stop
                 stream.write_many(self._foreign.sample(ctx.now_ns()))
             for r in self._recorders:
@@ -268,17 +282,20 @@ class PySpyProbe:
         out.unlink(missing_ok=True)
 
     async def _sample_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
-        next_dump = time.monotonic() + min(1.0, self.dump_interval_s)
         next_foreign = time.monotonic()
         while True:
             await asyncio.to_thread(self._sample_cpu, ctx, procs, stream)
             if self._foreign is not None and time.monotonic() >= next_foreign:
                 next_foreign = time.monotonic() + self.foreign_interval_s
                 stream.write_many(await asyncio.to_thread(self._foreign.sample, ctx.now_ns()))
-            if self.dump_interval_s > 0 and time.monotonic() >= next_dump:
-                next_dump = time.monotonic() + self.dump_interval_s
-                await asyncio.to_thread(self._dump_all, ctx, procs, stream)
             await asyncio.sleep(self.cpu_interval_s)
+
+    async def _dump_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
+        await asyncio.sleep(min(1.0, self.dump_interval_s))
+        while True:
+            t0 = time.monotonic()
+            await asyncio.to_thread(self._dump_all, ctx, procs, stream)
+            await asyncio.sleep(max(0.0, self.dump_interval_s - (time.monotonic() - t0)))
 
     def _sample_cpu(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         t = ctx.now_ns()
@@ -342,6 +359,12 @@ class PySpyProbe:
                 if isinstance(th, dict)]})
 
     def _finish(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> ProbeStatus:
+        if not self.stacks:
+            gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
+            detail = {"processes": {str(p.pid): {"role": p.role, "name": p.name, "exited": p.pid in self._gone}
+                                    for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False}
+            return ProbeStatus(self.name, "ok", ("process(es) exited during the capture: " + ", ".join(gone))
+                               if gone else "", detail)
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:
@@ -373,10 +396,10 @@ class PySpyProbe:
                              for r in self._recorders)
             problems = ("; ".join(f"{k}: {v}" for k, v in self._problems.items())
                         or f"py-spy collected no samples ({runs or 'no process to sample'})")
-            return ProbeStatus(NAME, "failed", problems + note, detail)
+            return ProbeStatus(self.name, "failed", problems + note, detail)
         missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
         reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note
-        return ProbeStatus(NAME, "ok", reason.lstrip("; "), detail)
+        return ProbeStatus(self.name, "ok", reason.lstrip("; "), detail)
 
 
 def _reap(popen: subprocess.Popen[bytes], timeout_s: float) -> float:

@@ -37,6 +37,7 @@ EXPECTED = {
 }
 EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own (docs/fleet.md)
 EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/workload.md)
+EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
 
 
 @pytest.fixture(autouse=True)
@@ -96,8 +97,8 @@ def test_help_has_one_section_per_probe_in_registry_order() -> None:
 
 def test_every_builtin_probe_declares_a_spec() -> None:
     specs = probe_specs()
-    assert [s.name for s in specs[:len(PROBE_MODULES)]] == ["load", "prometheus", "otel", "pyspy", "nvml", "profiler",
-                                                            "pyinstrument", "otel_export"]
+    assert [s.name for s in specs[:len(PROBE_MODULES)]] == ["load", "prometheus", "otel", "pyspy", "host", "nvml",
+                                                            "profiler", "pyinstrument", "otel_export"]
     assert all(s.title and s.options for s in specs)
 
 
@@ -118,7 +119,10 @@ def _built(*args: str) -> list[Any]:
 
 
 def test_probes_built_from_the_options() -> None:
-    assert [p.name for p in _built()] == ["load", "prometheus", "nvml"]
+    assert [p.name for p in _built()] == ["load", "prometheus", "host", "nvml"]
+    assert [p.name for p in _built("--no-host")] == ["load", "prometheus", "nvml"]
+    host = {p.name: p for p in _built("--pid", "42")}["host"]
+    assert host.pid == 42 and not host.stacks  # type: ignore[attr-defined]  # the counters, never py-spy
     probes = _built("--observe", "--no-nvml", "--metrics-interval", "250ms", "--otlp", "--otlp-grpc-port", "0",
                     "--pyspy", "--pid", "42", "--pyspy-rate", "20", "--pyspy-blocking", "--profile-client",
                     "--profile-iterations", "3", "--profiler-dir", "prof", "--otlp-export", "grpc://collector:4317")
