@@ -234,6 +234,9 @@ _HOST: list[_Entry] = [
     ("host_competitor_core_ratio", "ratio", "share of the victim thread's core used by the busiest process outside "
      "the engine (all its CPU when the victim's core is unknown); 0 when the probe scanned and found none; its "
      "description names the process (pid, name)"),
+    ("host_loop_competitor_core_ratio", "ratio", "share of the core of one of the engine's poll/yield loops "
+     "(EngineCore's scheduler loop) used by the busiest process outside the engine, the loop whose core is most "
+     "taken; 0 when the probe scanned and found none; its description names the process and the loop"),
     ("host_cpu_steal_ratio", "ratio", "CPU time stolen by the hypervisor, share of all CPU time"),
     ("host_cpu_busy_ratio", "ratio", "whole machine CPU busy share (all processes)"),
     ("host_cpu_steal_or_contention_ratio", "ratio",

@@ -280,7 +280,9 @@ def test_contention_with_nothing_else_busy_rules_out_another_process(tmp_path: P
     assert s["host_competitor_core_ratio"].value == 0.0  # busy, but not on the worker's core
     f = next(f for f in evaluate(HST005, s, load_thresholds()).findings)
     status = {c.cause.split()[0]: (c.status, c.status_evidence) for c in f.causes}
-    assert status["another"] == ("ruled out", "host_competitor_core_ratio = 0 ratio")
+    # nothing on the worker's core, and sshd's 6% of the EngineCore loop's core is far from a competitor
+    assert status["another"] == ("ruled out", "host_competitor_core_ratio = 0 ratio, "
+                                              "host_loop_competitor_core_ratio = 0.06 ratio")
     assert status["more"][0] == "supported"
 
 
@@ -340,3 +342,20 @@ def test_real_contention_sample_names_the_victim() -> None:
     secs = {x.id: x for x in host_sections(t)}
     assert "host_foreign" not in secs  # this probe version did not scan other processes
     assert secs["host_wait"].payload.rows[0][2:5] == ("VLLM::Worker", "MainThread", 20852)
+
+
+def test_a_busy_process_on_the_engine_core_loops_core_is_contention(tmp_path: Path) -> None:
+    # the tuning split's EngineCore run: the worker barely waits, the loop waits 85% as it always may, and a
+    # busy process takes 90% of the loop's core (1): the loop's own wait is no evidence, the competitor is
+    foreign = [{"pid": 777, "name": "python3", "cores": 0.9, "core": 1}]
+    s = sigs(engine_loop_and_worker(tmp_path, 0.9, 0.05, foreign=foreign))
+    assert s["host_competitor_core_ratio"].value == 0.0  # nothing on the worker's core
+    c = s["host_loop_competitor_core_ratio"]
+    assert c.value == pytest.approx(0.9)
+    assert c.description.startswith("process 777 (python3) took 90% of core 1 that the poll loop thread "
+                                    "'MainThread' (tid 20) of engine_core process 2")
+    assert hst005_fires(s)
+    f = next(f for f in evaluate(HST005, s, load_thresholds()).findings)
+    assert {c.cause.split()[0]: c.status for c in f.causes}["another"] == "supported"
+    quiet = sigs(engine_loop_and_worker(tmp_path / "idle", 0.9, 0.05, foreign=[]))
+    assert quiet["host_loop_competitor_core_ratio"].value == 0.0 and not hst005_fires(quiet)

@@ -394,6 +394,9 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
                 out.append(Signal(name, float(pr["wait_share"].max()), "ratio", SOURCE,
                                   f"run-queue wait / (run + wait) of the {role} process's working threads "
                                   f"(process {int(pr['pid'].iloc[0])}, {pr['process'].iloc[0]})"))
+        if not loops.empty and not _in_window(t.get("host_foreign_scans", pd.DataFrame(
+                columns=_COLS["host_foreign_scans"])), window).empty:
+            out.extend(_loop_competitor(t, window, loops))
         v = victim(tw)
         work = tw[tw["kind"] == "work"]
         ratio = _share(work)
@@ -431,6 +434,28 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
                           "loops excluded) and hypervisor steal: time the engine's work was ready to run but had "
                           "no CPU", tuple(series)))
     return out
+
+
+def _loop_competitor(t: dict[str, pd.DataFrame], window: Window, loops: pd.DataFrame) -> list[Signal]:
+    """The poll/yield loop (EngineCore's busy loop...) that shares its core with the busiest process outside the
+    engine: a loop's own wait is high by design, so it is never judged alone, but a foreign process that takes a
+    large share of the very core the loop runs on is contention all the same (the scheduler loop is late)."""
+    best: tuple[float, Any, Any] | None = None
+    for r in loops[loops["core"] >= 0].itertuples(index=False):
+        fo = foreign_on_core(t, window, int(r.core))
+        if fo.empty:
+            continue
+        c = next(fo.itertuples(index=False))
+        if best is None or float(c.core_ratio) > best[0]:
+            best = (float(c.core_ratio), r, c)
+    if best is None or best[0] <= 0:
+        return [Signal("host_loop_competitor_core_ratio", 0.0, "ratio", SOURCE,
+                       "no process outside the engine used the core of any of its poll/yield loops")]
+    share, r, c = best
+    own = ", this capture's own process" if c.own else ""
+    return [Signal("host_loop_competitor_core_ratio", share, "ratio", SOURCE,
+                   f"process {int(c.pid)} ({c.name}{own}) took {share:.0%} of core {int(r.core)} that the poll loop "
+                   f"{_who(r)} runs on (it waited {r.wait_share:.0%} of its runnable time)")]
 
 
 def _competitor_signals(fo: pd.DataFrame, v: Any, where: str) -> list[Signal]:
