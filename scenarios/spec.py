@@ -15,7 +15,7 @@ import yaml
 from diagnose.errors import InputError
 
 SCENARIOS_FILE = Path(__file__).resolve().parent / "scenarios.yaml"
-HOG_TARGETS = ("worker", "client")
+HOG_TARGETS = ("worker", "client", "api_server", "engine_core", "any")
 
 
 class ScenarioError(InputError):
@@ -24,7 +24,10 @@ class ScenarioError(InputError):
 
 @dataclass(frozen=True)
 class Hog:
-    target: str  # "worker": pinned to the engine worker's core; "client": to the load client's core
+    # "worker": pinned to the engine worker's core; "client": to the load client's core; "api_server" /
+    # "engine_core": the engine's API-server / EngineCore process is pinned (all threads) to the core the
+    # worker is not bound to, and the hogs with it; "any": not pinned (a busy machine)
+    target: str
     procs: int = 1
     nice_offset: int = 0  # the hogs' session priority relative to the suite's (negative: stronger)
 
@@ -41,11 +44,12 @@ class Scenario:
     expect_top3: tuple[str, ...]
     hog: Hog | None = None
     timeout_s: float = 150.0
+    otlp: bool = False  # the engine exports OpenTelemetry spans; attach receives them (--otlp)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def engine_key(self) -> tuple[Any, ...]:
         """Scenarios with the same key can share one engine start."""
-        return (self.engine_args, tuple(sorted(self.engine_env.items())), self.kv_cache_space_gib)
+        return (self.engine_args, tuple(sorted(self.engine_env.items())), self.kv_cache_space_gib, self.otlp)
 
 
 def _strs(v: Any, where: str) -> tuple[str, ...]:
@@ -61,7 +65,7 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         raise ScenarioError(f"{path}: every scenario needs a 'name'")
     name = raw["name"]
     where = f"{path}: scenario {name!r}"
-    known = {"name", "description", "engine", "attach", "hog", "expect", "timeout_s"}
+    known = {"name", "description", "engine", "attach", "hog", "expect", "timeout_s", "otlp", "pyspy"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -88,6 +92,12 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         if not isinstance(offset, int) or not -10 <= offset <= 10:
             raise ScenarioError(f"{where}: hog.nice_offset must be an integer in -10..10")
         hog = Hog(str(h["target"]), procs, offset)
+    for key in ("otlp", "pyspy"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ScenarioError(f"{where}: {key} must be true or false")
+    attach = _strs(defaults.get("attach"), f"{path}: defaults.attach") + _strs(raw.get("attach"), f"{where}: attach")
+    if raw.get("pyspy") is False:  # the variant without host stacks: --pyspy dropped from the defaults
+        attach = tuple(a for a in attach if a != "--pyspy")
     try:
         kv = int(eng.get("kv_cache_space_gib", d_eng.get("kv_cache_space_gib", 2)))
         timeout = float(raw.get("timeout_s", defaults.get("timeout_s", 150)))
@@ -99,11 +109,12 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         engine_args=_strs(d_eng.get("args"), f"{path}: defaults.engine.args") + _strs(eng.get("args"), f"{where}: engine.args"),
         engine_env={str(k): str(v) for k, v in env.items()},
         kv_cache_space_gib=kv,
-        attach_args=_strs(defaults.get("attach"), f"{path}: defaults.attach") + _strs(raw.get("attach"), f"{where}: attach"),
+        attach_args=attach,
         expect_top=top,
         expect_top3=_strs(expect.get("top3"), f"{where}: expect.top3"),
         hog=hog,
         timeout_s=timeout,
+        otlp=bool(raw.get("otlp", False)),
         raw=raw,
     )
 

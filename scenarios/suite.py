@@ -90,6 +90,42 @@ def worker_core(server: VllmServer) -> int:
     return 0
 
 
+def engine_process(server: VllmServer, target: str) -> psutil.Process | None:
+    """The engine's API-server process (``api_server``: the server's own pid) or its EngineCore process."""
+    procs = server.processes()
+    if target == "api_server":
+        return procs[0] if procs else None
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
+                return p
+    return None
+
+
+@contextlib.contextmanager
+def pinned(proc: psutil.Process, core: int) -> Iterator[int]:
+    """Every thread of ``proc`` bound to ``core`` (threads it starts later inherit it); the old affinity of
+    each thread is restored on exit, so a later scenario on the same engine is not pinned."""
+    saved: dict[int, set[int]] = {}
+    with contextlib.suppress(psutil.Error):
+        for t in proc.threads():
+            with contextlib.suppress(OSError):
+                saved[t.id] = os.sched_getaffinity(t.id)
+                os.sched_setaffinity(t.id, {core})
+    try:
+        yield len(saved)
+    finally:
+        for tid, cores in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cores)
+
+
+def otlp_ports(port: int) -> tuple[int, int]:
+    """The gRPC and HTTP ports of attach's span receiver for an engine on ``port`` (18600-18699); the engine
+    exports to the gRPC one."""
+    return port + 1000, port + 1100
+
+
 def other_core(core: int) -> int:
     cores = sorted(psutil.Process().cpu_affinity() or [0])
     rest = [c for c in cores if c != core]
@@ -97,9 +133,11 @@ def other_core(core: int) -> int:
 
 
 @contextlib.contextmanager
-def hogs(core: int, n: int, nice: int = 0) -> Iterator[list[int]]:
-    """``n`` busy Python processes pinned to ``core`` at priority ``nice``; always stopped on exit."""
-    procs = [subprocess.Popen(niced(["taskset", "-c", str(core), sys.executable, "-c", HOG_CODE], nice),
+def hogs(core: int | None, n: int, nice: int = 0) -> Iterator[list[int]]:
+    """``n`` busy Python processes pinned to ``core`` (None: free to run anywhere) at priority ``nice``;
+    always stopped on exit."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    procs = [subprocess.Popen(niced([*pin, sys.executable, "-c", HOG_CODE], nice),
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
              for _ in range(n)]
@@ -114,7 +152,7 @@ def hogs(core: int, n: int, nice: int = 0) -> Iterator[list[int]]:
             with contextlib.suppress(psutil.Error):
                 t = psutil.Process(p.pid).cpu_times()
                 cpu += t.user + t.system
-        log(f"busy processes on core {core} used {cpu:.1f} CPU-s in {time.monotonic() - t0:.1f} s")
+        log(f"busy processes on {'core ' + str(core) if core is not None else 'any core'} used {cpu:.1f} CPU-s in {time.monotonic() - t0:.1f} s")
         for p in procs:
             p.terminate()
         for p in procs:
@@ -144,6 +182,9 @@ def attach_command(scn: Scenario, server: VllmServer, bundle: Path) -> list[str]
            "--no-progress", *scn.attach_args]
     if "--pyspy" in scn.attach_args and server.pid is not None and "--pid" not in scn.attach_args:
         cmd += ["--pid", str(server.pid)]
+    if scn.otlp:
+        grpc, http = otlp_ports(server.port)
+        cmd += ["--otlp", "--otlp-grpc-port", str(grpc), "--otlp-http-port", str(http)]
     return cmd
 
 
@@ -186,10 +227,19 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
     try:
         with contextlib.ExitStack() as stack:
             if scn.hog is not None:
-                core = wcore if scn.hog.target == "worker" else ccore
+                target = scn.hog.target
+                core: int | None = {"worker": wcore, "any": None}.get(target, ccore)
+                if target in ("api_server", "engine_core"):
+                    proc = engine_process(server, target)
+                    if proc is None:
+                        res.error = f"no {target} process found in the engine's process tree"
+                        return res
+                    n = stack.enter_context(pinned(proc, ccore))
+                    log(f"{scn.name}: {target} (pid {proc.pid}, {n} threads) pinned to core {ccore}")
                 pids = stack.enter_context(hogs(core, scn.hog.procs, max(-20, min(19, nice + scn.hog.nice_offset))))
-                log(f"{scn.name}: {scn.hog.procs} busy process(es) {pids} pinned to core {core} "
-                    f"(worker core {wcore}, client core {ccore})")
+                log(f"{scn.name}: {scn.hog.procs} busy process(es) {pids} "
+                    + (f"pinned to core {core}" if core is not None else "on any core")
+                    + f" (worker core {wcore}, client core {ccore})")
                 time.sleep(1.0)
             log(f"{scn.name}: attach ({' '.join(scn.attach_args)})")
             rc, tail = _run(niced(cmd, nice), log_path, scn.timeout_s, new_session=starve_client)
@@ -230,6 +280,7 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
             port = port_base + (port - port_base + 1) % 100
             reps = [rep] if rep else list(range(1, repeats + 1))
             server = NicedServer(nice, port=port, extra_args=list(first.engine_args), env=first.engine_env,
+                                 otlp_traces_endpoint=(f"http://127.0.0.1:{otlp_ports(port)[0]}" if first.otlp else None),
                                  kv_cache_space_gib=first.kv_cache_space_gib,
                                  log_path=server_logs / f"engine-{first.name}-r{reps[0]}.log",
                                  startup_timeout_s=startup_s)

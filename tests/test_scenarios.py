@@ -129,3 +129,43 @@ def test_healthy_export_forbids_warnings() -> None:
     scn = next(s for s in load_scenarios() if s.name == "healthy")
     exp = expected_findings(scn, ScenarioResult("healthy", None))
     assert exp == {"top": None, "must_not_include_severity_at_least": "warning", "warning_and_above": []}
+
+
+def test_pyspy_false_drops_host_stacks_and_otlp_gets_its_own_engine(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("defaults: {attach: [--pyspy, --no-nvml]}\n"
+                 "scenarios:\n"
+                 "  - {name: a, expect: {top: null}, attach: [--concurrency, '2']}\n"
+                 "  - {name: b, expect: {top: null}, attach: [--concurrency, '2'], pyspy: false}\n"
+                 "  - {name: c, expect: {top: null}, attach: [--concurrency, '2'], otlp: true}\n"
+                 "  - {name: d, expect: {top: HST005}, hog: {target: engine_core, procs: 2}}\n"
+                 "  - {name: e, expect: {top: null}, hog: {target: any, procs: 1, nice_offset: 10}}\n")
+    a, b, c, d, e = load_scenarios(p)
+    assert "--pyspy" in a.attach_args and "--pyspy" not in b.attach_args and "--no-nvml" in b.attach_args
+    assert not a.otlp and c.otlp
+    assert a.engine_key() == b.engine_key() != c.engine_key()  # spans need an engine started to export them
+    assert d.hog is not None and d.hog.target == "engine_core" and e.hog is not None and e.hog.nice_offset == 10
+    p.write_text("scenarios: [{name: a, expect: {top: null}, otlp: 'yes'}]")
+    with pytest.raises(ScenarioError, match="otlp must be true or false"):
+        load_scenarios(p)
+
+
+def test_the_split_generator_draws_sixteen_families_with_probes_varied(tmp_path: Path) -> None:
+    from scenarios.heldout import variants
+
+    tune = variants(7)
+    names = [v["name"] for v in tune]
+    assert len(names) == len(set(names)) == 16
+    assert sum(bool(v.get("otlp")) for v in tune) == 3 and sum(v.get("pyspy") is False for v in tune) == 4
+    prefill = [v for v in tune if v["name"].startswith("prefill_heavy")]
+    assert len(prefill) == 2 and sorted("--slo" in v["attach"] for v in prefill) == [False, True]  # both ways
+    assert {"api_server", "engine_core", "worker", "client", "any"} == {v["hog"]["target"] for v in tune if "hog" in v}
+    assert variants(7) == tune  # a seed is a fixed draw
+    held = variants(99, frozenset(names))
+    assert not {v["name"] for v in held} & set(names)
+    p = tmp_path / "h.yaml"
+    import yaml
+
+    from scenarios.heldout import DEFAULTS
+    p.write_text(yaml.safe_dump({"defaults": DEFAULTS, "scenarios": held}))
+    assert len(load_scenarios(p)) == 16  # every draw is a valid scenario file
