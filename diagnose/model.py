@@ -121,6 +121,7 @@ class Finding:
     kind: str = "cause"  # "cause" | "symptom" (restates what is out of line; ranked after every cause)
     explained_by: str = ""  # the rule id of the fired cause that explains this one (its `explains:` names it)
     share: float | None = None  # the share of the symptom this cause explains (its rule's `share:` signal)
+    share_of: str = ""  # the signal ``share`` is (its definition says what the share is of)
     held_back: str = ""  # the rule id of the validity finding that holds this one back (its evidence is suspect)
 
     def to_json(self) -> dict[str, Any]:
@@ -238,6 +239,7 @@ class Verdict:
     refute: str = ""
     experiment: str = ""
     share: float | None = None
+    share_of: str = ""  # the signal the share is: what it is a share of, in its catalogue definition
     explains: tuple[str, ...] = ()  # the fired findings shown as its consequences
     symptom: str = ""  # what is out of line and by how much: the title of the strongest symptom finding
 

@@ -166,6 +166,8 @@ _PROMETHEUS: list[_Entry] = [
      "flight - engine waiting - engine running, all by Little's law): API server and network"),
     ("api_server_in_flight_share_ratio", "ratio", "share of the client's in-flight requests outside the engine"),
     ("server_ttft_split_queue_ratio", "ratio", "queue time's share of the client's mean TTFT (server histogram sums)"),
+    ("server_ttft_split_engine_ratio", "ratio", "the engine's share (queue + prefill) of the client's mean TTFT "
+     "(server histogram sums)"),
     ("server_ttft_split_prefill_ratio", "ratio", "prefill's share of the client's mean TTFT (server histogram sums)"),
     ("server_ttft_split_outside_ratio", "ratio", "the rest of the client's mean TTFT: API server, network, client "
      "(1 - queue - prefill shares)"),
@@ -196,6 +198,8 @@ _OTEL: list[_Entry] = [
     ("join_matched_ratio", "ratio", "share of client requests joined to a server span"),
     ("ttft_queue_share_ratio", "ratio", "share of client TTFT spent queued (joined spans)"),
     ("ttft_prefill_share_ratio", "ratio", "share of client TTFT spent in prefill (joined spans)"),
+    ("ttft_engine_share_ratio", "ratio", "share of client TTFT spent in the engine, queued or in prefill (joined "
+     "spans)"),
     ("ttft_frontend_share_ratio", "ratio", "share of client TTFT spent in the server frontend (joined spans)"),
     ("ttft_client_network_share_ratio", "ratio", "share of client TTFT spent in client and network (joined spans)"),
     ("span_requests_count", "count", "server request spans in the window"),

@@ -19,6 +19,7 @@ from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window
 from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
 from diagnose.rules.verdict import ranked
+from diagnose.signal_catalog import SIGNALS
 
 from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
@@ -216,7 +217,7 @@ def _verdict(a: Analysis) -> dict[str, Any]:
             "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
             "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
             "refute": v.refute, "experiment": v.experiment, "share": finite(v.share) if v.share is not None else None,
-            "explains": list(v.explains)}
+            "share_of": SIGNALS.get(v.share_of, v.share_of), "explains": list(v.explains)}
 
 
 def _run_label(a: Analysis) -> str:

@@ -200,16 +200,17 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
         sources=sources,
         runbook=spec.runbook,
         kind=spec.kind,
-        share=_share(spec, signals),
+        **_share(spec, signals),
     )
 
 
-def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> float | None:
+def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> dict[str, Any]:
+    """``share`` (the first known of the rule's ``share:`` signals) and ``share_of`` (its name)."""
     for name in spec.share:
         s = signals.get(name)
         if s is not None and s.is_finite():
-            return round(float(s.value), 4)
-    return None
+            return {"share": round(float(s.value), 4), "share_of": name}
+    return {}
 
 
 def evaluate(specs: Sequence[RuleSpec], signals: Mapping[str, Signal], thresholds: Mapping[str, float],

@@ -107,7 +107,7 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
         return Verdict(level, f"{prefix}Most likely: {f.title}",
                        f.hypothesis + (f" ({more} more finding{'s' if more > 1 else ''} at warning or above below.)"
                                        if more else ""), partial=partial, top_rule=f.rule_id,
-                       share=f.share, explains=explained, symptom=symptom,
+                       share=f.share, share_of=f.share_of, explains=explained, symptom=symptom,
                        **best_cause(f, engine))
     if not signals and findings:
         f = ranked(findings)[0]

@@ -60,9 +60,12 @@ def test_the_verdict_names_cause_share_refutation_and_experiment() -> None:
     assert v.cause.startswith("the batch-size cap") and v.cause_status == "supported"
     assert "max_num_seqs" in v.cause_evidence
     assert v.share is not None and 0.5 < v.share <= 1.0  # queue time's share of server TTFT
+    assert v.share_of in ("ttft_queue_share_ratio", "server_ttft_split_queue_ratio", "server_queue_share_of_ttft_ratio")
     assert v.refute and v.experiment.startswith("raise --max-num-seqs") and "ttft_p50_ms down" in v.experiment
     html = render_html(a)
     assert "The experiment to run" in html and "Would refute it" in html
+    from diagnose.signal_catalog import SIGNALS
+    assert f"({SIGNALS[v.share_of]})" in html  # the share says what it is a share of
     lat = next(f for f in a.findings if f.rule_id == "LAT001")
     assert lat.explained_by == "SCH001"
     assert "Consequence of SCH001" in html
@@ -155,3 +158,16 @@ def test_a_serving_symptom_leads_and_the_kernel_traces_idle_stands_beside_it() -
     head, _, trace = a.verdict.symptom.partition("; in the kernel trace: ")
     assert trace == by["TRC010"].title
     assert head in {f.title for f in a.findings if f.kind == "symptom" and f.family != "trace"}
+
+
+@pytest.mark.parametrize(("sample", "rule", "share_of"), [
+    ("vllm_cpu_prefill_heavy", "SCH004", ("ttft_engine_share_ratio", "server_ttft_split_engine_ratio")),
+    ("vllm_cpu_kv_pressure", "SCH005", ("ttft_queue_share_ratio", "server_ttft_split_queue_ratio")),
+    ("vllm_cpu_prefix_cache_miss", "SCH006", ("ttft_prefill_share_ratio", "server_ttft_split_prefill_ratio")),
+    ("vllm_cpu_host_contention", "HST005", ("host_cpu_steal_or_contention_ratio",)),
+])
+def test_each_cause_says_what_share_of_the_symptom_it_explains(sample: str, rule: str,
+                                                                share_of: tuple[str, ...]) -> None:
+    v = analyze(SAMPLES / sample).verdict
+    assert v is not None and v.top_rule == rule
+    assert v.share is not None and 0.0 < v.share <= 1.0 and v.share_of in share_of, (v.share, v.share_of)

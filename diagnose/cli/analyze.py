@@ -77,7 +77,7 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
         "verdict_level": a.verdict.level if a.verdict else None,
         "diagnosis": None if a.verdict is None or not a.verdict.cause else {
             "top_rule": a.verdict.top_rule, "cause": a.verdict.cause, "cause_status": a.verdict.cause_status,
-            "cause_evidence": a.verdict.cause_evidence, "share": a.verdict.share, "refute": a.verdict.refute,
+            "cause_evidence": a.verdict.cause_evidence, "share": a.verdict.share, "share_of": a.verdict.share_of, "refute": a.verdict.refute,
             "experiment": a.verdict.experiment, "explains": list(a.verdict.explains), "symptom": a.verdict.symptom},
         "run_valid": a.run_valid,
         "partial": a.partial,
@@ -173,7 +173,7 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
         if v is not None and v.symptom:
             click.echo(f"  symptom: {v.symptom}")
         if v is not None and v.cause:
-            share = f", explains {v.share:.0%}" if v.share is not None else ""
+            share = f", explains {v.share:.0%}: {v.share_of}" if v.share is not None else ""
             click.echo(f"  cause ({v.cause_status}{share}): {v.cause}")
             if v.experiment:
                 click.echo(f"  next experiment: {v.experiment}")

@@ -252,6 +252,8 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         for col, name in parts:
             v = float(np.nansum(np.clip(j[col].to_numpy(dtype=float), 0, None))) / total
             out.append(_sig(name, v, "ratio", SIGNALS.get(name, "") + note, _share_series(j, col, total_col)))
+        engine = sum(float(np.nansum(np.clip(j[c].to_numpy(dtype=float), 0, None))) for c in ("queue_ms", "prefill_ms"))
+        out.append(_sig("ttft_engine_share_ratio", engine / total, "ratio", SIGNALS["ttft_engine_share_ratio"] + note))
     server = w[np.isfinite(w["server_ttft_ms"].to_numpy(dtype=float))]
     if len(server):
         out.append(_sig("span_requests_count", float(len(server)), "count", "server request spans in the window"))

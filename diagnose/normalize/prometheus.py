@@ -496,6 +496,8 @@ def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
             q, pf = min(1.0, queue[0] / total), min(1.0, prefill[0] / total)
             out.append(Signal("server_ttft_split_queue_ratio", q, "ratio", SOURCE, f"queue time's share {note}"))
             out.append(Signal("server_ttft_split_prefill_ratio", pf, "ratio", SOURCE, f"prefill's share {note}"))
+            out.append(Signal("server_ttft_split_engine_ratio", min(1.0, q + pf), "ratio", SOURCE,
+                              f"time in the engine (queue + prefill)'s share {note}"))
             out.append(Signal("server_ttft_split_outside_ratio", max(0.0, 1.0 - q - pf), "ratio", SOURCE,
                               f"the rest (API server, network, client): 1 - queue - prefill, {note}"))
     req = tables.get("requests")
