@@ -59,7 +59,9 @@ def _draw(r: random.Random) -> list[dict[str, Any]]:
     seqs, c = r.choice([2, 3, 4, 6]), r.choice([8, 12, 16, 24])
     out.append(_v(f"queue_bound_s{seqs}_c{c}", f"--max-num-seqs {seqs} at c={c}", "SCH001",
                   ["--concurrency", str(c)], ["--max-num-seqs", str(seqs)]))
-    prefill_slo = r.choice([None, "ttft_p99=150ms"])  # an SLO the prefill-bound premise breaks: at c=4 P99 was 184 ms
+    # an SLO the prefill-bound run must break: at 1024 tokens through a 256-token budget at c=4 the P99 was
+    # 184 ms and 149 ms (300 and 150 ms held: the premise failed, and the ITL symptom was diagnosed instead)
+    prefill_slo = r.choice([None, "ttft_p99=100ms"])
     out.append(_prefill_heavy(r, prefill_slo))
     share, n_in, c = r.choice([0.6, 0.75, 0.9]), r.choice([768, 1024]), r.choice([2, 4])
     out.append(_v(f"prefix_cache_miss_p{int(share * 100)}_in{n_in}_c{c}",
@@ -83,7 +85,7 @@ def _draw(r: random.Random) -> list[dict[str, Any]]:
     out.append(_v(f"client_bound_h{procs}", f"the client on a core shared with {procs} busy processes", "VAL001",
                   ["--concurrency", "16"], hog={"target": "client", "procs": procs}))
     # families added at stop 23 (drawn after the first eleven, so a seed's earlier draws are unchanged)
-    out.append(_prefill_heavy(r, None if prefill_slo else "ttft_p99=150ms"))  # prefill-bound the other way
+    out.append(_prefill_heavy(r, None if prefill_slo else "ttft_p99=100ms"))  # prefill-bound the other way
     rate = r.choice([2, 3, 4])
     out.append(_v(f"healthy_poisson_r{rate}", f"open loop, Poisson arrivals at {rate} req/s, nothing injected", None,
                   ["--rate", str(rate), "--arrival", "poisson"]))
