@@ -118,6 +118,9 @@ _CLIENT: list[_Entry] = [
     ("ttft_p50_itl_ratio", "ratio", "TTFT P50 / ITL P50: how many decode steps' time the first token takes"),
     ("workload_open_loop", "flag", "1: the window's measured phases send at a rate (open loop); 0: at a concurrency"),
     ("arrival_gap_cv_ratio", "ratio", "open loop: coefficient of variation of the gaps between sends (Poisson 1)"),
+    ("burst_tail_share_ratio", "ratio", "open loop: of the TTFT tail's excess over the median (requests at or above "
+     "the P90), the share carried by requests sent in a burst (while the client had more than twice its mean in "
+     "flight)"),
     ("client_in_flight_mean", "requests", "requests the client had in flight, time-weighted (summed send-to-end time / the window's span)"),
     ("requests_total", "requests", "all requests sent"),
     ("requests_excluded_profiler", "requests",

@@ -171,3 +171,24 @@ def test_each_cause_says_what_share_of_the_symptom_it_explains(sample: str, rule
     v = analyze(SAMPLES / sample).verdict
     assert v is not None and v.top_rule == rule
     assert v.share is not None and 0.0 < v.share <= 1.0 and v.share_of in share_of, (v.share, v.share_of)
+
+
+def test_the_burst_share_is_the_tails_excess_carried_by_requests_sent_in_a_burst() -> None:
+    import pandas as pd
+
+    from diagnose.normalize.client import _burst_tail_share
+
+    # 30 requests one per second taking 0.1 s (in flight 0.1 on average), then 10 sent together at t=40
+    sent = [float(i) for i in range(30)] + [40.0] * 10
+    ttft = [20.0] * 30 + [200.0] * 10
+    end = [s + t / 1000 + 0.1 for s, t in zip(sent, ttft, strict=True)]
+    df = pd.DataFrame({"sent_s": sent, "end_s": end, "ttft_ms": ttft, "ok": True})
+    # the client's mean in flight is 0.16, so a burst is 2 or more in flight: 8 of the 10 found that many
+    assert _burst_tail_share(df) == pytest.approx(0.8)
+    spaced = df.assign(sent_s=[float(i) for i in range(40)])
+    spaced = spaced.assign(end_s=spaced["sent_s"] + spaced["ttft_ms"] / 1000 + 0.1)
+    assert _burst_tail_share(spaced) == 0.0  # slow requests, but none arrived in a burst
+    assert _burst_tail_share(df.head(10)) is None  # too few requests to speak of a tail
+    v = analyze(SAMPLES / "vllm_cpu_bursty").verdict
+    assert v is not None and v.top_rule == "SCH008" and v.share_of == "burst_tail_share_ratio"
+    assert v.share is not None and 0.0 < v.share <= 1.0

@@ -33,6 +33,10 @@ from diagnose.requests import PCTS, finite, in_flight_mean, percentiles, select,
 from diagnose.signal_catalog import SIGNALS
 
 COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the rest of their phase
+# burst_tail_share_ratio: a request is sent in a burst when the client already has more than this many times
+# its mean in flight (and at least one more than the mean); the tail is the requests at or above the TTFT P90
+BURST_IN_FLIGHT_RATIO = 2.0
+BURST_TAIL_MIN_REQUESTS = 20
 
 REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "http_status", "api", "sent_s", "end_s",
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
@@ -308,6 +312,38 @@ def _arrivals(req: pd.DataFrame, phases: pd.DataFrame | None, window: Window, ou
         d = np.concatenate(gaps)
         if d.size >= 10 and d.mean() > 0:
             out["arrival_gap_cv_ratio"] = _sig("arrival_gap_cv_ratio", float(d.std() / d.mean()), "ratio")
+    share = _burst_tail_share(sel)
+    if share is not None:
+        out["burst_tail_share_ratio"] = _sig("burst_tail_share_ratio", share, "ratio")
+
+
+def _burst_tail_share(sel: pd.DataFrame) -> float | None:
+    """Of the TTFT tail's excess over the median (requests at or above the P90), the share that requests sent
+    in a burst carry: sent while the client already had more than BURST_IN_FLIGHT_RATIO x its mean in flight.
+    None with fewer than BURST_TAIL_MIN_REQUESTS finished requests or no excess."""
+    if not {"sent_s", "end_s", "ttft_ms", "ok"} <= set(sel.columns):
+        return None
+    ok = sel[sel["ok"].astype(bool)]
+    sent, end = ok["sent_s"].to_numpy(dtype=float), ok["end_s"].to_numpy(dtype=float)
+    ttft = ok["ttft_ms"].to_numpy(dtype=float)
+    keep = np.isfinite(sent) & np.isfinite(end) & np.isfinite(ttft)
+    sent, end, ttft = sent[keep], end[keep], ttft[keep]
+    if sent.size < BURST_TAIL_MIN_REQUESTS:
+        return None
+    span = float(end.max() - sent.min())
+    if span <= 0:
+        return None
+    mean = float((end - sent).sum() / span)
+    # in flight when each request was sent: sent before it (in send order, so sends at the same instant count
+    # each other) and not yet ended; itself not counted
+    rank = np.empty(sent.size, dtype=float)
+    rank[np.argsort(sent, kind="stable")] = np.arange(sent.size)
+    at = rank - np.searchsorted(np.sort(end), sent, side="right")
+    burst = at > max(BURST_IN_FLIGHT_RATIO * mean, mean + 1.0)
+    p50, p90 = np.percentile(ttft, 50), np.percentile(ttft, 90)
+    tail, excess = ttft >= p90, np.clip(ttft - p50, 0.0, None)
+    total = float(excess[tail].sum())
+    return float(excess[tail & burst].sum()) / total if total > 0 else None
 
 
 def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None, window: Window,
