@@ -46,4 +46,4 @@ def test_report_of_a_real_sweep(vllm_server: object, tmp_path: Path) -> None:
     assert "requests in flight (client)" in names and "server queue depth" in names  # from real /metrics
     inflight = next(s for s in view["charts"]["timeline"]["series"] if s["name"].startswith("requests in flight"))
     assert max(y for _, y in inflight["points"]) == 4
-    assert {p["name"]: p["state"] for p in view["probes"]} == {"load": "ok", "prometheus": "ok"}
+    assert {p["name"]: p["state"] for p in view["probes"]} == {"load": "ok", "prometheus": "ok", "host": "ok"}

@@ -52,7 +52,8 @@ def test_queue_bound_run_is_diagnosed_as_queueing(start_vllm: Callable[..., obje
     b = open_bundle(tmp_path / "b")
     assert b.manifest["target"]["engine"] == "vllm"
     assert b.manifest["options"]["realtime"]["requested"] is True
-    assert {s.name: s.state for s in b.probe_statuses()} == {"load": "ok", "prometheus": "ok"}
+    # the host counters (probes/host_cpu.py) run by default against a local server
+    assert {s.name: s.state for s in b.probe_statuses()} == {"load": "ok", "prometheus": "ok", "host": "ok"}
     data = _analyze(tmp_path / "b", tmp_path)
     serious = [f for f in data["findings"] if f["severity"] != "info"]
     why = run_evidence(tmp_path / "b", data)
