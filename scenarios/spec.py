@@ -15,7 +15,7 @@ import yaml
 from diagnose.errors import InputError
 
 SCENARIOS_FILE = Path(__file__).resolve().parent / "scenarios.yaml"
-HOG_TARGETS = ("worker", "client", "api_server", "engine_core", "any")
+HOG_TARGETS = ("worker", "client", "client_near", "api_server", "engine_core", "any")
 
 
 class ScenarioError(InputError):
@@ -24,7 +24,8 @@ class ScenarioError(InputError):
 
 @dataclass(frozen=True)
 class Hog:
-    # "worker": pinned to the engine worker's core; "client": to the load client's core; "api_server" /
+    # "worker": pinned to the engine worker's core; "client": to the load client's core, the client 10 nice
+    # steps below the suite (starved); "client_near": the same with the client at the hogs' priority; "api_server" /
     # "engine_core": the engine's API-server / EngineCore process is pinned (all threads) to the core the
     # worker is not bound to, and the hogs with it; "any": not pinned (a busy machine)
     target: str

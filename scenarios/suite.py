@@ -211,13 +211,15 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
     # It uses ~10% of a core, so it takes little from the engine. Otherwise the client is pinned to a core
     # the engine's model runner is not bound to.
     attach = attach_command(scn, server, bundle)
-    starve_client = scn.hog is not None and scn.hog.target == "client"
+    starve_client = scn.hog is not None and scn.hog.target in ("client", "client_near")
     if client_rt and not starve_client:
         cmd = ["chrt", "-r", "1", *attach]
     elif starve_client:
         # a client short of CPU: its own session at a lower priority than the busy processes it shares its
         # core with (at equal priority the scheduler's wake-up preference kept its loop lag at 8 ms)
-        weak = min(19, nice + STARVED_CLIENT_OFFSET)
+        # client_near: the client at the busy processes' own priority (a client near its limit, not starved)
+        assert scn.hog is not None
+        weak = min(19, nice + (STARVED_CLIENT_OFFSET if scn.hog.target == "client" else scn.hog.nice_offset))
         cmd = ["taskset", "-c", str(ccore), "sh", "-c", f'echo {weak} > /proc/self/autogroup 2>/dev/null; exec "$@"',
                "sh", *attach]
     else:
