@@ -148,6 +148,11 @@ _CLIENT: list[_Entry] = [
 ]
 
 _DERIVED: list[_Entry] = [
+    ("itl_split_decode_ratio", "ratio", "share of the ITL P50 a decode step alone takes (the baseline's ITL P50)"),
+    ("itl_split_engine_load_ratio", "ratio", "share of the ITL P50 the engine under load adds (server ITL P50 above "
+     "a decode step alone: the batch, prefill chunks and preemption sharing its steps)"),
+    ("itl_split_outside_ratio", "ratio", "share of the ITL P50 outside the engine (client ITL P50 above the "
+     "server's: API server streaming, network, client)"),
     *[(f"{m}_over_slo_ratio", "ratio", f"measured {m.upper()} / its SLO (worst SLO term)") for m in SLO_METRICS],
     ("baseline_ttft_p50_ms", "ms", "TTFT P50 of the baseline (baseline phase or lowest load level) (ms)"),
     ("baseline_itl_p50_ms", "ms", "ITL P50 of the baseline (ms)"),
@@ -201,6 +206,10 @@ _OTEL: list[_Entry] = [
     ("join_matched_ratio", "ratio", "share of client requests joined to a server span"),
     ("ttft_queue_share_ratio", "ratio", "share of client TTFT spent queued (joined spans)"),
     ("ttft_prefill_share_ratio", "ratio", "share of client TTFT spent in prefill (joined spans)"),
+    *[(f"ttft_tail_{part}_share_ratio", "ratio", f"share of the slow requests' TTFT spent {what} (joined spans; the "
+       "requests at or above the percentile of the TTFT SLO, else the P90)")
+      for part, what in (("queue", "queued"), ("prefill", "in prefill"), ("frontend", "in the server frontend"),
+                         ("client_network", "in client and network"))],
     ("ttft_engine_share_ratio", "ratio", "share of client TTFT spent in the engine, queued or in prefill (joined "
      "spans)"),
     ("ttft_frontend_share_ratio", "ratio", "share of client TTFT spent in the server frontend (joined spans)"),

@@ -174,6 +174,13 @@ ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("TTFT, server histograms", (("server_ttft_split_queue_ratio", "queue"),
                                  ("server_ttft_split_prefill_ratio", "prefill"),
                                  ("server_ttft_split_outside_ratio", "API server + network + client"))),
+    ("TTFT of the slow requests, joined spans", (("ttft_tail_queue_share_ratio", "queue"),
+                                                  ("ttft_tail_prefill_share_ratio", "prefill"),
+                                                  ("ttft_tail_frontend_share_ratio", "frontend"),
+                                                  ("ttft_tail_client_network_share_ratio", "client + network"))),
+    ("ITL P50", (("itl_split_decode_ratio", "a decode step alone"),
+                 ("itl_split_engine_load_ratio", "the engine under load (batch, prefill chunks, preemption)"),
+                 ("itl_split_outside_ratio", "API server + network + client"))),
     ("requests in flight", (("api_server_in_flight_mean", "API server + network"),
                             ("queue_depth_mean", "engine waiting"), ("running_requests_mean", "engine running"))),
 )
@@ -188,7 +195,7 @@ def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
             continue
         got = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
                for n, lab in parts if n in signals and signals[n].is_finite()]
-        if len(got) == len(parts) or (label.startswith("TTFT, joined") and len(got) >= 3):
+        if len(got) == len(parts) or (label.startswith("TTFT") and "joined" in label and len(got) >= 3):
             rows.append({"label": label, "parts": got})
     return rows
 

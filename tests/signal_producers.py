@@ -109,7 +109,7 @@ def synthetic_sweep_with_every_slo(tmp: Path) -> Path:
 def synthetic_otel_join(tmp: Path) -> Path:
     from tests.test_otel_join import _bundle
 
-    return _bundle(tmp)
+    return _bundle(tmp, n=50)  # enough requests for the slow requests' own split (the 5 at or above the P90)
 
 
 def sample_with_engine_config(tmp: Path) -> Path:

@@ -130,7 +130,30 @@ def test_the_verdict_shows_where_the_time_went_with_shares_that_add_up() -> None
     assert sum(p["value"] for p in ttft) == pytest.approx(1.0)
     flight = {p["label"]: p["value"] for p in rows["requests in flight"]}
     assert flight["engine waiting"] == pytest.approx(a.signals["queue_depth_mean"].value)
+    # the median token: 1536-token prompts chunked into nearly every step make the engine's share dominate
+    itl = {p["label"]: p["value"] for p in rows["ITL P50"]}
+    assert list(itl) == ["a decode step alone", "the engine under load (batch, prefill chunks, preemption)",
+                         "API server + network + client"]
+    assert sum(itl.values()) == pytest.approx(1.0)
+    assert itl["the engine under load (batch, prefill chunks, preemption)"] > 0.9
+    assert "anywhere in its bucket [200, 300] ms" in a.signals["itl_split_engine_load_ratio"].description
     assert "Where the time went" in render_html(a)
+
+
+def test_the_itl_split_adds_up_against_a_decode_step() -> None:
+    from diagnose.normalize.derived import itl_split
+
+    def sig(**kw: float) -> dict[str, Signal]:
+        return {k: Signal(k, v, "ms", "t") for k, v in kw.items()}
+
+    s = itl_split(sig(itl_p50_ms=22.0, server_itl_p50_ms=20.0), sig(baseline_itl_p50_ms=5.0))
+    assert {k: v.value for k, v in s.items()} == pytest.approx(
+        {"itl_split_decode_ratio": 5 / 22, "itl_split_engine_load_ratio": 15 / 22, "itl_split_outside_ratio": 2 / 22})
+    # the server's interpolated P50 above the client's: nothing outside, shares of the server's
+    s = itl_split(sig(itl_p50_ms=4.0, server_itl_p50_ms=5.0), sig(baseline_itl_p50_ms=4.5))
+    assert s["itl_split_outside_ratio"].value == 0.0
+    assert sum(x.value for x in s.values()) == pytest.approx(1.0)
+    assert itl_split(sig(itl_p50_ms=4.0), sig(baseline_itl_p50_ms=4.5)) == {}  # no server histogram: no split
 
 
 def test_decode_stalls_from_recomputed_prefixes_are_the_prefix_misses_consequence() -> None:

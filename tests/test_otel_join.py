@@ -109,6 +109,24 @@ def test_join_ratio_and_ttft_shares(tmp_path: Path) -> None:
     assert s["span_requests_count"].value == 7
 
 
+def test_the_slow_requests_ttft_is_split_on_its_own(tmp_path: Path) -> None:
+    # request i queues (10 + 10 i) ms: the slowest requests are slow because they queue, which the mean over
+    # all requests dilutes; at or above the P90 of 50 requests: the 5 slowest, i = 45..49
+    import pandas as pd
+
+    t = otel.tables(open_bundle(_bundle(tmp_path, n=50)))
+    s = _signals(t)
+    slow = [2 + 10 + 10 * i + 30 + 1 for i in range(45, 50)]
+    assert s["ttft_tail_queue_share_ratio"].value == pytest.approx(sum(10 + 10 * i for i in range(45, 50)) / sum(slow))
+    assert s["ttft_tail_queue_share_ratio"].value > s["ttft_queue_share_ratio"].value
+    assert sum(s[f"ttft_tail_{k}_share_ratio"].value for k in ("queue", "prefill", "frontend", "client_network")) \
+        == pytest.approx(1.0)
+    assert "the 5 requests at or above the TTFT P90" in s["ttft_tail_queue_share_ratio"].description
+    # an SLO on TTFT P99 judges the requests at or above the P99: here 1 request, too few for a split
+    t["client_slo"] = pd.DataFrame([{"key": "ttft_p99", "limit_ms": 100.0}])
+    assert "ttft_tail_queue_share_ratio" not in _signals(t)
+
+
 def test_phase_windows_split_requests(tmp_path: Path) -> None:
     t = otel.tables(open_bundle(_bundle(tmp_path, n=10)))
     s0 = _signals(t, Window(-1e9, 1e9, phase=0, label="p0"))

@@ -61,6 +61,41 @@ def _reference(out: dict[str, Signal], bs: Mapping[str, Signal]) -> None:
 
 def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
+    out = _signals(run, phases, per_phase, manifest)
+    out.update(itl_split(run, out))
+    return out
+
+
+def itl_split(run: Mapping[str, Signal], derived: Mapping[str, Signal]) -> dict[str, Signal]:
+    """Where the median token's time went: the client's ITL P50 split into a decode step alone (the
+    baseline's ITL P50: one request, no other sequence or prefill chunk in its steps), the engine under load
+    (the server's ITL P50 above that: the batch, prefill chunks and preemption sharing the steps) and the
+    rest (client ITL P50 above the server's: API server streaming, network, client). Shares of the larger of
+    the two medians, so they add up to 1; the server's P50 comes from its histogram, and the description
+    gives the engine share's range over the P50's bucket."""
+    client, server = _val(run, "itl_p50_ms"), _val(run, "server_itl_p50_ms")
+    decode = _val(derived, "baseline_itl_p50_ms")
+    if client is None or server is None or decode is None or client <= 0 or server <= 0:
+        return {}
+    total = max(client, server)
+    step = min(decode, server)
+    lo, hi = _val(run, "server_itl_p50_bucket_lo_ms"), _val(run, "server_itl_p50_bucket_hi_ms")
+    rng = ""
+    if lo is not None and hi is not None and hi >= lo:
+        a, b = (max(0.0, min(x, total) - min(decode, x)) / total for x in (lo, hi))
+        rng = f"; with the server's P50 anywhere in its bucket [{lo:.3g}, {hi:.3g}] ms: {a:.0%}-{b:.0%}"
+    how = (f" (client ITL P50 {client:.3g} ms, server {server:.3g} ms, the baseline's decode step {decode:.3g} ms)")
+    out = {}
+    for name, v, extra in (("itl_split_decode_ratio", step / total, ""),
+                           ("itl_split_engine_load_ratio", (server - step) / total, rng),
+                           ("itl_split_outside_ratio", max(0.0, client - server) / total, "")):
+        sig = _sig(name, v)
+        out[name] = replace(sig, description=sig.description + how + extra)
+    return out
+
+
+def _signals(run: Mapping[str, Signal], phases: Sequence[Phase],
+             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
     slo = slo_terms(manifest)
     for metric in SLO_METRICS:

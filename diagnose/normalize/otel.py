@@ -223,6 +223,39 @@ def _share_series(df: pd.DataFrame, part: str, total: str, bin_s: float = 1.0) -
     return out
 
 
+TAIL_MIN_REQUESTS = 5  # the slow requests' split needs at least this many of them
+
+
+def _tail_pct(tables: dict[str, pd.DataFrame]) -> float:
+    """The percentile the TTFT SLO is set at (ttft_p99 -> 99), else 90: the slow requests are those at or above it."""
+    slo = tables.get("client_slo")
+    if slo is not None and not slo.empty and "key" in slo.columns:
+        for key in slo["key"].astype(str):
+            if key.startswith("ttft_p") and key[6:].replace(".", "", 1).isdigit():
+                return float(key[6:])
+    return 90.0
+
+
+def _tail_split(j: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], ...], pct: float,
+                note: str) -> list[Signal]:
+    """The TTFT split of the slow requests only: those at or above the ``pct`` percentile of TTFT (what an SLO
+    at that percentile judges), so a cause that hurts only the tail is not averaged away."""
+    tt = j[total_col].to_numpy(dtype=float)
+    if not np.isfinite(tt).any():
+        return []
+    tail = j[tt >= np.nanpercentile(tt, pct)]
+    total = float(np.nansum(tail[total_col].to_numpy(dtype=float)))
+    if len(tail) < TAIL_MIN_REQUESTS or total <= 0:
+        return []
+    out = []
+    for col, name in parts:
+        tname = name.replace("ttft_", "ttft_tail_", 1)
+        v = float(np.nansum(np.clip(tail[col].to_numpy(dtype=float), 0, None))) / total
+        out.append(_sig(tname, v, "ratio", f"{SIGNALS.get(tname, '')}: the {len(tail)} requests at or above the "
+                                           f"TTFT P{pct:g}{note}"))
+    return out
+
+
 def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     rb = tables.get("request_breakdown")
     if rb is None or rb.empty:
@@ -254,6 +287,7 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
             out.append(_sig(name, v, "ratio", SIGNALS.get(name, "") + note, _share_series(j, col, total_col)))
         engine = sum(float(np.nansum(np.clip(j[c].to_numpy(dtype=float), 0, None))) for c in ("queue_ms", "prefill_ms"))
         out.append(_sig("ttft_engine_share_ratio", engine / total, "ratio", SIGNALS["ttft_engine_share_ratio"] + note))
+        out.extend(_tail_split(j, total_col, parts, _tail_pct(tables), note))
     server = w[np.isfinite(w["server_ttft_ms"].to_numpy(dtype=float))]
     if len(server):
         out.append(_sig("span_requests_count", float(len(server)), "count", "server request spans in the window"))
