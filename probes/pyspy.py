@@ -359,12 +359,12 @@ class PySpyProbe:
                 if isinstance(th, dict)]})
 
     def _finish(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> ProbeStatus:
+        gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
+        note = f"; process(es) exited during the capture: {', '.join(gone)}" if gone else ""
         if not self.stacks:
-            gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
             detail = {"processes": {str(p.pid): {"role": p.role, "name": p.name, "exited": p.pid in self._gone}
                                     for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False}
-            return ProbeStatus(self.name, "ok", ("process(es) exited during the capture: " + ", ".join(gone))
-                               if gone else "", detail)
+            return ProbeStatus(self.name, "ok", note.lstrip("; "), detail)
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:
@@ -389,8 +389,6 @@ class PySpyProbe:
         cost = sum(r.cpu_s for r in self._recorders) + self._dump_cpu_s
         detail = {"processes": per_proc, "rate_hz": self.rate_hz, "nonblocking": self.nonblocking,
                   "pyspy_cpu_s": round(cost, 3), "samples": total}
-        gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
-        note = f"; process(es) exited during the capture: {', '.join(gone)}" if gone else ""
         if total == 0:
             runs = ", ".join(f"{r.proc.role} {r.proc.pid}: {r.windows} run(s), exit {r.returncode}"
                              for r in self._recorders)
