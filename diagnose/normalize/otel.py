@@ -226,6 +226,11 @@ def _share_series(df: pd.DataFrame, part: str, total: str, bin_s: float = 1.0) -
 TAIL_MIN_REQUESTS = 5  # the slow requests' split needs at least this many of them
 
 
+def _part_shares(j: pd.DataFrame, parts: tuple[tuple[str, str], ...], total: float) -> dict[str, float]:
+    """Each part column's sum (negatives clipped) over ``total``: the TTFT split of the requests in ``j``."""
+    return {col: float(np.nansum(np.clip(j[col].to_numpy(dtype=float), 0, None))) / total for col, _ in parts}
+
+
 def _tail_pct(tables: dict[str, pd.DataFrame]) -> float:
     """The percentile the TTFT SLO is set at (ttft_p99 -> 99), else 90: the slow requests are those at or above it."""
     slo = tables.get("client_slo")
@@ -247,12 +252,12 @@ def _tail_split(j: pd.DataFrame, total_col: str, parts: tuple[tuple[str, str], .
     total = float(np.nansum(tail[total_col].to_numpy(dtype=float)))
     if len(tail) < TAIL_MIN_REQUESTS or total <= 0:
         return []
+    shares = _part_shares(tail, parts, total)
     out = []
     for col, name in parts:
         tname = name.replace("ttft_", "ttft_tail_", 1)
-        v = float(np.nansum(np.clip(tail[col].to_numpy(dtype=float), 0, None))) / total
-        out.append(_sig(tname, v, "ratio", f"{SIGNALS.get(tname, '')}: the {len(tail)} requests at or above the "
-                                           f"TTFT P{pct:g}{note}"))
+        out.append(_sig(tname, shares[col], "ratio", f"{SIGNALS.get(tname, '')}: the {len(tail)} requests at or "
+                                                     f"above the TTFT P{pct:g}{note}"))
     return out
 
 
@@ -282,11 +287,11 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         note = " (of server TTFT: no client timings joined)"
     total = float(np.nansum(j[total_col].to_numpy(dtype=float))) if len(j) else 0.0
     if total > 0:
+        shares = _part_shares(j, parts, total)
         for col, name in parts:
-            v = float(np.nansum(np.clip(j[col].to_numpy(dtype=float), 0, None))) / total
-            out.append(_sig(name, v, "ratio", SIGNALS.get(name, "") + note, _share_series(j, col, total_col)))
-        engine = sum(float(np.nansum(np.clip(j[c].to_numpy(dtype=float), 0, None))) for c in ("queue_ms", "prefill_ms"))
-        out.append(_sig("ttft_engine_share_ratio", engine / total, "ratio", SIGNALS["ttft_engine_share_ratio"] + note))
+            out.append(_sig(name, shares[col], "ratio", SIGNALS.get(name, "") + note, _share_series(j, col, total_col)))
+        out.append(_sig("ttft_engine_share_ratio", shares["queue_ms"] + shares["prefill_ms"], "ratio",
+                        SIGNALS["ttft_engine_share_ratio"] + note))
         out.extend(_tail_split(j, total_col, parts, _tail_pct(tables), note))
     server = w[np.isfinite(w["server_ttft_ms"].to_numpy(dtype=float))]
     if len(server):
