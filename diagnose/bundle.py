@@ -343,10 +343,13 @@ class BundleWriter:
 
 # ---------------------------------------------------------------------------------------------------
 MAX_LINE = 32 << 20  # a stream line longer than this is skipped and counted (never held whole in memory)
-# which probe writes which stream: a stream the manifest lists but that is missing or emptied marks its probe
-STREAM_PROBE = {"requests": "load", "chunks": "load", "phases": "load", "client_health": "load",
-                "metrics": "prometheus", "metric_families": "prometheus", "host_samples": "pyspy",  # or "host": see below
-                "gpu_samples": "nvml", "spans": "otel"}
+# which probe writes which stream: a stream the manifest lists but that is missing or emptied marks its probe;
+# host_samples has two possible writers (py-spy with stacks, or the host probe's counters alone), and the one
+# the manifest lists is the one that ran
+STREAM_PROBE: dict[str, tuple[str, ...]] = {
+    "requests": ("load",), "chunks": ("load",), "phases": ("load",), "client_health": ("load",),
+    "metrics": ("prometheus",), "metric_families": ("prometheus",), "host_samples": ("pyspy", "host"),
+    "gpu_samples": ("nvml",), "spans": ("otel",)}
 
 
 def regular_file(p: Path) -> bool:
@@ -618,9 +621,9 @@ class Bundle:
             listed = entry.get("records")
             n = listed if isinstance(listed, int) and not isinstance(listed, bool) and listed >= 0 else None
             p = self.stream_file(name)
-            probe = STREAM_PROBE.get(name)
-            if name == "host_samples" and "host" in (self.manifest.get("probes") or {}):
-                probe = "host"  # the counters without stacks (probes/host_cpu.py)
+            writers = STREAM_PROBE.get(name, ())
+            ran = self.manifest.get("probes") or {}
+            probe = next((w for w in writers if w in ran), writers[0] if writers else None)
             if p is None:
                 what = f"stream {name} is listed in the manifest" + (f" with {n} records" if n else "")
                 self.warn(f"{self.path}: {what} but its file is missing or unreadable")
