@@ -859,9 +859,19 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
     else:
         outcome, reason = "inconclusive", "no predicted move is significant"
     if outcome in ("confirmed", "refuted"):
-        confound = host_confound(before, after, outcome, good, judged, cause.experiment.expect, c.noise)
+        occupancy = occupancy_moves(before, after, lv.label, moves)
+        confound = host_confound(before, after, outcome, good, judged, cause.experiment.expect, c.noise, occupancy)
         if confound:
             outcome, reason = "inconclusive", confound
+        else:
+            drift = reference_drift(before, after)
+            if drift is not None and _occupancy_settles(outcome, occupancy, c.noise):
+                counts = ", ".join(f"{m.signal} {m.a:.3g} -> {m.b:.3g} (expected {m.expect})" for m in occupancy)
+                how = "moved as predicted" if outcome == "confirmed" else "did not move as predicted"
+                reason = (f"in this closed loop at {lv.label} the engine's occupancy {how}: {counts}; the host "
+                          f"ran at a different speed (the concurrency-1 reference moved {drift[2]:+.0%}), which "
+                          f"moves latencies but not how many requests the engine admits, so the latency moves "
+                          f"may be partly the host's ({reason})")
     slo = (after.manifest.get("options") or {}).get("slo") or {}
     broken = []
     if isinstance(slo, dict):
@@ -887,7 +897,7 @@ def _speed_signal(sig: str) -> bool:
 
 
 def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequence[Move], judged: Sequence[Move],
-                  expect: Sequence[tuple[str, str]], noise: float) -> str:
+                  expect: Sequence[tuple[str, str]], noise: float, occupancy: Sequence[Move] = ()) -> str:
     """Why ``outcome`` cannot be told from a change of host speed, or "" when it can.
 
     The concurrency-1 reference phase is the same load in both runs (``host_drift``). When it moved more than
@@ -895,7 +905,13 @@ def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequenc
     faster in the second run, TTFT -46%, and a flag that changes nothing "confirmed"). A confirmation stands
     only if one predicted move lies wholly beyond what the host's factor explains, or goes against it; a
     refutation only if the host's change did not push against the prediction (a slower host can mask a real
-    gain). Not applied when the experiment itself predicts single-request speed to change."""
+    gain). Not applied when the experiment itself predicts single-request speed to change.
+
+    Neither holds for ``occupancy`` (``occupancy_moves``): in a closed loop at the same concurrency, how many
+    requests the engine runs or queues is set by its admission (the batch cap, the KV blocks), not by how fast
+    the host is, so a predicted occupancy move that happened confirms, and one that did not happen refutes,
+    whatever the reference did (CI: the reference +139% while a cap that no flag had raised still held the
+    running requests at 2 -> 2)."""
     if any(_speed_signal(sig) for sig, _ in expect):
         return ""
     ref = reference_drift(before, after)
@@ -926,12 +942,54 @@ def host_confound(before: Analysis, after: Analysis, outcome: str, good: Sequenc
 
     what = (f"the host ran at a different speed: the concurrency-1 reference phase (the same load in both runs) "
             f"moved {drift:+.0%} (ITL P50 {va:.2f} -> {vb:.2f} ms)")
+    settled = _occupancy_settles(outcome, occupancy, noise)
+    if settled:
+        return ""
     if outcome == "confirmed" and good and all(explained(m) for m in good):
         return (f"{what}, as much as the predicted moves ({', '.join(f'{m.signal} {m.rel:+.0%}' for m in good)}); "
                 "capture both runs again")
     if outcome == "refuted" and any(against(m) for m in judged):
         return f"{what}, against the predicted moves, which it could mask; capture both runs again"
     return ""
+
+
+OCCUPANCY = ("running_requests_max", "running_requests_mean", "queue_depth_mean", "queue_depth_max")
+
+
+def _closed_at(a: Analysis, label: str) -> float | None:
+    """The concurrency of the measured phase ``label`` when it is a closed loop, else None."""
+    for p in a.phases:
+        if not p.is_baseline and _label(p) == label:
+            return p.concurrency if p.level_kind == "concurrency" and p.concurrency else None
+    return None
+
+
+def occupancy_moves(before: Analysis, after: Analysis, level: str, moves: Sequence[Move]) -> list[Move]:
+    """The predicted moves of engine occupancy (running, queued) when both runs held the same closed-loop
+    concurrency at ``level``: counts the host's speed does not set (``host_confound``). Empty otherwise."""
+    ca, cb = _closed_at(before, level), _closed_at(after, level)
+    if ca is None or ca != cb:
+        return []
+    return [m for m in moves if m.signal in OCCUPANCY and m.expect in ("up", "down")
+            and math.isfinite(m.a) and math.isfinite(m.b)]
+
+
+def occupancy_outcome(m: Move, noise: float) -> str:
+    """"as expected", "opposite" or "no change" for an occupancy point value: a change counts when it is at
+    least one request and beyond the noise band (a cap holds a maximum exactly: 2 -> 2)."""
+    d = m.b - m.a
+    if abs(d) < 1.0 or (m.a > 0 and abs(d) / m.a <= noise):
+        return "no change"
+    return "as expected" if (d > 0) == (m.expect == "up") else "opposite"
+
+
+def _occupancy_settles(outcome: str, occupancy: Sequence[Move], noise: float) -> bool:
+    states = [occupancy_outcome(m, noise) for m in occupancy]
+    if outcome == "confirmed":
+        return "as expected" in states and "opposite" not in states
+    if outcome == "refuted":
+        return bool(states) and "as expected" not in states
+    return False
 
 
 def _phase_signals(a: Analysis, label: str) -> Mapping[str, Signal]:

@@ -172,7 +172,7 @@ class Phase:
     role: PhaseRole
     start_s: float
     end_s: float
-    mode: str = ""  # "closed" (concurrency) | "open" (rate)
+    mode: str = ""  # as the load wrote it: "concurrency" (closed loop), "rate" (open loop), "replay", ...
     concurrency: float | None = None
     rate: float | None = None
     arrival: str = ""

@@ -401,5 +401,56 @@ def test_verify_does_not_credit_the_host_with_the_setting(tmp_path: Path) -> Non
     assert cmp.verify(a, with_reference(beyond, 0.54), resamples=300).outcome == "confirmed"
     # nothing moved: refuted on a steady or faster host, but not when the host got slower meanwhile
     assert cmp.verify(a, with_reference(analyze(QUEUE), 0.7), resamples=300).outcome == "refuted"
-    masked = cmp.verify(a, with_reference(analyze(QUEUE), 1.3), resamples=300)
+    # a slower host could mask a real gain in the latencies; where nothing but latencies was predicted (the
+    # occupancy signals not measured), the refutation is withheld
+    def without_occupancy(an: Any) -> Any:
+        for sig in (an.signals, *an.phase_signals):
+            for k in cmp.OCCUPANCY:
+                sig.pop(k, None)
+        return an
+
+    masked = cmp.verify(without_occupancy(analyze(QUEUE)), without_occupancy(with_reference(analyze(QUEUE), 1.3)),
+                        resamples=300)
     assert masked.outcome == "inconclusive" and "could mask" in masked.reason, masked.reason
+
+
+def test_occupancy_in_a_closed_loop_settles_what_host_speed_cannot(tmp_path: Path) -> None:
+    """CI: a refute experiment (a flag that does not raise the batch cap) came out "inconclusive" because the
+    concurrency-1 reference ran 139% slower, which could have masked a TTFT gain, though the running requests
+    stayed at the cap, 2 -> 2. In a closed loop at the same concurrency, how many requests the engine admits is
+    set by its limits, not by the host's speed: an occupancy move that did not happen refutes, one that did
+    confirms, whatever the reference did; the latency moves alone still do not."""
+    import dataclasses
+
+    def edited(an: Any, ref_factor: float, **values: float) -> Any:
+        ref = an.signals["baseline_itl_p50_ms"]
+        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * ref_factor)
+        for sig in (an.signals, *an.phase_signals):
+            for k, v in values.items():
+                if k in sig:
+                    sig[k] = dataclasses.replace(sig[k], value=v)
+        return an
+
+    a = analyze(QUEUE)
+    assert a.signals["running_requests_max"].value == 2.0  # the sample's cap
+    # nothing changed, the host slower: the cap still holds the running requests at 2, so refuted
+    slow = cmp.verify(a, edited(analyze(QUEUE), 1.3), resamples=300)
+    assert slow.outcome == "refuted", slow.reason
+    assert "did not move as predicted: running_requests_max 2 -> 2 (expected up)" in slow.reason, slow.reason
+    assert "+30%" in slow.reason
+    # TTFT -45% on a host 46% faster: explained by the host alone, unless the engine admitted more requests
+    fast = analyze(_rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55))
+    assert cmp.verify(a, edited(fast, 0.54), resamples=300).outcome == "inconclusive"
+    raised = cmp.verify(a, edited(analyze(_rewrite(QUEUE, tmp_path / "y055", ttft_scale=0.55)), 0.54,
+                                  running_requests_max=8.0), resamples=300)
+    assert raised.outcome == "confirmed", raised.reason
+    assert "moved as predicted: running_requests_max 2 -> 8 (expected up)" in raised.reason, raised.reason
+    # an occupancy move the other way, or one within a request, settles nothing
+    fewer = cmp.verify(a, edited(analyze(_rewrite(QUEUE, tmp_path / "z055", ttft_scale=0.55)), 0.54,
+                                 running_requests_max=1.5), resamples=300)
+    assert fewer.outcome == "inconclusive", fewer.reason
+    moves = [cmp.Move("running_requests_max", "up", 2.0, 2.0, 0.0, None, "point values only"),
+             cmp.Move("queue_depth_mean", "down", 11.8, 3.0, -0.75, None, "point values only")]
+    assert [cmp.occupancy_outcome(m, 0.05) for m in moves] == ["no change", "as expected"]
+    assert cmp.occupancy_outcome(cmp.Move("queue_depth_mean", "down", 11.8, 11.2, -0.05, None, ""), 0.05) == \
+        "no change"
