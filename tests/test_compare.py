@@ -67,6 +67,37 @@ def _rewrite(src: Path, dst: Path, ttft_scale: float = 1.0, manifest: dict[str, 
     return dst
 
 
+def _reference_scaled(src: Path, dst: Path, factor: float) -> Path:
+    """A copy of a bundle whose concurrency-1 reference phase runs ``factor`` times as slow after the first
+    token (every gap of every request of that phase scaled: a host of another speed throughout the reference;
+    TTFT and the measured phases unchanged)."""
+    shutil.copytree(src, dst)
+    with gzip.open(src / "phases.jsonl.gz", "rb") as f:
+        base = {p["phase"] for p in map(orjson.loads, f) if p.get("role") == "baseline"}
+    first: dict[str, int] = {}
+    out = []
+    with gzip.open(src / "requests.jsonl.gz", "rb") as f:
+        for line in f:
+            r = orjson.loads(line)
+            if r.get("phase") in base and isinstance(r.get("first_token_ns"), int):
+                f0 = first[r["rid"]] = r["first_token_ns"]
+                r["end_ns"] = f0 + int((r["end_ns"] - f0) * factor)
+            out.append(orjson.dumps(r))
+    with gzip.open(dst / "requests.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(out) + b"\n")
+    chunks = []
+    with gzip.open(src / "chunks.jsonl.gz", "rb") as f:
+        for line in f:
+            c = orjson.loads(line)
+            if c.get("rid") in first:
+                f0 = first[c["rid"]]
+                c["t_ns"] = [f0 + int((t - f0) * factor) for t in c["t_ns"]]
+            chunks.append(orjson.dumps(c))
+    with gzip.open(dst / "chunks.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(chunks) + b"\n")
+    return dst
+
+
 # -- one definition -----------------------------------------------------------------------------------------
 def test_point_estimates_are_the_analysis_signals(queue: Any) -> None:
     levels = cmp.run_levels(queue)
@@ -334,24 +365,29 @@ def test_a_cold_server_against_a_warm_one_is_a_variable_changed() -> None:
     assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["changed"] == []
 
 
-def test_a_reference_phase_that_moved_is_reported_as_host_drift() -> None:
-    """Same run against itself: no drift; the B side's concurrency-1 reference 28% slower (as a busy host
-    made it on this machine): reported in comparability, in the text and in the HTML, verdicts untouched."""
-    import dataclasses
-
+def test_a_reference_phase_that_moved_is_reported_as_host_drift(tmp_path: Path) -> None:
+    """Same run against itself: no drift; the B side's concurrency-1 reference 50% slower throughout:
+    reported in comparability, in the text and in the HTML, verdicts untouched. A move its own 8 requests
+    cannot tell from noise is not (CI: the point value of such a reference moved 24-61% in A/A pairs)."""
     from diagnose.cli.compare import comparison_lines
     from diagnose.reports.compare import render_comparison
 
-    a, b = analyze(QUEUE), analyze(QUEUE)
-    assert cmp.compare(a, b, resamples=100).comparability["host_drift"] == []
-    ref = a.signals["baseline_itl_p50_ms"]
-    b.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * 1.28)
+    a = analyze(QUEUE)
+    assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["host_drift"] == []
+    b = analyze(_reference_scaled(QUEUE, tmp_path / "slow", 1.5))
+    assert b.signals["baseline_itl_p50_ms"].value == pytest.approx(1.5 * a.signals["baseline_itl_p50_ms"].value)
     c = cmp.compare(a, b, resamples=100)
     [d] = c.comparability["host_drift"]
-    assert "+28%" in d and "ITL P50" in d
+    assert "+50%" in d and "ITL P50" in d
     assert c.to_json()["levels"] == cmp.compare(a, analyze(QUEUE), resamples=100).to_json()["levels"]
     assert any(line.strip().startswith("note: the concurrency-1 reference") for line in comparison_lines(c))
-    assert "+28%" in render_comparison(c.to_json())
+    assert "+50%" in render_comparison(c.to_json())
+    # +20%: beyond the 10% band as a point value, but these 8 requests' ITL medians range 4.2-7.4 ms, so
+    # the interval of the move (resampling them) reaches inside it: not called a host of another speed
+    near = analyze(_reference_scaled(QUEUE, tmp_path / "near", 1.2))
+    assert near.signals["baseline_itl_p50_ms"].value / a.signals["baseline_itl_p50_ms"].value - 1 > cmp.HOST_DRIFT_MIN
+    assert cmp.compare(a, near, resamples=100).comparability["host_drift"] == []
+    assert cmp.reference_drift(a, near) is None
 
 
 def test_a_replay_keeps_its_reference_phase_so_host_drift_is_measured() -> None:
@@ -370,37 +406,29 @@ def test_a_replay_keeps_its_reference_phase_so_host_drift_is_measured() -> None:
     assert out["baseline_itl_p50_ms"].value == 3.9 and out["baseline_ttft_p50_ms"].value == 40.0
     assert "load_vs_baseline_ratio" not in out  # a replay has no offered level to set against it
 
-    import dataclasses
-
-    a, b = analyze(QUEUE), analyze(QUEUE)
-    for an, v in ((a, 3.9), (b, 4.7)):  # two replays' references, B's 21% slower
-        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(out["baseline_itl_p50_ms"], value=v)
-    [d] = cmp.compare(a, b, resamples=100).comparability["host_drift"]
-    assert "+21%" in d
 
 
 def test_verify_does_not_credit_the_host_with_the_setting(tmp_path: Path) -> None:
     """CI: a refute experiment (a flag that changes nothing here) came out "confirmed" because the second
     server ran on a faster host: its concurrency-1 reference 46% faster, TTFT -46%. A move the host's change
     explains is no confirmation, and a slower host can mask a real gain; a move far beyond it stands."""
-    import dataclasses
-
-    def with_reference(an: Any, factor: float) -> Any:
-        ref = an.signals["baseline_itl_p50_ms"]
-        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * factor)
-        return an
+    def ref(src: Path, name: str, factor: float) -> Any:
+        return analyze(_reference_scaled(src, tmp_path / name, factor))
 
     a = analyze(QUEUE)
-    host_like = analyze(_rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55))
-    v = cmp.verify(a, with_reference(host_like, 0.54), resamples=300)
+    host_like = _rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55)
+    v = cmp.verify(a, ref(host_like, "x055r", 0.54), resamples=300)
     assert v.outcome == "inconclusive" and "host ran at a different speed" in v.reason, v.reason
     assert "-46%" in v.reason
     assert cmp.verify(a, analyze(_rewrite(QUEUE, tmp_path / "y055", ttft_scale=0.55)),
                       resamples=300).outcome == "confirmed"  # the same move on a steady host
-    beyond = analyze(_rewrite(QUEUE, tmp_path / "x02", ttft_scale=0.2))
-    assert cmp.verify(a, with_reference(beyond, 0.54), resamples=300).outcome == "confirmed"
+    beyond = _rewrite(QUEUE, tmp_path / "x02", ttft_scale=0.2)
+    assert cmp.verify(a, ref(beyond, "x02r", 0.54), resamples=300).outcome == "confirmed"
     # nothing moved: refuted on a steady or faster host, but not when the host got slower meanwhile
-    assert cmp.verify(a, with_reference(analyze(QUEUE), 0.7), resamples=300).outcome == "refuted"
+    faster = ref(QUEUE, "f06", 0.6)
+    assert cmp.reference_drift(a, faster) is not None  # a faster host, told from the reference's noise
+    assert cmp.verify(a, faster, resamples=300).outcome == "refuted"
+
     # a slower host could mask a real gain in the latencies; where nothing but latencies was predicted (the
     # occupancy signals not measured), the refutation is withheld
     def without_occupancy(an: Any) -> Any:
@@ -409,7 +437,7 @@ def test_verify_does_not_credit_the_host_with_the_setting(tmp_path: Path) -> Non
                 sig.pop(k, None)
         return an
 
-    masked = cmp.verify(without_occupancy(analyze(QUEUE)), without_occupancy(with_reference(analyze(QUEUE), 1.3)),
+    masked = cmp.verify(without_occupancy(analyze(QUEUE)), without_occupancy(ref(QUEUE, "m15", 1.5)),
                         resamples=300)
     assert masked.outcome == "inconclusive" and "could mask" in masked.reason, masked.reason
 
@@ -422,9 +450,8 @@ def test_occupancy_in_a_closed_loop_settles_what_host_speed_cannot(tmp_path: Pat
     confirms, whatever the reference did; the latency moves alone still do not."""
     import dataclasses
 
-    def edited(an: Any, ref_factor: float, **values: float) -> Any:
-        ref = an.signals["baseline_itl_p50_ms"]
-        an.signals["baseline_itl_p50_ms"] = dataclasses.replace(ref, value=ref.value * ref_factor)
+    def edited(src: Path, name: str, ref_factor: float, **values: float) -> Any:
+        an = analyze(_reference_scaled(src, tmp_path / name, ref_factor))
         for sig in (an.signals, *an.phase_signals):
             for k, v in values.items():
                 if k in sig:
@@ -434,20 +461,18 @@ def test_occupancy_in_a_closed_loop_settles_what_host_speed_cannot(tmp_path: Pat
     a = analyze(QUEUE)
     assert a.signals["running_requests_max"].value == 2.0  # the sample's cap
     # nothing changed, the host slower: the cap still holds the running requests at 2, so refuted
-    slow = cmp.verify(a, edited(analyze(QUEUE), 1.3), resamples=300)
+    slow = cmp.verify(a, edited(QUEUE, "slow", 1.5), resamples=300)
     assert slow.outcome == "refuted", slow.reason
     assert "did not move as predicted: running_requests_max 2 -> 2 (expected up)" in slow.reason, slow.reason
-    assert "+30%" in slow.reason
+    assert "+50%" in slow.reason
     # TTFT -45% on a host 46% faster: explained by the host alone, unless the engine admitted more requests
-    fast = analyze(_rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55))
-    assert cmp.verify(a, edited(fast, 0.54), resamples=300).outcome == "inconclusive"
-    raised = cmp.verify(a, edited(analyze(_rewrite(QUEUE, tmp_path / "y055", ttft_scale=0.55)), 0.54,
-                                  running_requests_max=8.0), resamples=300)
+    fast = _rewrite(QUEUE, tmp_path / "x055", ttft_scale=0.55)
+    assert cmp.verify(a, edited(fast, "fast", 0.54), resamples=300).outcome == "inconclusive"
+    raised = cmp.verify(a, edited(fast, "raised", 0.54, running_requests_max=8.0), resamples=300)
     assert raised.outcome == "confirmed", raised.reason
     assert "moved as predicted: running_requests_max 2 -> 8 (expected up)" in raised.reason, raised.reason
-    # an occupancy move the other way, or one within a request, settles nothing
-    fewer = cmp.verify(a, edited(analyze(_rewrite(QUEUE, tmp_path / "z055", ttft_scale=0.55)), 0.54,
-                                 running_requests_max=1.5), resamples=300)
+    # an occupancy move within a request settles nothing
+    fewer = cmp.verify(a, edited(fast, "fewer", 0.54, running_requests_max=1.5), resamples=300)
     assert fewer.outcome == "inconclusive", fewer.reason
     moves = [cmp.Move("running_requests_max", "up", 2.0, 2.0, 0.0, None, "point values only"),
              cmp.Move("queue_depth_mean", "down", 11.8, 3.0, -0.75, None, "point values only")]
