@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,34 +32,50 @@ def queue() -> Any:
     return analyze(QUEUE)
 
 
+def _rows(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rb") as f:
+        return [orjson.loads(line) for line in f]
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    with gzip.open(path, "wb") as f:
+        f.write(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+
+
+def _retime(src: Path, dst: Path, request: Callable[[dict[str, Any]], Callable[[int], int] | None]) -> Path:
+    """A copy of a bundle in which ``request(row)`` may edit a request row and return how to move the times of
+    its chunks (None: leave them)."""
+    shutil.copytree(src, dst)
+    moves: dict[str, Callable[[int], int]] = {}
+    rows = _rows(src / "requests.jsonl.gz")
+    for r in rows:
+        mv = request(r)
+        if mv is not None:
+            moves[r["rid"]] = mv
+    _write_rows(dst / "requests.jsonl.gz", rows)
+    chunks = _rows(src / "chunks.jsonl.gz")
+    for c in chunks:
+        mv = moves.get(c.get("rid"))
+        if mv is not None:
+            c["t_ns"] = [mv(t) for t in c["t_ns"]]
+    _write_rows(dst / "chunks.jsonl.gz", chunks)
+    return dst
+
+
 def _rewrite(src: Path, dst: Path, ttft_scale: float = 1.0, manifest: dict[str, Any] | None = None) -> Path:
     """A copy of a bundle whose measured requests' TTFT is scaled by ``ttft_scale`` (first token, chunks and
     end shifted together, so ITL is unchanged)."""
-    shutil.copytree(src, dst)
-    shift: dict[str, int] = {}
-    out = []
-    with gzip.open(src / "requests.jsonl.gz", "rb") as f:
-        for line in f:
-            r = orjson.loads(line)
-            if r.get("ok") and not r.get("warmup") and isinstance(r.get("first_token_ns"), int):
-                d = int((r["first_token_ns"] - r["sent_ns"]) * (ttft_scale - 1.0))
-                shift[r["rid"]] = d
-                r["first_token_ns"] += d
-                r["end_ns"] += d
-                if isinstance(r.get("headers_ns"), int):
-                    r["headers_ns"] = min(r["headers_ns"], r["first_token_ns"])
-            out.append(orjson.dumps(r))
-    with gzip.open(dst / "requests.jsonl.gz", "wb") as f:
-        f.write(b"\n".join(out) + b"\n")
-    chunks = []
-    with gzip.open(src / "chunks.jsonl.gz", "rb") as f:
-        for line in f:
-            c = orjson.loads(line)
-            d = shift.get(c.get("rid"), 0)
-            c["t_ns"] = [t + d for t in c["t_ns"]]
-            chunks.append(orjson.dumps(c))
-    with gzip.open(dst / "chunks.jsonl.gz", "wb") as f:
-        f.write(b"\n".join(chunks) + b"\n")
+    def scale(r: dict[str, Any]) -> Callable[[int], int] | None:
+        if not (r.get("ok") and not r.get("warmup") and isinstance(r.get("first_token_ns"), int)):
+            return None
+        d = int((r["first_token_ns"] - r["sent_ns"]) * (ttft_scale - 1.0))
+        r["first_token_ns"] += d
+        r["end_ns"] += d
+        if isinstance(r.get("headers_ns"), int):
+            r["headers_ns"] = min(r["headers_ns"], r["first_token_ns"])
+        return lambda t: t + d
+
+    _retime(src, dst, scale)
     if manifest:
         m = orjson.loads((dst / "manifest.json").read_bytes())
         for k, v in manifest.items():
@@ -71,32 +88,16 @@ def _reference_scaled(src: Path, dst: Path, factor: float) -> Path:
     """A copy of a bundle whose concurrency-1 reference phase runs ``factor`` times as slow after the first
     token (every gap of every request of that phase scaled: a host of another speed throughout the reference;
     TTFT and the measured phases unchanged)."""
-    shutil.copytree(src, dst)
-    with gzip.open(src / "phases.jsonl.gz", "rb") as f:
-        base = {p["phase"] for p in map(orjson.loads, f) if p.get("role") == "baseline"}
-    first: dict[str, int] = {}
-    out = []
-    with gzip.open(src / "requests.jsonl.gz", "rb") as f:
-        for line in f:
-            r = orjson.loads(line)
-            if r.get("phase") in base and isinstance(r.get("first_token_ns"), int):
-                f0 = first[r["rid"]] = r["first_token_ns"]
-                r["end_ns"] = f0 + int((r["end_ns"] - f0) * factor)
-            out.append(orjson.dumps(r))
-    with gzip.open(dst / "requests.jsonl.gz", "wb") as f:
-        f.write(b"\n".join(out) + b"\n")
-    chunks = []
-    with gzip.open(src / "chunks.jsonl.gz", "rb") as f:
-        for line in f:
-            c = orjson.loads(line)
-            if c.get("rid") in first:
-                f0 = first[c["rid"]]
-                c["t_ns"] = [f0 + int((t - f0) * factor) for t in c["t_ns"]]
-            chunks.append(orjson.dumps(c))
-    with gzip.open(dst / "chunks.jsonl.gz", "wb") as f:
-        f.write(b"\n".join(chunks) + b"\n")
-    return dst
+    base = {p["phase"] for p in _rows(src / "phases.jsonl.gz") if p.get("role") == "baseline"}
 
+    def slow(r: dict[str, Any]) -> Callable[[int], int] | None:
+        if r.get("phase") not in base or not isinstance(r.get("first_token_ns"), int):
+            return None
+        f0 = r["first_token_ns"]
+        r["end_ns"] = f0 + int((r["end_ns"] - f0) * factor)
+        return lambda t: f0 + int((t - f0) * factor)
+
+    return _retime(src, dst, slow)
 
 # -- one definition -----------------------------------------------------------------------------------------
 def test_point_estimates_are_the_analysis_signals(queue: Any) -> None:
