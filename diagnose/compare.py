@@ -16,6 +16,12 @@ signals are (tests/test_compare.py checks them against ``Analysis.phase_signals`
   ``goodput_ratio`` (each request with all its token gaps for ITL), and blocks of time for the throughputs
   (``output_tps``, ``request_rps``, ``goodput_rps``), which have no per-request value.
 
+* a level run several times in one capture (``attach --repeat N``) is resampled in **two stages**: the runs
+  with replacement, then the blocks (or requests) within each drawn run. The spread between the runs, a host
+  that drifted over the capture, then widens the interval the way it separates two captures; one run's
+  blocks alone would not see it. Each run's values of a few headline metrics and their range as a share of
+  the median run are reported (``spread``).
+
 A and B are resampled independently; the interval of the difference (B - A) and of the relative change
 (B / A - 1) is the percentile interval of the resampled differences. A metric is *better* or *worse* only
 when its interval excludes zero.
@@ -94,10 +100,21 @@ class LevelSample:
     span_s: float
     start_s: float
     cost_per_hour: float | None = None  # the deployment's price per hour (--cost-per-hour)
+    # a level run several times (--repeat): the runs one by one, and the ok requests and time blocks of the
+    # pooled sample grouped by run (request / block index offsets, one more than the runs), each block's length
+    repeats: list[LevelSample] = field(default_factory=list)
+    blocks: np.ndarray | None = None
+    req_off: np.ndarray | None = None
+    block_off: np.ndarray | None = None
+    block_dur: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return len(self.end_s)
+
+    @property
+    def runs(self) -> int:
+        return max(1, len(self.repeats))
 
 
 def _good(ok: pd.DataFrame, gaps: pd.DataFrame, slo: pd.DataFrame | None) -> np.ndarray | None:
@@ -136,7 +153,9 @@ def level_sample(tables: Mapping[str, pd.DataFrame], window: Window, label: str,
 
 
 def run_levels(a: Analysis) -> list[LevelSample]:
-    """One sample per measured load phase (a run without phases: one sample of its run window)."""
+    """One sample per measured load level (a run without phases: one sample of its run window). A level run
+    several times (``--repeat``) is one sample that pools its runs and keeps them apart for the resampling
+    (``bootstrap``: runs first, then blocks within each run) and for the run-to-run spread."""
     measured = [p for p in a.phases if not p.is_baseline]
     out: list[LevelSample] = []
     if not measured:
@@ -145,10 +164,62 @@ def run_levels(a: Analysis) -> list[LevelSample]:
             if s is not None:
                 out.append(s)
         return out
-    for p in measured:
+    groups: dict[tuple[str, float | None], list[LevelSample]] = {}
+    for p in sorted(measured, key=lambda p: (p.repeat, p.phase)):
         s = level_sample(a.tables, p.window(), _label(p), p.level_kind, p.level)
         if s is not None:
-            out.append(s)
+            groups.setdefault(p.level_key, []).append(s)
+    return [parts[0] if len(parts) == 1 else pooled(parts) for parts in groups.values()]
+
+
+def pooled(parts: Sequence[LevelSample]) -> LevelSample:
+    """Several runs of one level as one sample: their requests together, the time they measured added up,
+    each run cut into its own blocks (``blocks_of``), and the runs kept for the two-stage resampling."""
+    blocks, block_dur, req_off, block_off = [], [], [0], [0]
+    for p in parts:
+        b = blocks_of(p)
+        k = int(b.max()) + 1 if b.size else 1
+        blocks.append(b + block_off[-1])
+        block_dur.append(np.full(k, p.span_s / k if p.span_s > 0 else 0.0))
+        req_off.append(req_off[-1] + p.n)
+        block_off.append(block_off[-1] + k)
+    offsets = np.asarray(req_off[:-1], dtype=np.int64)
+    first = parts[0]
+    goods = [p.good for p in parts]
+    return LevelSample(
+        label=first.label, kind=first.kind, level=first.level,
+        values={k: np.concatenate([p.values[k] for p in parts]) for k in first.values},
+        itl=np.concatenate([p.itl for p in parts]),
+        itl_req=np.concatenate([p.itl_req + o for p, o in zip(parts, offsets, strict=True)]),
+        end_s=np.concatenate([p.end_s for p in parts]),
+        tokens=np.concatenate([p.tokens for p in parts]),
+        good=None if any(g is None for g in goods) else np.concatenate([g for g in goods if g is not None]),
+        done=sum(p.done for p in parts),
+        span_s=sum(p.span_s for p in parts),
+        start_s=first.start_s,
+        repeats=list(parts),
+        blocks=np.concatenate(blocks),
+        req_off=np.asarray(req_off, dtype=np.int64),
+        block_off=np.asarray(block_off, dtype=np.int64),
+        block_dur=np.concatenate(block_dur),
+    )
+
+
+SPREAD_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "output_tps")
+
+
+def spread(s: LevelSample) -> dict[str, dict[str, Any]]:
+    """Run-to-run spread of a repeated level: each run's value of a few headline metrics and their range as a
+    share of the median run, (max - min) / median. Empty for a level measured once."""
+    if len(s.repeats) < 2:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name in SPREAD_METRICS:
+        vals = [point(r, METRIC_BY_NAME[name]) for r in s.repeats]
+        fin = [v for v in vals if math.isfinite(v)]
+        med = float(np.median(fin)) if fin else math.nan
+        out[name] = {"values": [v if math.isfinite(v) else None for v in vals],
+                     "spread": (max(fin) - min(fin)) / med if len(fin) >= 2 and med > 0 else None}
     return out
 
 
@@ -205,6 +276,8 @@ def _too_few(s: LevelSample, m: MetricDef) -> bool:
 
 def blocks_of(s: LevelSample) -> np.ndarray:
     """Block index of each ok request, by its end time (module docstring: how the blocks are cut)."""
+    if s.blocks is not None:
+        return s.blocks
     if s.n == 0 or not (s.span_s > 0):
         return np.zeros(s.n, dtype=np.int64)
     e2e = s.values["e2e"]
@@ -221,6 +294,28 @@ def _weights(rng: np.random.Generator, unit: np.ndarray, units: int, resamples: 
     draws = rng.integers(0, units, (resamples, units)) + (np.arange(resamples) * units)[:, None]
     counts = np.bincount(draws.ravel(), minlength=resamples * units).reshape(resamples, units)
     return counts[:, unit]
+
+
+def _run_weights(rng: np.random.Generator, off: np.ndarray, resamples: int) -> np.ndarray:
+    """Two-stage draw counts for units grouped by run (run ``r`` holds units ``off[r]..off[r+1]-1``): per
+    resample, as many runs as there are drawn with replacement, then within each drawn run as many of its
+    units as it has, with replacement. Shape (resamples, units). The spread between runs (a host that
+    drifted from one run to the next) then widens the interval, as it would between two captures."""
+    sizes = np.diff(off)
+    runs, units = len(sizes), int(off[-1])
+    counts = np.zeros(resamples * units, dtype=np.int64)
+    if units == 0:
+        return counts.reshape(resamples, 0)
+    rows = (np.arange(resamples) * units)[:, None]
+    kmax = int(sizes.max())
+    cols = np.arange(kmax)[None, :]
+    picks = rng.integers(0, runs, (resamples, runs))
+    for j in range(runs):
+        r = picks[:, j]
+        k = sizes[r][:, None]
+        idx = off[r][:, None] + np.floor(rng.random((resamples, kmax)) * k).astype(np.int64)
+        counts += np.bincount((rows + idx)[cols < k], minlength=resamples * units)
+    return counts.reshape(resamples, units)
 
 
 def repeated_percentile(sorted_vals: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
@@ -252,6 +347,15 @@ def bootstrap(s: LevelSample, m: MetricDef, resamples: int, rng: np.random.Gener
     blocks = blocks_of(s)
     by_request = resample == "requests" and m.resample == "requests"
     unit, units = (np.arange(s.n), s.n) if by_request else (blocks, int(blocks.max()) + 1)
+    runs = s.req_off if by_request else s.block_off
+    clustered = runs is not None and len(runs) > 2
+
+    def weights(owner: np.ndarray, b: int) -> np.ndarray:  # draw counts per element, (b, elements)
+        if clustered:
+            assert runs is not None
+            return _run_weights(rng, runs, b)[:, owner]
+        return _weights(rng, owner, units, b)
+
     base, _, pct = m.name.rpartition("_")
     if base in ("ttft", "tpot", "e2e", "itl"):
         if base == "itl":
@@ -267,16 +371,16 @@ def bootstrap(s: LevelSample, m: MetricDef, resamples: int, rng: np.random.Gener
         step = max(1, 2_000_000 // max(vals.size, 1))  # bounded memory: at most ~2 M weights at a time
         for lo in range(0, resamples, step):
             b = min(step, resamples - lo)
-            out[lo:lo + b] = repeated_percentile(vals, _weights(rng, owner, units, b), _PCT[pct])
+            out[lo:lo + b] = repeated_percentile(vals, weights(owner, b), _PCT[pct])
         return out
     if m.name == "goodput_ratio":
         assert s.good is not None
-        if by_request:  # the done requests that were not ok count as not good
+        if by_request and not clustered:  # the done requests that were not ok count as not good
             flags = np.zeros(max(s.done, s.n), dtype=bool)
             flags[: s.n] = s.good
             idx = rng.integers(0, flags.size, (resamples, flags.size))
             return np.asarray(flags[idx].mean(axis=1), dtype=float)
-        w = _weights(rng, unit, units, resamples)
+        w = weights(unit, resamples)
         tot = w.sum(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.asarray(est * (w @ s.good.astype(float)) / s.good.sum() * s.n / tot
@@ -299,6 +403,12 @@ def bootstrap(s: LevelSample, m: MetricDef, resamples: int, rng: np.random.Gener
     total = per.sum()
     if total <= 0:
         return np.zeros(resamples)
+    if s.block_off is not None and len(s.block_off) > 2 and s.block_dur is not None:
+        # runs, then blocks within each: the resampled total over the resampled time (blocks differ in length
+        # between runs)
+        w = _run_weights(rng, s.block_off, resamples).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray((w @ per) / (w @ s.block_dur), dtype=float)
     picks = rng.integers(0, len(per), (resamples, len(per)))
     return np.asarray(est * per[picks].sum(axis=1) / total, dtype=float)
 
@@ -541,6 +651,10 @@ class LevelDiff:
     n_a: int
     n_b: int
     metrics: list[MetricDiff]
+    runs_a: int = 1  # runs of this level in each capture (--repeat)
+    runs_b: int = 1
+    spread_a: dict[str, dict[str, Any]] = field(default_factory=dict)  # ``spread``: run-to-run, per metric
+    spread_b: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -571,7 +685,9 @@ class Comparison:
         return {"a": self.a, "b": self.b, "confidence": self.confidence, "resamples": self.resamples,
                 "seed": self.seed, "resample": self.resample, "comparability": self.comparability,
                 "levels": [{"level": lv.label, "requests_a": lv.n_a, "requests_b": lv.n_b,
-                            "metrics": [m.to_json() for m in lv.metrics]} for lv in self.levels],
+                            "runs_a": lv.runs_a, "runs_b": lv.runs_b, "spread_a": lv.spread_a,
+                            "spread_b": lv.spread_b, "metrics": [m.to_json() for m in lv.metrics]}
+                           for lv in self.levels],
                 "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements, "noise": self.noise,
                 "regression": any(g["regressed"] for g in self.gate)}
 
@@ -623,7 +739,8 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
         pairs = [(s, by_b[(s.kind, s.level)]) for s in la if (s.kind, s.level) in by_b]
     for sa, sb in pairs:
         levels.append(LevelDiff(sa.label, sa.n, sb.n, [diff_metric(sa, sb, m, confidence, resamples, rng, resample, noise)
-                                                       for m in metrics]))
+                                                       for m in metrics],
+                                sa.runs, sb.runs, spread(sa), spread(sb)))
     comp = comparability(a, b, la, lb)
     if not pairs:
         comp["comparable"] = False

@@ -6,6 +6,7 @@ Plain frozen dataclasses; nothing here imports probes, rules or reports.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -177,6 +178,14 @@ class Phase:
     rate: float | None = None
     arrival: str = ""
     interrupted: bool = False
+    repeat: int = 1  # which run of its level (``--repeat``): 1, 2, ...
+
+    @property
+    def level_key(self) -> tuple[str, float | None]:
+        """What repeats of one level share: its kind and offered load (a phase without a level: its name)."""
+        if self.level is not None:
+            return (self.level_kind, self.level)
+        return (self.name.removesuffix(f" r{self.repeat}"), None)
 
     @property
     def is_baseline(self) -> bool:
@@ -211,7 +220,24 @@ class Phase:
                    start_s=(start - anchor_mono_ns) / 1e9, end_s=end_s, mode=str(rec.get("mode") or ""),
                    concurrency=conc if conc is not None and conc > 0 else None,
                    rate=rate if rate is not None and rate > 0 else None,
-                   arrival=str(rec.get("arrival") or ""), interrupted=bool(rec.get("interrupted")))
+                   arrival=str(rec.get("arrival") or ""), interrupted=bool(rec.get("interrupted")),
+                   repeat=_repeat(rec.get("repeat")))
+
+
+def _repeat(v: Any) -> int:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
+
+
+def level_phases(phases: Sequence[Phase]) -> list[Phase]:
+    """The measured phases, one per level: a level run several times (``--repeat``) by its first run, so a
+    sweep's per-level judgements see each level once (the run's own signals pool all of its repeats)."""
+    seen: set[tuple[str, float | None]] = set()
+    out: list[Phase] = []
+    for p in sorted((p for p in phases if not p.is_baseline), key=lambda p: (p.repeat, p.phase)):
+        if p.level_key not in seen:
+            seen.add(p.level_key)
+            out.append(p)
+    return sorted(out, key=lambda p: p.phase)
 
 
 # -- the verdict -------------------------------------------------------------------------------------------

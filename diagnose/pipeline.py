@@ -22,7 +22,7 @@ import pandas as pd
 from diagnose.analysis import Analysis
 from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.errors import BundleError, InputError
-from diagnose.model import NotEvaluated, Phase, Signal, Window
+from diagnose.model import NotEvaluated, Phase, Signal, Window, level_phases
 from diagnose.normalize import derived, load_normalizers
 from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
 from diagnose.rules.engine import evaluate
@@ -219,7 +219,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     signals = compute_signals(tables, window, mods)
     per_phase = {p.phase: compute_signals(tables, p.window(), mods) for p in phases}
     signals.update(derived.signals(signals, phases, per_phase, bundle.manifest))
-    measured = [p for p in phases if not p.is_baseline]
+    measured = level_phases(phases)  # one per level: a repeated level by its first run
     sweep = len(measured) > 1
     res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
                    [p.name for p in measured] if sweep else [])

@@ -84,6 +84,7 @@ class PhaseRec(_Rec):
     phase: PhaseIdx = 0
     name: str | None = None
     role: Literal["baseline", "measure"] | None = None
+    repeat: Count | None = None
     mode: str | None = None
     concurrency: NonNeg | None = None
     rate: NonNeg | None = None

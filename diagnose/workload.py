@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from diagnose.errors import InputError
@@ -29,6 +29,8 @@ class Phase:
     # "baseline": a short low-load reference (e.g. sequential requests at concurrency 1) that rules compare
     # the measured phases against; "measure": a normal phase. Baseline phases come first.
     role: str = "measure"
+    # which run of its level this is (``--repeat N``: 1..N, the levels interleaved: c=1 r1, c=8 r1, c=1 r2, ...)
+    repeat: int = 1
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,21 @@ def parse_levels(text: str, kind: str) -> list[float]:
     if not levels or any(v <= 0 for v in levels):
         raise InputError(f"bad {kind} list {text!r}: levels must be positive")
     return levels
+
+
+def repeat_phases(phases: Sequence[Phase], repeat: int) -> tuple[Phase, ...]:
+    """Each level run ``repeat`` times, interleaved (every level once, then every level again, ...), so a
+    drift of the host over the capture lands on all levels alike and shows as run-to-run spread. Names get
+    `` r2``, `` r3``...; indices are renumbered in order. ``repeat`` 1 gives the phases unchanged."""
+    if repeat < 1:
+        raise InputError(f"--repeat {repeat}: use 1 or more")
+    if repeat == 1:
+        return tuple(phases)
+    out: list[Phase] = []
+    for r in range(1, repeat + 1):
+        for p in phases:
+            out.append(replace(p, index=len(out), name=f"{p.name} r{r}", repeat=r))
+    return tuple(out)
 
 
 def build_phases(concurrency: str | None, rate: str | None, max_concurrency: int | None = None) -> tuple[Mode, tuple[Phase, ...]]:

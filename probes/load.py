@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import random
@@ -49,7 +50,16 @@ from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sse import StreamResult, now_ns
 from diagnose.redact import Redactor, excerpt, scrub_text
-from diagnose.workload import Mode, Phase, Replay, ReplayRequest, WorkloadSpec, build_phases, parse_duration
+from diagnose.workload import (
+    Mode,
+    Phase,
+    Replay,
+    ReplayRequest,
+    WorkloadSpec,
+    build_phases,
+    parse_duration,
+    repeat_phases,
+)
 
 # a replayed request: (its index in the workload file, the loop it belongs to, the recorded request)
 ReplayItem = tuple[int, int, ReplayRequest]
@@ -592,7 +602,7 @@ class _LoadRun:
                 else "rate" if ph.rate else "concurrency")
         rec: dict[str, Any] = {"phase": ph.index, "name": ph.name, "mode": mode,
                                "concurrency": ph.concurrency, "rate": ph.rate, "max_concurrency": ph.max_concurrency,
-                               "role": ph.role, "arrival": self.spec.arrival, "burstiness": self.spec.burstiness,
+                               "role": ph.role, "repeat": ph.repeat, "arrival": self.spec.arrival, "burstiness": self.spec.burstiness,
                                "start_ns": now_ns(), "end_ns": None, "warmup_requests": self.spec.warmup_requests}
         task = asyncio.ensure_future(self._phase(ph, rec))
         stop_wait = asyncio.ensure_future(self.ctx.stop.wait())
@@ -693,6 +703,7 @@ def workload_from_options(o: Options) -> WorkloadSpec:
             f" x{replay.speed:g}" if replay.speed != 1 else ""), max_concurrency=o["max_concurrency"]),)
     else:
         mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
+    phases = repeat_phases(phases, int(o.get("repeat") or 1))
     num_requests, baseline = o["num_requests"], o["baseline"]
     if num_requests is not None and num_requests <= 0:
         raise InputError("--num-requests must be positive")
@@ -709,9 +720,7 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         output_tokens = int(statistics.median_low(r.output_tokens for r in replay.requests))
     if baseline > 0:
         base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
-        phases = (base, *(Phase(index=p.index + 1, name=p.name, concurrency=p.concurrency, rate=p.rate,
-                                max_concurrency=p.max_concurrency, num_requests=p.num_requests,
-                                duration_s=p.duration_s, role=p.role) for p in phases))
+        phases = (base, *(dataclasses.replace(p, index=p.index + 1) for p in phases))
     return WorkloadSpec(
         mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=o["warmup"],
         arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=input_tokens,
@@ -772,6 +781,9 @@ SPEC = ProbeSpec(
         ProbeOption("--loop", type=int, default=1, show_default=True,
                     help="With --workload: replay the file this many times."),
         ProbeOption("--num-requests", short="-n", type=int, help="Per load level, instead of a duration."),
+        ProbeOption("--repeat", type=int, default=1, show_default=True,
+                    help="Run each load level this many times, interleaved (c=1 r1, c=8 r1, c=1 r2, ...): "
+                         "compare resamples the repeats and reports their spread."),
         ProbeOption("--warmup", type=int, default=2, show_default=True,
                     help="Warm-up requests per level, excluded from statistics."),
         ProbeOption("--baseline", type=int, default=8, show_default=True,

@@ -11,7 +11,7 @@ import click
 
 from diagnose.cli import exits
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.model import SEVERITY_WEIGHT
+from diagnose.model import SEVERITY_WEIGHT, level_phases
 
 if TYPE_CHECKING:  # diagnose.analysis imports pandas: `diagnose --help` must not pay for it
     from diagnose.analysis import Analysis
@@ -65,7 +65,7 @@ def verdict_line(a: Analysis) -> str:
 
     if a.verdict is None:
         return ""
-    pooled = sum(1 for p in a.phases if not p.is_baseline) > 1
+    pooled = len(level_phases(a.phases)) > 1
     nums = key_numbers(a.signals, "all levels pooled: " if pooled else "") if a.verdict.judged else ""
     return a.verdict.headline + (f" ({nums})" if nums else "")
 

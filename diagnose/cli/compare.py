@@ -58,6 +58,10 @@ def comparison_lines(c: Comparison) -> list[str]:
         lines.append(f"level {lv.label}: {lv.n_a} vs {lv.n_b} measured requests "
                      f"({c.confidence:.0%} intervals, {c.resamples} resamples of {c.resample}; "
                      f"noise band +-{c.noise:.0%})")
+        for side, runs, sp in (("A", lv.runs_a, lv.spread_a), ("B", lv.runs_b, lv.spread_b)):
+            if sp:
+                lines.append(f"  {side}: {runs} runs, run-to-run spread (max - min) / median: " + ", ".join(
+                    f"{k} {v['spread']:.0%}" for k, v in sp.items() if v["spread"] is not None))
         order = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
                  "not comparable": 5}
         for m in sorted(lv.metrics, key=lambda m: order.get(m.verdict, 9)):
