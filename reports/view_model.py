@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Analysis
-from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window
+from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window, level_phases
 from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
 from diagnose.rules.verdict import ranked
@@ -164,7 +164,13 @@ def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[
 
 
 def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
+    """Every measured phase (each run of a repeated level its own), with its signals."""
     return [(p, s) for p, s in zip(a.phases, a.phase_signals, strict=False) if not p.is_baseline]
+
+
+def _sweep_levels(a: Analysis) -> int:
+    """Distinct load levels measured (a level run several times with --repeat counts once)."""
+    return len(level_phases(a.phases))
 
 
 ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
@@ -204,7 +210,7 @@ def _verdict(a: Analysis) -> dict[str, Any]:
     """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep."""
     v = a.verdict
     levels = _measured_phases(a)
-    if len(levels) > 1:
+    if _sweep_levels(a) > 1:
         keys: list[dict[str, Any]] = []
         # one column set for every level: a number any level has, with None where a level lacks it
         shown = {k["signal"] for p, s in levels for k in _key_numbers(s, p.name, a.run_valid)}
@@ -231,9 +237,15 @@ def _run_label(a: Analysis) -> str:
     """The label of the run window's figures: the one measured level's name, "all levels pooled" for a sweep,
     else "whole run"."""
     levels = _measured_phases(a)
-    if len(levels) > 1:
+    if _sweep_levels(a) > 1:
         return "all levels pooled"
+    if len(levels) > 1:  # one level run several times (--repeat)
+        return f"{_level_name(levels[0][0])}, {len(levels)} runs pooled"
     return levels[0][0].name if levels else "whole run"
+
+
+def _level_name(p: Phase) -> str:
+    return p.name.removesuffix(f" r{p.repeat}")
 
 
 def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
@@ -263,19 +275,20 @@ def _percentiles(a: Analysis) -> dict[str, Any]:
     """Percentile tables from the signals (never recomputed here): the run window unless the run is a sweep
     (then each level has its own and nothing is pooled), then the baseline and each level."""
     levels = _measured_phases(a)
+    sweep = _sweep_levels(a) > 1
     windows: list[dict[str, Any]] = []
-    if len(levels) <= 1:
+    if not sweep:
         windows.append({"label": _run_label(a), **_window_table(a.signals, a.run_valid)})
     for p, sigs in zip(a.phases, a.phase_signals, strict=False):
         if p.is_baseline:
             windows.append({"label": f"{p.name} (reference)", **_window_table(sigs, a.run_valid)})
-        elif len(levels) > 1:
+        elif len(levels) > 1:  # a sweep's levels, or the runs of a repeated level (their spread)
             windows.append({"label": p.name, **_window_table(sigs, a.run_valid)})
     slos = [{"signal": n, "value": finite(s.value), "unit": s.unit}
             for n, s in sorted(a.signals.items()) if n.startswith("slo_")]
     sweep_windows = [w for w in windows if not w["label"].endswith("(reference)")]
     return {"columns": [p.upper() if p != "max" else "max" for p in PCTS], "windows": windows, "slos": slos,
-            "sweep": _sweep(windows) if len(levels) > 1 else None, "pooled": False,
+            "sweep": _sweep(windows) if sweep else None, "pooled": False,
             "levels": len(sweep_windows)}
 
 

@@ -209,3 +209,14 @@ def test_compare_pools_a_repeated_level_and_reports_its_spread(tmp_path: Path) -
     assert "A: 3 runs, run-to-run spread" in r.output
     html = (tmp_path / "c.html").read_text()
     assert "3 runs of this level, resampled runs first" in html
+
+
+def test_report_of_a_repeated_level_pools_its_runs_and_lists_each(tmp_path: Path) -> None:
+    from diagnose.reports.view_model import build_view
+
+    a = analyze(_as_repeats(HEALTHY, tmp_path / "rep", 3))
+    view = build_view(a)
+    labels = [w["label"] for w in view["percentiles"]["windows"]]
+    assert labels == ["c=2, 3 runs pooled", "baseline c=1 (reference)", "c=2 r1", "c=2 r2", "c=2 r3"]
+    assert view["percentiles"]["sweep"] is None  # one level: no sweep table or curve
+    assert view["verdict"]["by_level"] == []  # its headline numbers are the pooled run's

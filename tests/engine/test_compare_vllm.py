@@ -48,6 +48,12 @@ def _varied_lengths(path: Path, n: int = 64) -> list[str]:
     return ["--workload", str(path), "--max-concurrency", "8", "--duration", "60s"]
 
 
+# The compared captures run their level three times (attach --repeat): compare resamples the runs first, so a
+# host that slowed for part of one capture widens its interval instead of reading as a change (CI once had a2
+# 15-28% slower across its loaded phase with its concurrency-1 reference within 3%). The warm-up runs once.
+REPEAT = ("--repeat", "3")
+
+
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout)
 
@@ -57,8 +63,8 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     load = _varied_lengths(tmp_path / "workload.jsonl")
     capped = start_vllm(extra_args=["--max-num-seqs", "2"])
     _warm(capped.url, tmp_path / "warm-a", load)  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a1", load=load)  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a2", load=load)  # type: ignore[attr-defined]
+    _attach(capped.url, tmp_path / "a1", *REPEAT, load=load)  # type: ignore[attr-defined]
+    _attach(capped.url, tmp_path / "a2", *REPEAT, load=load)  # type: ignore[attr-defined]
     # A/A: the same setting twice in a row
     p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
     assert p.returncode == 0, p.stderr
@@ -71,8 +77,8 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
         # for the first pair the host left alone.
         assert "note: the concurrency-1 reference" in p.stdout, p.stdout
         drifted += aa["comparability"]["host_drift"]
-        _attach(capped.url, tmp_path / "a1", "--force", load=load)  # type: ignore[attr-defined]
-        _attach(capped.url, tmp_path / "a2", "--force", load=load)  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a1", "--force", *REPEAT, load=load)  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a2", "--force", *REPEAT, load=load)  # type: ignore[attr-defined]
         p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
         assert p.returncode == 0, p.stderr
         aa = json.loads((tmp_path / "aa.json").read_text())
@@ -80,9 +86,11 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
     _warm(raised.url, tmp_path / "warm-b", load)  # type: ignore[attr-defined]
-    _attach(raised.url, tmp_path / "b", load=load)  # type: ignore[attr-defined]
+    _attach(raised.url, tmp_path / "b", *REPEAT, load=load)  # type: ignore[attr-defined]
 
     assert aa["comparability"]["comparable"] and aa["comparability"]["changed"] == []
+    assert [(lv["runs_a"], lv["runs_b"]) for lv in aa["levels"]] == [(3, 3)], aa["levels"]
+    assert len(aa["levels"][0]["spread_a"]["ttft_p50"]["values"]) == 3
     judged = [m for lv in aa["levels"] for m in lv["metrics"]
               if m["verdict"] in ("better", "worse", "within noise", "no significant change")]
     same = [m for m in judged if m["verdict"] in ("no significant change", "within noise")]
