@@ -80,6 +80,12 @@ def downsample(points: Sequence[Sequence[float]], max_points: int) -> list[Point
     return out
 
 
+def _in_order(points: Sequence[Sequence[float]]) -> list[Point]:
+    """The finite points as given (a curve whose x may turn back, such as throughput against latency)."""
+    return [(float(p[0]), float(p[1])) for p in points
+            if len(p) >= 2 and math.isfinite(float(p[0])) and math.isfinite(float(p[1]))]
+
+
 class _Frame:
     """Plot area geometry and value -> pixel mapping for one chart."""
 
@@ -182,7 +188,8 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
                max_points: int = 400) -> str:
     """Lines (or dots, ``style: "dots"``) on a left axis and an optional right axis.
 
-    series: [{"name", "points": [[x, y], ...], "axis": "left"|"right", "style": "line"|"dots"|"step"}];
+    series: [{"name", "points": [[x, y], ...], "axis": "left"|"right", "style": "line"|"dots"|"step"|"marker",
+    "ordered": True (optional: the points joined in the order given, each drawn, instead of sorted by x)}];
     bands: shaded x ranges with a label (sweep phases): [{"start", "end", "label"}].
     """
     has_right = any(s.get("axis") == "right" for s in series)
@@ -190,7 +197,9 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
     extra = 14 * max((r for _, r in _legend_rows(names, 62, width - 20)), default=0)
     height += extra
     f = _Frame(width, height, 62, 62 if has_right else 20, 44 + extra, 42)
-    prepared = [(s, downsample(s.get("points") or [], max_points)) for s in series]
+    prepared = [(s, _in_order(s.get("points") or []) if s.get("ordered") else downsample(s.get("points") or [],
+                                                                                         max_points))
+                for s in series]
     xs = [p[0] for _, pts in prepared for p in pts] + [float(b[k]) for b in bands for k in ("start", "end")]
     xlo, xhi = _range(xs, zero=False)
     left = [p[1] for s, pts in prepared if s.get("axis") != "right" for p in pts]
@@ -217,7 +226,11 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
         lo, hi = (ylo2, yhi2) if s.get("axis") == "right" else (ylo, yhi)
         xy = [(f.sx(x, xlo, xhi), f.sy(y, lo, hi)) for x, y in pts]
         style = s.get("style", "line")
-        if style == "dots":
+        if style == "marker":  # a few points to point out (a knee, an edge): large rings
+            out.append(f'<g fill="none" stroke="{color}" stroke-width="2.2">' + "".join(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6"><title>{esc(s.get("name", ""))}</title></circle>'
+                for x, y in xy) + "</g>")
+        elif style == "dots":
             out.append(f'<g fill="{color}" fill-opacity="0.55">' + "".join(
                 f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2"/>' for x, y in xy) + "</g>")
         elif xy:
@@ -231,6 +244,9 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
             dash = ' stroke-dasharray="5 3"' if s.get("axis") == "right" else ""
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{path}"/>')
+            if s.get("ordered"):  # a curve through a few points (one per level): each point shown
+                out.append(f'<g fill="{color}">' + "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6"/>'
+                                                           for x, y in xy) + "</g>")
     out += _legend(names, colors, f.x0, 34, width - 20)
     if not any(pts for _, pts in prepared):
         out.append(f'<text class="empty" x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle">no data</text>')

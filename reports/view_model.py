@@ -8,6 +8,7 @@ probe statuses, environment.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -67,6 +68,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
             "ttft": _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
             "itl": _guard("ITL distribution", lambda: _distribution(a, "itl")),
             "ttft_by_phase": _guard("TTFT distribution by load level", lambda: _ttft_by_phase(a)),
+            "curve": _guard("Throughput vs latency", lambda: _curve(a)),
             "timeline": _guard("Load vs latency vs queue depth over time",
                                lambda: timeline_chart(a.tables, a.phases)),
         },
@@ -166,6 +168,33 @@ def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[
 def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
     """Every measured phase (each run of a repeated level its own), with its signals."""
     return [(p, s) for p, s in zip(a.phases, a.phase_signals, strict=False) if not p.is_baseline]
+
+
+def _curve(a: Analysis) -> dict[str, Any] | None:
+    """A sweep's throughput-latency curve: each level (a repeated one by its first run, as the sweep rules see
+    it) from its phase signals, the SLO lines, the knee and, on a valid run, the highest level whose point
+    values meet the SLO (diagnose.goodput: one definition of each)."""
+    from diagnose.goodput import knee, meets
+    from diagnose.normalize.derived import slo_terms
+    from diagnose.reports.curve import curve_spec
+
+    if _sweep_levels(a) < 2:
+        return None
+    sig = {p.phase: s for p, s in zip(a.phases, a.phase_signals, strict=False)}
+    rows: list[dict[str, Any]] = []
+    for p in sorted(level_phases(a.phases), key=lambda p: (p.level or 0.0, p.phase)):
+        ps = sig.get(p.phase, {})
+        rows.append({"label": _level_name(p), "output_tps": _sig(ps, "output_tps"),
+                     **{k: _sig(ps, f"{k}_ms") for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")},
+                     **{k.removesuffix("_ms"): _sig(ps, k) for k in slo_terms(a.manifest)},
+                     "slo": {k: _sig(ps, k) for k in slo_terms(a.manifest)}})
+    slo = slo_terms(a.manifest)
+    i, _ = knee([r["label"] for r in rows], [r["output_tps"] if r["output_tps"] is not None else math.nan
+                                             for r in rows])
+    best = None
+    if slo and a.run_valid:
+        best = next((r["label"] for r in reversed(rows) if meets(r["slo"], slo)), None)
+    return curve_spec(rows, slo, knee=None if i is None else rows[i]["label"], max_goodput=best)
 
 
 def _sweep_levels(a: Analysis) -> int:

@@ -211,8 +211,21 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
               "the fleet's series (default: every series with engine metrics).")
 @click.option("--since", metavar="DURATION", help="With --prometheus: how far back to read (default 1h). With "
               "--observe the fleet is watched from now for --duration instead.")
+@click.option("--find-max-goodput", is_flag=True,
+              help="Search the load (--concurrency or --rate ladder, default 1:256:x2) for the highest level that "
+                   "meets --slo and for saturation: one capture per level under -o/levels/, then bisection; writes "
+                   "search.json and report.html (docs/compare.md).")
+@click.option("--search-steps", type=int, default=4, show_default=True,
+              help="With --find-max-goodput: at most this many bisection levels after the ladder.")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
+    if o["find_max_goodput"]:
+        from diagnose.goodput_run import run_search
+
+        if not o["url"]:
+            raise click.UsageError("Missing option '--url'.")
+        raise click.exceptions.Exit(run_search(o, click.get_current_context(), parse_slo(o["slo"]),
+                                               lambda msg: click.echo(msg, err=True)))
     if o["prometheus"]:
         from diagnose.fleet.attach import attach_fleet
 

@@ -48,6 +48,8 @@ class Faults:
         self.n = 0
         self.log = open(a.log, "a", encoding="utf-8") if a.log else None  # noqa: SIM115 - for the process's life
         self.huge: bytes | None = None
+        # --slots N: at most N requests served at once, the rest wait in arrival order (a server at capacity)
+        self.slots = asyncio.Semaphore(a.slots) if a.slots > 0 else None
 
     def prompt_of(self, body: dict[str, Any]) -> str:
         if "prompt" in body:
@@ -100,7 +102,17 @@ class Faults:
             headers = {"Retry-After": str(self.a.retry_after)} if self.a.retry_after is not None else {}
             return web.json_response({"error": {"message": f"status {self.a.status} on purpose"}},
                                      status=self.a.status, headers=headers)
+        if self.slots is not None:
+            async with self.slots:
+                return await self._stream(request, body, n, echo)
+        return await self._stream(request, body, n, echo)
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], n: int,
+                      echo: dict[str, Any]) -> web.StreamResponse:
+        mode = self.a.mode
         chat = request.path.endswith("/chat/completions")
+        if self.a.first_ms:
+            await asyncio.sleep(self.a.first_ms / 1e3)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if mode == "echo_event":
@@ -149,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models-status", type=int, default=200)
     ap.add_argument("--metrics-mb", type=float, default=0.0)
     ap.add_argument("--log", default=None)
+    ap.add_argument("--slots", type=int, default=0, help="serve at most N requests at once (0: no limit)")
+    ap.add_argument("--first-ms", type=float, default=0.0, help="time to the first token of a served request")
     asyncio.run(amain(ap.parse_args(argv)))
 
 
