@@ -240,6 +240,21 @@ def valid_capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequenc
     return invalid
 
 
+def refuse_running(url: str) -> None:
+    """diagnose starts its own server and changes only that one: an error when something answers at ``url``."""
+    answers = False
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=2.0):  # noqa: S310 - the user's URL
+            answers = True
+    except urllib.error.HTTPError:
+        answers = True  # it answered, with an error status
+    except OSError:
+        pass  # nothing answers there: good
+    if answers:
+        raise DiagnoseError(f"a server already answers at {url}: diagnose starts its own server (--launch) and "
+                            "changes only that one; stop it or use another port")
+
+
 def check_url(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):

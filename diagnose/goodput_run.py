@@ -16,15 +16,16 @@ from diagnose.errors import DiagnoseError, InputError
 
 # attach options the search sets per level itself (or that make no sense per level)
 _OWN = frozenset({"output", "force", "report", "find_max_goodput", "search_steps", "concurrency", "rate", "baseline",
-                  "observe", "workload", "speed", "loop", "prometheus", "selector", "since"})
+                  "observe", "workload", "speed", "loop", "prometheus", "selector", "since", "launch", "verify"})
 
 
-def level_args(ctx: click.Context) -> list[str]:
-    """The attach command line the user gave, as options, less the ones the search sets per level: every
-    option whose value differs from its default, flags by their on/off spelling."""
+def level_args(ctx: click.Context, skip: frozenset[str] = _OWN) -> list[str]:
+    """The attach command line the user gave, as options, less those named in ``skip`` (by default the ones
+    the search sets per level): every option whose value differs from its default, flags by their on/off
+    spelling."""
     out: list[str] = []
     for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name is None or p.name in _OWN:
+        if not isinstance(p, click.Option) or p.name is None or p.name in skip:
             continue
         v = ctx.params.get(p.name)
         if v is None or v == p.default:

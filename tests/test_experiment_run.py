@@ -172,3 +172,57 @@ def test_capture_warms_the_fresh_server_before_measuring(monkeypatch: pytest.Mon
     events.clear()
     er.capture(["srv"], "http://h", tmp_path / "after", ["-c", "4"], logged.append, 1, warmup_s=0)
     assert events == ["launch", "after", "stop"]
+
+
+# -- attach --launch [--verify] ------------------------------------------------------------------------------
+def test_attach_launch_starts_captures_and_stops_its_own_server(tmp_path: Path) -> None:
+    import shlex
+    import socket
+    import subprocess
+
+    from tests.servers.faults import free_port
+
+    port = free_port()
+    cmd = shlex.join([sys.executable, str(Path(__file__).parent / "servers" / "faults.py"), "--port", str(port),
+                      "--tokens", "8"])
+    p = subprocess.run([sys.executable, "-m", "diagnose", "attach", "--launch", cmd, "--url",
+                        f"http://127.0.0.1:{port}", "-c", "2", "-n", "12", "--baseline", "2", "--no-nvml",
+                        "-o", str(tmp_path / "b"), "--report", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "started: " in p.stderr and (tmp_path / "b" / "manifest.json").is_file() and (tmp_path / "r.html").is_file()
+    assert (tmp_path / "b-server.log").is_file()
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        pass  # stopped with the capture: nothing answers any more
+
+
+def test_attach_verify_needs_launch_and_never_touches_a_running_server(busy_port: int, tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["attach", "--url", "http://127.0.0.1:9", "--verify", "-o", str(tmp_path / "v")])
+    assert r.exit_code == exits.USAGE and "--verify needs --launch" in r.output, r.output
+    for extra in ([], ["--verify"]):
+        r = CliRunner().invoke(cli, ["attach", "--launch", "true", "--url", f"http://127.0.0.1:{busy_port}",
+                                     *extra, "-o", str(tmp_path / "e")])
+        assert r.exit_code == exits.ERROR and "already answers" in r.output, r.output
+        assert not (tmp_path / "e").exists()
+
+
+def test_attach_launch_verify_runs_the_experiment_flow(tmp_path: Path) -> None:
+    """--launch --verify is `diagnose experiment`: the first run captured on the server it started; a server
+    with no engine flag to change (this test server) gets 'inconclusive: not run' with the reason (exit 8)."""
+    import json
+    import shlex
+    import subprocess
+
+    from tests.servers.faults import free_port
+
+    port = free_port()
+    cmd = shlex.join([sys.executable, str(Path(__file__).parent / "servers" / "faults.py"), "--port", str(port),
+                      "--tokens", "8", "--slots", "1", "--first-ms", "30"])
+    p = subprocess.run([sys.executable, "-m", "diagnose", "attach", "--launch", cmd, "--url",
+                        f"http://127.0.0.1:{port}", "--verify", "-c", "4", "-n", "16", "--baseline", "2", "--no-nvml",
+                        "-o", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == exits.INCONCLUSIVE, p.stdout + p.stderr
+    assert p.stdout.startswith("inconclusive: not run: ") and "Traceback" not in p.stderr, p.stdout + p.stderr
+    rec = json.loads((tmp_path / "x" / "experiment.json").read_text())
+    assert rec["launch"] == shlex.split(cmd) and rec["attach_args"][:2] == ["--concurrency", "4"], rec
+    assert (tmp_path / "x" / "before" / "manifest.json").is_file()

@@ -217,8 +217,18 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
                    "search.json and report.html (docs/compare.md).")
 @click.option("--search-steps", type=int, default=4, show_default=True,
               help="With --find-max-goodput: at most this many bisection levels after the ladder.")
+@click.option("--launch", metavar="COMMAND",
+              help="Start the server with this command line first (diagnose owns it: stopped after the capture), "
+                   "e.g. \"vllm serve MODEL --port 8000 --max-num-seqs 2\"; --url is where it answers.")
+@click.option("--verify", is_flag=True,
+              help="With --launch: diagnose, then run the top finding's experiment (the server restarted with "
+                   "the one flag changed, the same workload) and verify it: confirmed (0), refuted (7), "
+                   "inconclusive (8); -o gets before/, after/, verify.json and report.html (docs/compare.md).")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
+    if o["launch"] or o["verify"]:
+        _launched(o)
+        return
     if o["find_max_goodput"]:
         from diagnose.goodput_run import run_search
 
@@ -254,6 +264,40 @@ def attach(**o: Any) -> None:
             rt.restore()
     if code:
         raise click.exceptions.Exit(code)
+
+
+def _launched(o: Options) -> None:
+    """``--launch`` (and ``--verify``): the server started, captured and stopped by diagnose, or the whole
+    experiment (``diagnose experiment``, which this delegates to)."""
+    from diagnose import experiment_run as er
+    from diagnose.goodput_run import _OWN, level_args
+
+    if not o["launch"]:
+        raise click.UsageError("--verify needs --launch COMMAND: diagnose only changes a server it started")
+    if not o["url"]:
+        raise click.UsageError("Missing option '--url' (where the launched server answers).")
+    if o["find_max_goodput"] or o["prometheus"] or o["observe"]:
+        raise click.UsageError("--launch captures one server under load: drop --find-max-goodput, --prometheus "
+                               "and --observe")
+    ctx = click.get_current_context()
+    out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
+    if o["verify"]:
+        from diagnose.cli.compare import experiment
+
+        args = level_args(ctx, _OWN - {"concurrency", "rate", "baseline", "workload", "speed", "loop"} | {"url"})
+        ctx.invoke(experiment, launch_cmd=o["launch"], url=o["url"], output=out, finding=None, override=None,
+                   startup_timeout=600.0, warmup_s=10.0, attach_args=tuple(args))
+        return
+    import shlex
+
+    url = er.check_url(str(o["url"]))
+    argv = shlex.split(o["launch"])
+    if not argv:
+        raise click.UsageError("--launch: an empty command")
+    er.refuse_running(url)
+    args = level_args(ctx, frozenset({"output", "force", "launch", "verify", "url"}))
+    er.capture(argv, url, out, args, lambda msg: click.echo(msg, err=True), 600.0)
+    click.echo(f"written: {out}")
 
 
 async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Probe], out: Path, o: Options,

@@ -208,7 +208,6 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     flag the experiment names changed, capture the same workload again, and verify: confirmed (0),
     refuted (7) or inconclusive (8). diagnose only ever changes the server it started here."""
     import shlex
-    import urllib.request
 
     from diagnose import compare as cmp
     from diagnose import experiment_run as er
@@ -232,19 +231,7 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
         if not sep or not flag.startswith("-"):
             raise DiagnoseError(f"--set {override!r}: use --flag=VALUE")
         pair = (flag, value)
-    import urllib.error
-
-    answers = False
-    try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=2.0):  # noqa: S310 - the user's URL
-            answers = True
-    except urllib.error.HTTPError:
-        answers = True  # it answered, with an error status
-    except OSError:
-        pass  # nothing answers there: good
-    if answers:
-        raise DiagnoseError(f"a server already answers at {url}: `diagnose experiment` starts its own "
-                            "server and changes only that one; stop it or use another port")
+    er.refuse_running(url)
     output.mkdir(parents=True, exist_ok=True)
     args = list(attach_args[1:] if attach_args[:1] == ("--",) else attach_args)
     log("run 1 of 2: as given")

@@ -164,3 +164,34 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
                                                   *load])
     assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), (
         q.stdout + q.stderr + "\n" + runs_evidence(Path(q.args[q.args.index("-o") + 1])))
+
+
+@pytest.mark.timeout(900)
+def test_find_max_goodput_matches_a_fine_manual_sweep(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    """--max-num-seqs 2: up to c=2 no request waits for a batch slot; above it, requests queue for a whole
+    request's time. The search (ladder 1, 2, 4, 8, then bisection) must put the TTFT P90 edge within one
+    ladder step of a fine sweep (every concurrency 1..6 in one capture, each level judged on its own)."""
+    server = start_vllm(extra_args=["--max-num-seqs", "2"])
+    url = server.url  # type: ignore[attr-defined]
+    shape = ["--input-tokens", "128", "--output-tokens", "32", "--duration", "8s", "--no-nvml", "--realtime"]
+    _warm(url, tmp_path / "warm", ["-c", "4", *shape])
+    slo = "ttft_p90=150ms"
+    p = _run("attach", "--url", url, "--find-max-goodput", "-c", "1:8:x2", "--slo", slo, *shape, "--baseline", "4",
+             "-o", str(tmp_path / "edge"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads((tmp_path / "edge" / "search.json").read_text())
+    found = next(x["level"] for x in r["points"] if x["label"] == r["max_goodput"]) if r["max_goodput"] else 0
+    # the fine manual sweep: one capture, c=1..6, each level's TTFT P90 against the limit
+    _attach(url, tmp_path / "fine", "--slo", slo, "--baseline", "0", load=["-c", "1:6:+1", *shape])
+    from diagnose.pipeline import analyze
+
+    a = analyze(tmp_path / "fine")
+    ttft90 = {ph.concurrency: s["ttft_p90_ms"].value for ph, s in zip(a.phases, a.phase_signals, strict=True)
+              if not ph.is_baseline}
+    fine = max((c for c, v in ttft90.items() if c is not None and all(ttft90[k] <= 150.0 for k in ttft90
+                                                                      if k is not None and k <= c)), default=0)
+    evidence = f"search: {p.stdout}\nfine sweep TTFT P90 ms per concurrency: {ttft90}"
+    assert fine >= 1 and abs(found - fine) <= 1, evidence  # one ladder step near the edge (the bisection's)
+    assert r["saturation"] is not None or "not reached" in r["saturation_note"], evidence
+    html = (tmp_path / "edge" / "report.html").read_text()
+    assert "Throughput vs latency, one point per level" in html
