@@ -43,6 +43,9 @@ class RequestFailed(Exception):
         self.detail = detail
 
 
+REUSE_FAILURES_MAX = 3  # reused connections the server had closed before connections stop being pooled
+
+
 class HttpClient:
     """Pooled keep-alive HTTP/1.1 client for one base URL (http or https)."""
 
@@ -64,6 +67,7 @@ class HttpClient:
         self.request_timeout_ns = int(request_timeout_s * 1e9)
         self.stall_timeout_ns = int((stall_timeout_s or request_timeout_s) * 1e9)
         self.continuous_usage = False
+        self.reuse_failures = 0  # pooled connections found closed by the server when reused
         self.store_text = False
         # bytes read but not yet parsed, with their arrival stamps (see SseConnection.data_received)
         self.rx_pending: list[tuple[SseConnection, int, bytes]] = []
@@ -112,6 +116,10 @@ class HttpClient:
 
     def _release(self, conn: SseConnection) -> None:
         self._busy.discard(conn)
+        if not conn.closed and self.reuse_failures >= REUSE_FAILURES_MAX:
+            conn.closed = True  # the server closes them anyway: one fresh connection per request
+            if conn.transport is not None:
+                conn.transport.close()
         if not conn.closed:
             self._idle.append(conn)
 
@@ -183,7 +191,10 @@ class HttpClient:
                 raise
             self._done_with(conn, res)
             if res.error == "reset" and reused and conn.retry and attempt == 0:
-                # a pooled connection the server had closed: retry once on a fresh one
+                # a pooled connection the server had closed: retry once on a fresh one. A server that closes
+                # every connection after a streamed response (llama-server does, with Keep-Alive in its
+                # headers) makes every reuse fail first: after a few, connections are no longer reused.
+                self.reuse_failures += 1
                 res.error = res.error_detail = None
                 res.status = None
                 continue

@@ -102,6 +102,9 @@ class SseConnection(asyncio.Protocol):
         self.expect_sse = True
         self.content_type = ""
         self._reset_parser()
+        # a chunked body ended at its 0-size chunk before the CRLF that closes it arrived (llama-server sends it
+        # in a segment of its own): that CRLF belongs to the finished response, not to the next one
+        self.trailer = False
 
     def _reset_parser(self) -> None:
         self.head_done = False
@@ -143,6 +146,19 @@ class SseConnection(asyncio.Protocol):
             client.schedule_rx()
 
     def _on_data(self, data: bytes, t: int) -> None:
+        if self.trailer:
+            if data.startswith(b"\r\n"):
+                data = data[2:]
+                self.trailer = False
+            elif data == b"\r":
+                return  # half of it; the "\n" follows
+            elif data.startswith(b"\n"):
+                data = data[1:]
+                self.trailer = False
+            else:
+                self.trailer = False
+            if not data:
+                return
         if self.res is None:
             return
         self.got_bytes = True
@@ -231,7 +247,9 @@ class SseConnection(asyncio.Protocol):
                 pos = eol + 2
                 if size == 0:
                     self.chunk_left = 0
+                    closed = data[pos:pos + 2] == b"\r\n"
                     self._finish_body(t)
+                    self.trailer = not closed
                     return
                 end = pos + size
                 if end + 2 <= n:  # the whole chunk and its CRLF are here (the usual case)

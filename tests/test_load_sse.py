@@ -118,3 +118,45 @@ def test_continuous_usage_accepted_but_absent_takes_the_fast_path() -> None:
     res, slow = asyncio.run(go())
     assert res.ok and res.tok == [1] * 20 and len(res.t_ns) == 20
     assert slow == 3  # only the finishing chunk, the usage chunk and [DONE]
+
+
+def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
+    """llama-server writes a chunked body's closing CRLF in a segment of its own, then closes the connection
+    although its headers say Keep-Alive. That CRLF belongs to the finished response (it once made the next
+    request on the pooled connection fail as 'closed mid-response', 13% of requests at c=8); a reuse that
+    finds the connection closed is retried on a fresh one, and after a few the client stops pooling."""
+    from diagnose.probes.http_client import REUSE_FAILURES_MAX
+
+    served = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+        await reader.readexactly(n)
+        served.append(1)
+        writer.write(HEAD.replace(b"\r\n\r\n", b"\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
+                     + b"".join(stream([1, 1], cont=False)[:-1]) + b"0\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"\r\n")  # the closing CRLF, late
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.close()
+
+    async def go() -> tuple[list[StreamResult], int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = HttpClient(f"http://127.0.0.1:{port}")
+        out = []
+        for _ in range(REUSE_FAILURES_MAX + 3):
+            out.append(await client.stream("/v1/completions", b"{}", StreamResult()))
+            await asyncio.sleep(0.01)  # the next request goes out before the server's close arrives
+        await client.close()
+        server.close()
+        return out, client.reuse_failures
+
+    results, failures = asyncio.run(go())
+    assert [r.error for r in results] == [None] * len(results), [r.error_detail for r in results]
+    assert all(r.done and r.finish_reason == "length" for r in results)
+    assert failures == REUSE_FAILURES_MAX  # then no more reuse: nothing more to retry
+    assert len(served) == len(results)  # each request served once (a retry only after the server closed)
