@@ -45,7 +45,7 @@ import weakref
 from collections import deque
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Self
 
 import psutil
 
@@ -117,7 +117,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-_LIVE: weakref.WeakSet[VllmServer] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 @atexit.register
@@ -126,32 +126,19 @@ def _stop_all() -> None:
         server.stop()
 
 
-class VllmServer:
-    """A vLLM CPU OpenAI-compatible server on 127.0.0.1 serving the tiny model (a context manager)."""
+class ServerProcess:
+    """A server process on 127.0.0.1 that the harness owns: started in its own process group with a watchdog
+    (``_reaper.py``) that kills the group if the owner dies, ready when ``GET /health`` answers 200, stopped
+    with its whole tree. Subclasses give ``command()``, ``environment()`` and ``check_built()``."""
 
-    def __init__(
-        self,
-        port: int | None = None,
-        extra_args: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        profiler_dir: str | os.PathLike[str] | None = None,
-        otlp_traces_endpoint: str | None = None,
-        kv_cache_space_gib: int = 2,
-        max_model_len: int = 2048,
-        served_model_name: str = SERVED_MODEL_NAME,
-        log_path: str | os.PathLike[str] | None = None,
-        startup_timeout_s: float | None = None,
-        model_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
+    NAME = "server"  # in error messages
+    LOG_PREFIX = "diagnose-server"
+    POLL_S = 0.5  # /health polling interval while starting
+    STOP_TIMEOUT_S = 30.0
+
+    def _init_process(self, port: int | None, log_path: str | os.PathLike[str] | None,
+                      startup_timeout_s: float | None) -> None:
         self.port = port if port is not None else free_port()
-        self.extra_args = list(extra_args or [])
-        self.env = dict(env or {})
-        self.profiler_dir = Path(profiler_dir).resolve() if profiler_dir is not None else None
-        self.otlp_traces_endpoint = otlp_traces_endpoint
-        self.kv_cache_space_gib = int(kv_cache_space_gib)
-        self.max_model_len = max_model_len
-        self.served_model_name = served_model_name
-        self.model_dir = Path(model_dir) if model_dir is not None else tiny_model_dir()
         self.log_path = Path(log_path) if log_path is not None else self._default_log_path()
         if startup_timeout_s is None:  # env override: shared, loaded dev machines start slowly
             startup_timeout_s = float(os.environ.get("DIAGNOSE_ENGINE_STARTUP_TIMEOUT") or 240.0)
@@ -175,52 +162,19 @@ class VllmServer:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
-        cmd = [
-            str(engine_python()), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.served_model_name,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--max-model-len", str(self.max_model_len),
-            "--dtype", "bfloat16",
-        ]  # fmt: skip
-        if self.profiler_dir is not None:
-            config = {
-                "profiler": "torch",
-                "torch_profiler_dir": str(self.profiler_dir),
-                "torch_profiler_with_stack": False,
-            }
-            cmd += ["--profiler-config", json.dumps(config)]
-        if self.otlp_traces_endpoint:
-            cmd += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
-        return cmd + self.extra_args
+        raise NotImplementedError
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_space_gib),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            PYTHONUNBUFFERED="1",
-        )
-        env.pop("VIRTUAL_ENV", None)
-        env.update(self.env)
-        return env
+        return dict(os.environ)
+
+    def check_built(self) -> None:
+        """Raise EngineError naming what is missing before anything starts."""
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def start(self) -> VllmServer:
+    def start(self) -> Self:
         if self.running:
             return self
-        python = engine_python()
-        if not python.exists() or not (self.model_dir / "config.json").is_file():
-            raise EngineError(
-                f"engine not built: need {python} and {self.model_dir}/config.json "
-                "(run `bash harness/ensure_engine.sh` or harness.engine.ensure_engine())"
-            )
-        if self.profiler_dir is not None:
-            self.profiler_dir.mkdir(parents=True, exist_ok=True)
+        self.check_built()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._log_file = log
@@ -260,17 +214,17 @@ class VllmServer:
             code = self._proc.poll()
             if code is not None:
                 raise EngineError(
-                    f"vLLM server on port {self.port} exited with code {code} before /health was ready; "
+                    f"{self.NAME} on port {self.port} exited with code {code} before /health was ready; "
                     f"log {self.log_path}: {self.tail_log()}"
                 )
             if self.health_ok():
                 return
             if time.monotonic() > deadline:
                 raise EngineError(
-                    f"vLLM server on port {self.port} not healthy within {self.startup_timeout_s:.0f} s; "
+                    f"{self.NAME} on port {self.port} not healthy within {self.startup_timeout_s:.0f} s; "
                     f"log {self.log_path}: {self.tail_log()}"
                 )
-            time.sleep(0.5)
+            time.sleep(self.POLL_S)
 
     def health_ok(self, timeout_s: float = 2.0) -> bool:
         try:
@@ -280,7 +234,7 @@ class VllmServer:
             return False
 
     def processes(self) -> list[psutil.Process]:
-        """The API server and all its descendants (EngineCore, Worker, resource tracker...)."""
+        """The server process and all its descendants."""
         if not self.running or self.pid is None:
             return []
         try:
@@ -289,7 +243,7 @@ class VllmServer:
         except psutil.NoSuchProcess:
             return []
 
-    def stop(self, term_timeout_s: float = 30.0) -> None:
+    def stop(self, term_timeout_s: float | None = None) -> None:
         """SIGTERM the process group, wait up to ``term_timeout_s``, then SIGKILL anything left."""
         proc, self._proc = self._proc, None
         _LIVE.discard(self)
@@ -303,7 +257,7 @@ class VllmServer:
             for p in tree:  # children that moved to another group still get the signal
                 with contextlib.suppress(psutil.Error):
                     p.terminate()
-            alive = _wait_gone(proc, tree, term_timeout_s)
+            alive = _wait_gone(proc, tree, self.STOP_TIMEOUT_S if term_timeout_s is None else term_timeout_s)
             if alive:
                 _signal_group(pgid, signal.SIGKILL)
                 for p in alive:
@@ -327,11 +281,11 @@ class VllmServer:
         return " | ".join(tail) if tail else "(log empty)"
 
     def _default_log_path(self) -> Path:
-        fd, name = tempfile.mkstemp(prefix=f"diagnose-vllm-{self.port}-", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix=f"{self.LOG_PREFIX}-{self.port}-", suffix=".log")
         os.close(fd)
         return Path(name)
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -340,7 +294,83 @@ class VllmServer:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"VllmServer(url={self.url!r}, pid={self.pid}, log={str(self.log_path)!r})"
+        return f"{type(self).__name__}(url={self.url!r}, pid={self.pid}, log={str(self.log_path)!r})"
+
+
+class VllmServer(ServerProcess):
+    """A vLLM CPU OpenAI-compatible server on 127.0.0.1 serving the tiny model (a context manager)."""
+
+    NAME = "vLLM server"
+    LOG_PREFIX = "diagnose-vllm"
+
+    def __init__(
+        self,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        profiler_dir: str | os.PathLike[str] | None = None,
+        otlp_traces_endpoint: str | None = None,
+        kv_cache_space_gib: int = 2,
+        max_model_len: int = 2048,
+        served_model_name: str = SERVED_MODEL_NAME,
+        log_path: str | os.PathLike[str] | None = None,
+        startup_timeout_s: float | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._init_process(port, log_path, startup_timeout_s)
+        self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
+        self.profiler_dir = Path(profiler_dir).resolve() if profiler_dir is not None else None
+        self.otlp_traces_endpoint = otlp_traces_endpoint
+        self.kv_cache_space_gib = int(kv_cache_space_gib)
+        self.max_model_len = max_model_len
+        self.served_model_name = served_model_name
+        self.model_dir = Path(model_dir) if model_dir is not None else tiny_model_dir()
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(engine_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.served_model_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len),
+            "--dtype", "bfloat16",
+        ]  # fmt: skip
+        if self.profiler_dir is not None:
+            config = {
+                "profiler": "torch",
+                "torch_profiler_dir": str(self.profiler_dir),
+                "torch_profiler_with_stack": False,
+            }
+            cmd += ["--profiler-config", json.dumps(config)]
+        if self.otlp_traces_endpoint:
+            cmd += ["--otlp-traces-endpoint", self.otlp_traces_endpoint]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_space_gib),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("VIRTUAL_ENV", None)
+        env.update(self.env)
+        return env
+
+    def check_built(self) -> None:
+        python = engine_python()
+        if not python.exists() or not (self.model_dir / "config.json").is_file():
+            raise EngineError(
+                f"engine not built: need {python} and {self.model_dir}/config.json "
+                "(run `bash harness/ensure_engine.sh` or harness.engine.ensure_engine())"
+            )
+        if self.profiler_dir is not None:
+            self.profiler_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _alive(proc: psutil.Process) -> bool:

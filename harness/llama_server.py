@@ -28,27 +28,15 @@ folder), ``DIAGNOSE_TINY_GGUF`` (the model file), ``DIAGNOSE_ENGINE_STARTUP_TIME
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-import weakref
-from collections import deque
 from pathlib import Path
-from types import TracebackType
-from typing import IO
-
-import psutil
 
 from diagnose.errors import DiagnoseError
-from diagnose.realtime import normal_priority_in_child
-from harness.engine import EngineError, _signal_group, _wait_gone, cache_root, free_port
+from harness.engine import EngineError, ServerProcess, cache_root
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the PyPI sdist whose vendored llama.cpp is built
 LLAMA_CPP_COMMIT = "0c1e57098"  # ggml-org/llama.cpp commit of that sdist (its CHANGELOG)
@@ -101,22 +89,18 @@ def ensure_llama(timeout_s: float = 3600.0, quiet: bool = False) -> None:
         raise EngineError(f"{ENSURE_SCRIPT} failed (exit {proc.returncode}): {tail}")
 
 
-_LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_LIVE):
-        server.stop()
-
-
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """A llama.cpp ``llama-server`` on 127.0.0.1 serving the tiny GGUF model (a context manager).
 
     ``n_parallel`` is ``-np`` (slots); ``ctx_size`` is ``-c``, the *total* KV context, which llama-server
     splits evenly between the slots: the default, ``2048 * n_parallel``, gives each slot the model's 2,048
     positions (vLLM's ``max_model_len`` in :class:`harness.engine.VllmServer`).
     """
+
+    NAME = "llama-server"
+    LOG_PREFIX = "diagnose-llama"
+    POLL_S = 0.2  # it is ready in ~50 ms
+    STOP_TIMEOUT_S = 15.0
 
     def __init__(
         self,
@@ -133,7 +117,7 @@ class LlamaServer:
         metrics: bool = True,
         slots: bool = True,
     ) -> None:
-        self.port = port if port is not None else free_port()
+        self._init_process(port, log_path, startup_timeout_s)
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.model_path = Path(model_path) if model_path is not None else tiny_gguf_path()
@@ -143,27 +127,6 @@ class LlamaServer:
         self.served_model_name = served_model_name
         self.metrics = metrics
         self.slots = slots
-        self.log_path = Path(log_path) if log_path is not None else self._default_log_path()
-        if startup_timeout_s is None:
-            startup_timeout_s = float(os.environ.get("DIAGNOSE_ENGINE_STARTUP_TIMEOUT") or 240.0)
-        self.startup_timeout_s = startup_timeout_s
-        self.ready_s: float | None = None  # seconds from spawn to /health == 200
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
-        self._reaper: subprocess.Popen[bytes] | None = None
-
-    # -- properties ---------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
         cmd = [
@@ -188,135 +151,13 @@ class LlamaServer:
         env.update(self.env)
         return env
 
-    # -- lifecycle ----------------------------------------------------------------------------------
-    def start(self) -> LlamaServer:
-        if self.running:
-            return self
+    def check_built(self) -> None:
         binary = llama_server_bin()
         if not binary.is_file() or not self.model_path.is_file():
             raise EngineError(
                 f"llama-server not built: need {binary} and {self.model_path} "
                 "(run `bash harness/ensure_llama.sh` or harness.llama_server.ensure_llama())"
             )
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._log_file = log
-        t0 = time.monotonic()
-        self._proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.environment(),
-            start_new_session=True,  # own process group: stop() signals the whole tree
-            preexec_fn=normal_priority_in_child,  # never the caller's real-time policy (see engine.py)
-        )
-        _LIVE.add(self)
-        # A watchdog that kills the group if this process dies without stop() (SIGKILL, crash).
-        self._reaper = subprocess.Popen(
-            [sys.executable, str(HARNESS_DIR / "_reaper.py"), str(os.getpid()), str(self._proc.pid)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,
-        )
-        try:
-            self._wait_healthy(t0)
-        except BaseException:
-            self.stop()
-            raise
-        self.ready_s = time.monotonic() - t0
-        return self
-
-    def _wait_healthy(self, t0: float) -> None:
-        deadline = t0 + self.startup_timeout_s
-        assert self._proc is not None
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                raise EngineError(
-                    f"llama-server on port {self.port} exited with code {code} before /health was ready; "
-                    f"log {self.log_path}: {self.tail_log()}"
-                )
-            if self.health_ok():
-                return
-            if time.monotonic() > deadline:
-                raise EngineError(
-                    f"llama-server on port {self.port} not healthy within {self.startup_timeout_s:.0f} s; "
-                    f"log {self.log_path}: {self.tail_log()}"
-                )
-            time.sleep(0.2)
-
-    def health_ok(self, timeout_s: float = 2.0) -> bool:
-        """``GET /health`` == 200 (llama-server answers 503 while the model is loading)."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
-                return int(resp.status) == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-    def processes(self) -> list[psutil.Process]:
-        """llama-server and any descendants (it is one process; kept for symmetry with VllmServer)."""
-        if not self.running or self.pid is None:
-            return []
-        try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def stop(self, term_timeout_s: float = 15.0) -> None:
-        """SIGTERM the process group, wait up to ``term_timeout_s``, then SIGKILL anything left."""
-        proc, self._proc = self._proc, None
-        _LIVE.discard(self)
-        if proc is not None:
-            tree: list[psutil.Process] = []
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(proc.pid)
-                tree = [root, *root.children(recursive=True)]
-            pgid = proc.pid  # start_new_session: the group id is the leader's pid
-            _signal_group(pgid, signal.SIGTERM)
-            for p in tree:
-                with contextlib.suppress(psutil.Error):
-                    p.terminate()
-            alive = _wait_gone(proc, tree, term_timeout_s)
-            if alive:
-                _signal_group(pgid, signal.SIGKILL)
-                for p in alive:
-                    with contextlib.suppress(psutil.Error):
-                        p.kill()
-                _wait_gone(proc, alive, 10.0)
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.kill()
-            reaper.wait()
-        log, self._log_file = self._log_file, None
-        if log is not None:
-            log.close()
-
-    def tail_log(self, lines: int = 15) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as fh:
-                tail = deque((ln.rstrip() for ln in fh if ln.strip()), maxlen=lines)
-        except OSError as exc:
-            return f"(log unreadable: {exc})"
-        return " | ".join(tail) if tail else "(log empty)"
-
-    def _default_log_path(self) -> Path:
-        fd, name = tempfile.mkstemp(prefix=f"diagnose-llama-{self.port}-", suffix=".log")
-        os.close(fd)
-        return Path(name)
-
-    def __enter__(self) -> LlamaServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"LlamaServer(url={self.url!r}, pid={self.pid}, log={str(self.log_path)!r})"
 
 
 def _main(argv: list[str] | None = None) -> int:
