@@ -38,7 +38,7 @@ EXPECTED = {
 EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own (docs/fleet.md)
 EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/workload.md)
 EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
-EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps"}  # docs/compare.md
+EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
 
 
 @pytest.fixture(autouse=True)

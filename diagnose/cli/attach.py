@@ -212,7 +212,7 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
 @click.option("--since", metavar="DURATION", help="With --prometheus: how far back to read (default 1h). With "
               "--observe the fleet is watched from now for --duration instead.")
 @click.option("--find-max-goodput", is_flag=True,
-              help="Search the load (--concurrency or --rate ladder, default 1:256:x2) for the highest level that "
+              help="Search the load (the -c or -r ladder, default -c 1:256:x2) for the highest level that "
                    "meets --slo and for saturation: one capture per level under -o/levels/, then bisection; writes "
                    "search.json and report.html (docs/compare.md).")
 @click.option("--search-steps", type=int, default=4, show_default=True,

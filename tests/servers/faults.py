@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--log", default=None)
     ap.add_argument("--slots", type=int, default=0, help="serve at most N requests at once (0: no limit)")
     ap.add_argument("--first-ms", type=float, default=0.0, help="time to the first token of a served request")
-    asyncio.run(amain(ap.parse_args(argv)))
+    # unknown options are ignored: an experiment run by `attach --launch --verify` may add an engine flag
+    asyncio.run(amain(ap.parse_known_args(argv)[0]))
 
 
 def free_port() -> int:
