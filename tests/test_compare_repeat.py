@@ -4,7 +4,6 @@ under-cover), and reports the run-to-run spread."""
 
 from __future__ import annotations
 
-import gzip
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from diagnose.pipeline import analyze
 from diagnose.probes.load import workload_from_options
 from diagnose.workload import Phase as PlannedPhase
 from diagnose.workload import repeat_phases
+from tests.test_compare import _rows
+from tests.test_compare import _write_rows as _write
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 HEALTHY = SAMPLES / "vllm_cpu_healthy" / "bundle"
@@ -158,16 +159,6 @@ def test_spread_is_each_runs_value_and_their_range() -> None:
 
 
 # -- a bundle with a repeated level, end to end --------------------------------------------------------------
-def _rows(path: Path) -> list[dict[str, Any]]:
-    with gzip.open(path, "rb") as f:
-        return [orjson.loads(line) for line in f]
-
-
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    with gzip.open(path, "wb") as f:
-        f.write(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
-
-
 def _as_repeats(src: Path, dst: Path, runs: int) -> Path:
     """The healthy sample with its one measured level cut into ``runs`` phases of equal length, recorded as
     repeats of that level (each request in the phase where it was sent)."""
