@@ -225,7 +225,7 @@ def spread(s: LevelSample) -> dict[str, dict[str, Any]]:
 
 def _label(p: Phase) -> str:
     if p.level is None:
-        return p.level_key[0]  # its name without the repeat's " r2"
+        return p.level_name
     unit = "c=" if p.level_kind == "concurrency" else "rate="
     return f"{unit}{p.level:g}"
 

@@ -185,7 +185,12 @@ class Phase:
         """What repeats of one level share: its kind and offered load (a phase without a level: its name)."""
         if self.level is not None:
             return (self.level_kind, self.level)
-        return (self.name.removesuffix(f" r{self.repeat}"), None)
+        return (self.level_name, None)
+
+    @property
+    def level_name(self) -> str:
+        """The phase's name without its repeat's suffix (``c=8 r2`` -> ``c=8``)."""
+        return self.name.removesuffix(f" r{self.repeat}")
 
     @property
     def is_baseline(self) -> bool:

@@ -43,6 +43,7 @@ import urllib.error
 import urllib.request
 import weakref
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -90,11 +91,17 @@ def engine_ready() -> bool:
 
 def ensure_engine(timeout_s: float = 1800.0, quiet: bool = False) -> None:
     """Build the engine venv and the tiny model when missing (runs harness/ensure_engine.sh)."""
-    if engine_ready():
+    run_ensure(ENSURE_SCRIPT, engine_ready, timeout_s, quiet)
+
+
+def run_ensure(script: Path, ready: Callable[[], bool], timeout_s: float, quiet: bool) -> None:
+    """Run a build script (``bash script``) unless ``ready()`` already holds; EngineError when it fails, times
+    out, or leaves ``ready()`` false. Its output goes to stderr unless ``quiet``."""
+    if ready():
         return
     try:
         proc = subprocess.run(
-            ["bash", str(ENSURE_SCRIPT)],
+            ["bash", str(script)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -102,12 +109,12 @@ def ensure_engine(timeout_s: float = 1800.0, quiet: bool = False) -> None:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        raise EngineError(f"{ENSURE_SCRIPT} did not finish within {timeout_s:.0f} s") from exc
+        raise EngineError(f"{script} did not finish within {timeout_s:.0f} s") from exc
     if not quiet:
         sys.stderr.write(proc.stdout)
-    if proc.returncode != 0 or not engine_ready():
+    if proc.returncode != 0 or not ready():
         tail = " | ".join(proc.stdout.strip().splitlines()[-5:])
-        raise EngineError(f"{ENSURE_SCRIPT} failed (exit {proc.returncode}): {tail}")
+        raise EngineError(f"{script} failed (exit {proc.returncode}): {tail}")
 
 
 def free_port() -> int:
@@ -137,8 +144,11 @@ class ServerProcess:
     STOP_TIMEOUT_S = 30.0
 
     def _init_process(self, port: int | None, log_path: str | os.PathLike[str] | None,
-                      startup_timeout_s: float | None) -> None:
+                      startup_timeout_s: float | None, extra_args: list[str] | None,
+                      env: dict[str, str] | None) -> None:
         self.port = port if port is not None else free_port()
+        self.extra_args = list(extra_args or [])  # appended to the command line
+        self.env = dict(env or {})  # over the environment()
         self.log_path = Path(log_path) if log_path is not None else self._default_log_path()
         if startup_timeout_s is None:  # env override: shared, loaded dev machines start slowly
             startup_timeout_s = float(os.environ.get("DIAGNOSE_ENGINE_STARTUP_TIMEOUT") or 240.0)
@@ -317,9 +327,7 @@ class VllmServer(ServerProcess):
         startup_timeout_s: float | None = None,
         model_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._init_process(port, log_path, startup_timeout_s)
-        self.extra_args = list(extra_args or [])
-        self.env = dict(env or {})
+        self._init_process(port, log_path, startup_timeout_s, extra_args, env)
         self.profiler_dir = Path(profiler_dir).resolve() if profiler_dir is not None else None
         self.otlp_traces_endpoint = otlp_traces_endpoint
         self.kv_cache_space_gib = int(kv_cache_space_gib)

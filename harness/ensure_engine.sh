@@ -17,14 +17,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$(dirname "$VENV")" "$(dirname "$MODEL")"
 LOCK="$(dirname "$VENV")/.ensure_engine.lock"
 
-exec 9>"$LOCK"
-if ! flock -n 9; then
-    echo "ensure_engine: another build holds $LOCK; waiting..."
-    flock 9
-fi
-
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# shellcheck source=harness/_ensure_common.sh
+source "$HERE/_ensure_common.sh"
+take_lock ensure_engine "$LOCK"
 
 # ---- 1. engine venv --------------------------------------------------------
 if [[ -f "$VENV/.ready" ]]; then

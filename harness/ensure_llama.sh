@@ -33,14 +33,9 @@ mkdir -p "$CACHE_ROOT" "$(dirname "$LLAMA_DIR")" "$(dirname "$GGUF")" "$DOWNLOAD
 LOCK="$CACHE_ROOT/.ensure_llama.lock"
 WORK="$(dirname "$LLAMA_DIR")/.build-$(basename "$LLAMA_DIR")"  # unpacked source + build tree, removed after
 
-exec 9>"$LOCK"
-if ! flock -n 9; then
-    echo "ensure_llama: another build holds $LOCK; waiting..."
-    flock 9
-fi
-
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# shellcheck source=harness/_ensure_common.sh
+source "$HERE/_ensure_common.sh"
+take_lock ensure_llama "$LOCK"
 
 # ---- 0. the sdist (downloaded once, kept in $DOWNLOADS) ---------------------
 fetch_sdist() {

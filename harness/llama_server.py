@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from diagnose.errors import DiagnoseError
-from harness.engine import EngineError, ServerProcess, cache_root
+from harness.engine import EngineError, ServerProcess, cache_root, run_ensure
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the PyPI sdist whose vendored llama.cpp is built
 LLAMA_CPP_COMMIT = "0c1e57098"  # ggml-org/llama.cpp commit of that sdist (its CHANGELOG)
@@ -69,24 +68,7 @@ def llama_ready() -> bool:
 
 def ensure_llama(timeout_s: float = 3600.0, quiet: bool = False) -> None:
     """Build llama-server and the tiny GGUF when missing (runs harness/ensure_llama.sh; ~15 min on 2 cores)."""
-    if llama_ready():
-        return
-    try:
-        proc = subprocess.run(
-            ["bash", str(ENSURE_SCRIPT)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise EngineError(f"{ENSURE_SCRIPT} did not finish within {timeout_s:.0f} s") from exc
-    if not quiet:
-        sys.stderr.write(proc.stdout)
-    if proc.returncode != 0 or not llama_ready():
-        tail = " | ".join(proc.stdout.strip().splitlines()[-5:])
-        raise EngineError(f"{ENSURE_SCRIPT} failed (exit {proc.returncode}): {tail}")
+    run_ensure(ENSURE_SCRIPT, llama_ready, timeout_s, quiet)
 
 
 class LlamaServer(ServerProcess):
@@ -117,9 +99,7 @@ class LlamaServer(ServerProcess):
         metrics: bool = True,
         slots: bool = True,
     ) -> None:
-        self._init_process(port, log_path, startup_timeout_s)
-        self.extra_args = list(extra_args or [])
-        self.env = dict(env or {})
+        self._init_process(port, log_path, startup_timeout_s, extra_args, env)
         self.model_path = Path(model_path) if model_path is not None else tiny_gguf_path()
         self.n_parallel = int(n_parallel)
         self.ctx_size = int(ctx_size) if ctx_size is not None else 2048 * self.n_parallel

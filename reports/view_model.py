@@ -174,21 +174,22 @@ def _curve(a: Analysis) -> dict[str, Any] | None:
     """A sweep's throughput-latency curve: each level (a repeated one by its first run, as the sweep rules see
     it) from its phase signals, the SLO lines, the knee and, on a valid run, the highest level whose point
     values meet the SLO (diagnose.goodput: one definition of each)."""
-    from diagnose.goodput import knee, meets
+    from diagnose.goodput import CURVE_METRICS, knee, meets
     from diagnose.normalize.derived import slo_terms
     from diagnose.reports.curve import curve_spec
 
-    if _sweep_levels(a) < 2:
+    levels = level_phases(a.phases)
+    if len(levels) < 2:
         return None
+    slo = slo_terms(a.manifest)
     sig = {p.phase: s for p, s in zip(a.phases, a.phase_signals, strict=False)}
     rows: list[dict[str, Any]] = []
-    for p in sorted(level_phases(a.phases), key=lambda p: (p.level or 0.0, p.phase)):
+    for p in sorted(levels, key=lambda p: (p.level or 0.0, p.phase)):
         ps = sig.get(p.phase, {})
-        rows.append({"label": _level_name(p), "output_tps": _sig(ps, "output_tps"),
-                     **{k: _sig(ps, f"{k}_ms") for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")},
-                     **{k.removesuffix("_ms"): _sig(ps, k) for k in slo_terms(a.manifest)},
-                     "slo": {k: _sig(ps, k) for k in slo_terms(a.manifest)}})
-    slo = slo_terms(a.manifest)
+        terms = {k: _sig(ps, k) for k in slo}
+        rows.append({"label": p.level_name, "output_tps": _sig(ps, "output_tps"),
+                     **{k: _sig(ps, f"{k}_ms") for k in CURVE_METRICS},
+                     **{k.removesuffix("_ms"): v for k, v in terms.items()}, "slo": terms})
     i, _ = knee([r["label"] for r in rows], [r["output_tps"] if r["output_tps"] is not None else math.nan
                                              for r in rows])
     best = None
@@ -269,12 +270,9 @@ def _run_label(a: Analysis) -> str:
     if _sweep_levels(a) > 1:
         return "all levels pooled"
     if len(levels) > 1:  # one level run several times (--repeat)
-        return f"{_level_name(levels[0][0])}, {len(levels)} runs pooled"
+        return f"{levels[0][0].level_name}, {len(levels)} runs pooled"
     return levels[0][0].name if levels else "whole run"
 
-
-def _level_name(p: Phase) -> str:
-    return p.name.removesuffix(f" r{p.repeat}")
 
 
 def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
