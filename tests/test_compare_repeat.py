@@ -92,29 +92,36 @@ def _single_stage(s: cmp.LevelSample) -> cmp.LevelSample:
     """The same pooled requests resampled as if they were one run (blocks only)."""
     one = cmp.pooled(s.repeats)
     one.req_off = one.block_off = None
+    one.repeats = []
     return one
 
 
-@pytest.mark.parametrize("metric", ["ttft_p50", "output_tps"])
-def test_two_stage_intervals_cover_when_runs_drift(metric: str) -> None:
-    """Two captures of the same setting, three runs each, the host 10% off in each run at random: 95%
-    intervals of B - A contain the true difference (0) in about 95 of 100 trials with runs resampled first;
-    resampling one run's blocks alone misses it far more often (measured 60 and 82 of 100)."""
+@pytest.mark.parametrize(("metric", "drift", "least"), [("ttft_p50", 0.1, 88), ("output_tps", 0.1, 88),
+                                                       ("ttft_p50", 0.2, 93)])
+def test_two_stage_intervals_cover_when_runs_drift(metric: str, drift: float, least: int) -> None:
+    """Two captures of the same setting, three runs each, the host 10% (20%) off in each run at random: 95%
+    intervals of B - A contain the true difference (0) in about 95 of 100 trials with runs resampled first
+    and the runs' own t interval beside it (measured 96 and 97 for TTFT P50 at 10% and 20%; the bootstrap alone
+    92 and 86, which the 20% case would fail); resampling one run's blocks alone misses it far more often
+    (measured 60 and 82 of 100 at 10%)."""
     m = cmp.METRIC_BY_NAME[metric]
     two = one = 0
     for seed in range(100):
         rng = np.random.default_rng(seed)
-        a, b = _capture(rng, 3, 150, 0.1), _capture(rng, 3, 150, 0.1)
+        a, b = _capture(rng, 3, 150, drift), _capture(rng, 3, 150, drift)
         d = cmp.diff_metric(a, b, m, 0.95, 400, rng, noise=0.0)
         two += d.diff_lo <= 0.0 <= d.diff_hi
         d1 = cmp.diff_metric(_single_stage(a), _single_stage(b), m, 0.95, 400, rng, noise=0.0)
         one += d1.diff_lo <= 0.0 <= d1.diff_hi
-    assert 88 <= two <= 100, two
+    assert least <= two <= 100, two
     assert one <= 85 and two - one >= 8, (two, one)
 
 
 def test_two_stage_finds_a_real_difference_through_the_drift() -> None:
-    """B 40% slower in TTFT in every run: still 'worse' with runs resampled, in nearly every trial."""
+    """B 40% slower in TTFT in every run: still 'worse' with runs resampled, in most trials. Measured 34 of 40
+    with the runs' t interval beside the bootstrap (3 runs a side leave it 4 degrees of freedom); the bootstrap
+    alone found 40 of 40, but with intervals that under-cover (the test above), the price of which CI paid with
+    a "worse" on an A/A pair."""
     m = cmp.METRIC_BY_NAME["ttft_p50"]
     worse = 0
     for seed in range(40):
@@ -122,7 +129,26 @@ def test_two_stage_finds_a_real_difference_through_the_drift() -> None:
         a = _capture(rng, 3, 150, 0.05)
         b = cmp.pooled([_run(rng, 150, 1.4 * float(np.exp(rng.normal(0, 0.05))), 10.0) for _ in range(3)])
         worse += cmp.diff_metric(a, b, m, 0.95, 400, rng).verdict == "worse"
-    assert worse >= 36, worse
+    assert worse >= 32, worse
+
+
+def test_runs_that_disagree_widely_get_no_verdict_beyond_their_spread() -> None:
+    """CI's A/A pair: A's three runs within 3% of each other, B's spread 56% (one host, a busier stretch), B
+    slower in all three. The bootstrap resamples B's three runs as if they were all there could be and called
+    TTFT "worse"; the runs' own t interval (4 degrees of freedom) says the runs cannot tell it from their
+    spread, while the same slowdown in three runs that agree is still found."""
+    m = cmp.METRIC_BY_NAME["ttft_p50"]
+    rng = np.random.default_rng(3)
+    a = cmp.pooled([_run(rng, 150, 1.0, 10.0) for _ in range(3)])
+    wide = cmp.pooled([_run(rng, 150, f, 10.0) for f in (1.15, 1.3, 1.6)])
+    d = cmp.diff_metric(a, wide, m, 0.95, 1000, rng)
+    assert d.verdict in ("within noise", "no significant change"), d
+    runs = cmp.run_interval(a, wide, m, 0.95)
+    assert runs is not None and runs[0] < 0.10 < 0.25 < runs[1], runs
+    steady = cmp.pooled([_run(rng, 150, f, 10.0) for f in (1.48, 1.5, 1.52)])
+    assert cmp.diff_metric(a, steady, m, 0.95, 1000, rng).verdict == "worse"
+    assert cmp.run_interval(a, a, m, 0.95) is not None
+    assert cmp.run_interval(cmp.pooled(a.repeats[:1]), a.repeats[1], m, 0.95) is None  # no run repeated
 
 
 def test_pooled_sample_keeps_the_runs_apart() -> None:
