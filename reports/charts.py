@@ -189,7 +189,8 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
     """Lines (or dots, ``style: "dots"``) on a left axis and an optional right axis.
 
     series: [{"name", "points": [[x, y], ...], "axis": "left"|"right", "style": "line"|"dots"|"step"|"marker",
-    "ordered": True (optional: the points joined in the order given, each drawn, instead of sorted by x)}];
+    "ordered": True (optional: the points joined in the order given, each drawn, instead of sorted by x),
+    "labels": [str, ...] (optional, with "ordered": one per point, written beside it)}];
     bands: shaded x ranges with a label (sweep phases): [{"start", "end", "label"}].
     """
     has_right = any(s.get("axis") == "right" for s in series)
@@ -247,6 +248,11 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
             if s.get("ordered"):  # a curve through a few points (one per level): each point shown
                 out.append(f'<g fill="{color}">' + "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6"/>'
                                                            for x, y in xy) + "</g>")
+                labels = s.get("labels") or []
+                if labels and len(labels) == len(xy):  # each point named (a level), just above it
+                    out.append(f'<g class="point-label" fill="{color}">' + "".join(
+                        f'<text class="tick-label" x="{x + 4:.1f}" y="{y - 5:.1f}">{esc(lab)}</text>'
+                        for (x, y), lab in zip(xy, labels, strict=True)) + "</g>")
     out += _legend(names, colors, f.x0, 34, width - 20)
     if not any(pts for _, pts in prepared):
         out.append(f'<text class="empty" x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle">no data</text>')

@@ -26,10 +26,13 @@ def curve_spec(rows: Sequence[Mapping[str, Any]], slo: Mapping[str, float], *, k
     if len(pts) < 2:
         return None
     series: list[dict[str, Any]] = []
-    for key, name, axis in LINES:
-        line = [[float(r["output_tps"]), float(r[key])] for r in pts if _ok(r.get(key))]
-        if line:
-            series.append({"name": name, "points": line, "axis": axis, "style": "line", "ordered": True})
+    for i, (key, name, axis) in enumerate(LINES):
+        kept = [r for r in pts if _ok(r.get(key))]
+        if kept:
+            series.append({"name": name, "points": [[float(r["output_tps"]), float(r[key])] for r in kept],
+                           "axis": axis, "style": "line", "ordered": True})
+            if i == 0:  # the first line names its levels: throughput need not grow with load (a noisy host)
+                series[-1]["labels"] = [str(r.get("label", "")) for r in kept]
     shown = {k for k, _, _ in LINES}
     for key in slo:  # an SLO term on a percentile the lines above do not show: its own line
         name = key.removesuffix("_ms")

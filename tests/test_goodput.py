@@ -158,6 +158,14 @@ def test_curve_marks_the_slo_and_the_edge() -> None:
     assert by["SLO ttft_p90 60 ms"]["points"] == [[100.0, 60.0], [200.0, 60.0]]
     assert by["knee (saturation): c=2"]["points"] == [[190.0, 44.0]] and "max goodput: c=2" in by
     assert curve_spec(rows[:1], {}) is None
+    # each point of the first line names its level (throughput can turn back as load rises), escaped
+    assert by["TTFT P50"]["labels"] == ["c=1", "c=2", "c=4"] and "labels" not in by["TTFT P99"]
+    from diagnose.reports.render import svg
+
+    rows[2]["label"] = "c=<4>"
+    drawn = svg(curve_spec(rows, {}))
+    assert 'class="point-label"' in drawn and ">c=2</text>" in drawn and "c=&lt;4&gt;" in drawn
+    assert "c=<4>" not in drawn
 
 
 # -- the command, against a server with 4 slots ----------------------------------------------------------------
