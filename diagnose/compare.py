@@ -636,17 +636,10 @@ def reference_drift(a: Analysis, b: Analysis, confidence: float = 0.95) -> tuple
     return (sa.value, sb.value, rel)
 
 
-COLD_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold
-
-
 def _warmth(a: Analysis) -> str | None:
-    """'cold (N requests served before)' or 'warm (N ...)', from server_requests_before_capture; None
-    without the server's counter."""
-    sig = a.signals.get("server_requests_before_capture")
-    if sig is None or not math.isfinite(sig.value):
-        return None
-    n = int(sig.value)
-    return f"{'cold' if n < COLD_REQUESTS else 'warm'} ({n} requests served before the capture)"
+    from diagnose.workload_card import server_warmth
+
+    return server_warmth(a.signals)
 
 
 def _level_text(k: tuple[str, float | None]) -> str:

@@ -135,6 +135,8 @@ _CLIENT: list[_Entry] = [
     ("client_cpu_max_percent", "percent",
      "client process CPU, max (% of one core); series: every self-check sample (rules judge its share)"),
     ("ttft_cold_ratio", "ratio", "TTFT of the first requests / warm TTFT"),
+    ("ttft_cold_p50_ms", "ms", "TTFT P50 of the capture's first 3 requests (its first phase, warm-up included)"),
+    ("ttft_warm_p50_ms", "ms", "TTFT P50 of the rest of the capture's first phase (after its first 3 requests)"),
     *[(f"slo_{m}_{p}_ms", "ms", f"SLO asked: {m.upper()} {_pct_label(p)} (ms)") for m in SLO_METRICS for p in PCTS],
     ("sweep_levels", "levels", "number of load levels in a sweep"),
     ("sweep_ttft_p50_growth_ratio", "ratio", "TTFT P50 at the highest / lowest load level"),

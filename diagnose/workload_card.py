@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     from diagnose.analysis import Analysis
 
 PCTS = (50, 90, 99)
+COLD_SERVER_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold
+
+
+def server_warmth(signals: Any) -> str | None:
+    """'cold (N requests served before the capture)' or 'warm (...)', from server_requests_before_capture;
+    None without the server's counter."""
+    sig = signals.get("server_requests_before_capture")
+    if sig is None or not np.isfinite(sig.value):
+        return None
+    n = int(sig.value)
+    return f"{'cold' if n < COLD_SERVER_REQUESTS else 'warm'} ({n} requests served before the capture)"
 
 
 def _num(v: Any) -> float | None:
@@ -72,6 +83,10 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         "arrival_gap_cv": s("arrival_gap_cv_ratio"),
         "requests": None, "input_tokens": None, "input_tokens_planned": None, "output_tokens": None,
         "prefix_share_planned": None, "cached_token_share": None,
+        # cold and warm apart: the server's state when the capture began, and the first requests' TTFT against
+        # the rest of their phase (the same requests as ttft_cold_ratio)
+        "warmth": {"server": server_warmth(sig), "ttft_cold_p50_ms": s("ttft_cold_p50_ms"),
+                   "ttft_warm_p50_ms": s("ttft_warm_p50_ms")},
     }
     if mode == "replay" and replay:
         card["prefix_share_planned"] = _num(replay.get("prefix_share"))

@@ -83,6 +83,15 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     }
 
 
+def _cold_warm(w: dict[str, Any]) -> str | None:
+    """The server's state at the start and the first requests' TTFT apart from the rest (workload card)."""
+    parts = [f"server {w['server']}"] if w.get("server") else []
+    cold, warm = w.get("ttft_cold_p50_ms"), w.get("ttft_warm_p50_ms")
+    if cold is not None and warm is not None:
+        parts.append(f"first 3 requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms")
+    return "; ".join(parts) or None
+
+
 def _workload_card(a: Analysis) -> list[dict[str, str]]:
     """The workload card as (label, value) rows for the top of the report (diagnose/workload_card.py)."""
     from diagnose.workload_card import workload_card
@@ -107,6 +116,7 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
             ("Input tokens", pct(card["input_tokens"])), ("Output tokens", pct(card["output_tokens"])),
             ("Prefix share (planned)", share(card["prefix_share_planned"])),
             ("Cached tokens (server usage)", share(card["cached_token_share"])),
+            ("Cold and warm", _cold_warm(card.get("warmth") or {})),
             ("Note", card.get("note"))]
     # the measured rate, the server's prefix-cache hit ratio and the schedule lag are left out here: the
     # report shows each once elsewhere (headline tiles, signals, client self-check); --json's card has them

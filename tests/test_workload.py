@@ -430,3 +430,26 @@ def test_workload_card_in_the_report_is_escaped(tmp_path: Path) -> None:
     html = (tmp_path / "r.html").read_text()
     card = html[html.index('id="workload"'):html.index("</section>", html.index('id="workload"'))]
     assert "w<b>x" not in html and "w&lt;b&gt;x.jsonl" in card and "<dt>Requests</dt><dd>2</dd>" in card
+
+
+def test_workload_card_reports_cold_and_warm_apart() -> None:
+    """Issue 13 item 6: the server's state when the capture began (its finished-request counter) and the first
+    requests' TTFT apart from the rest of their phase, the same requests ttft_cold_ratio compares."""
+    import numpy as np
+
+    from diagnose.pipeline import analyze
+    from diagnose.reports.view_model import build_view
+
+    a = analyze(Path(__file__).resolve().parent.parent / "sample_traces" / "vllm_cpu_queue_bound" / "bundle")
+    card = build_view(a)["workload_card"]
+    w = {r["label"]: r["value"] for r in card}["Cold and warm"]
+    served = int(a.signals["server_requests_before_capture"].value)
+    assert w.startswith(f"server {'cold' if served < 10 else 'warm'} ({served} requests served before the capture)")
+    req = a.tables["requests"]
+    ok = req[req["ok"].astype(bool) & np.isfinite(req["ttft_ms"].to_numpy(dtype=float))].sort_values("sent_s")
+    first = ok[ok["phase"] == ok["phase"].iloc[0]]["ttft_ms"].to_numpy(dtype=float)
+    cold, warm = float(np.median(first[:3])), float(np.median(first[3:]))
+    assert a.signals["ttft_cold_p50_ms"].value == pytest.approx(cold)
+    assert a.signals["ttft_warm_p50_ms"].value == pytest.approx(warm)
+    assert a.signals["ttft_cold_ratio"].value == pytest.approx(cold / warm)
+    assert f"first 3 requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms" in w

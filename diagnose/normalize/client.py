@@ -359,6 +359,8 @@ def _run_only(req: pd.DataFrame, itl: pd.DataFrame, phases: pd.DataFrame | None,
             if warm > 0:
                 cold = float(np.median(first["ttft_ms"].iloc[:COLD_REQUESTS]))
                 out["ttft_cold_ratio"] = _sig("ttft_cold_ratio", cold / warm, "ratio")
+                out["ttft_cold_p50_ms"] = _sig("ttft_cold_p50_ms", cold, "ms")
+                out["ttft_warm_p50_ms"] = _sig("ttft_warm_p50_ms", warm, "ms")
     if phases is None or phases.empty:
         return
     levels = [p for p in phases.to_dict("records") if p.get("role", "measure") != "baseline"]
