@@ -72,6 +72,35 @@ def _texts(spec: RuleSpec) -> list[str]:
     return out
 
 
+TUNABLE_KEYS = ("value", "over", "times", "hold")  # where a rule's number is a threshold
+
+
+def literal_numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:
+    """(where, number) of each number written into a condition, an impact or a cause's condition instead of a
+    $threshold; 0 and 1 are not thresholds (a flag, a count that must be non-zero, a whole signal)."""
+    out: list[tuple[str, float]] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if (k in TUNABLE_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and v not in (0, 1)):
+                out.append((f"{path}.{k}" if path else str(k), float(v)))
+            out += literal_numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += literal_numbers(v, f"{path}[{i}]")
+    return out
+
+
+def _catalogue_literals(raw: dict[str, Any], f: Path) -> list[str]:
+    """The shipped catalogue keeps every number in rules/thresholds.yaml (a user's own rules may not)."""
+    where: dict[str, Any] = {k: raw.get(k) for k in ("when", "impact")}
+    for i, c in enumerate(raw.get("causes") or []):
+        if isinstance(c, dict):
+            where[f"causes[{i}]"] = {k: c.get(k) for k in ("supported_when", "refuted_when")}
+    return [f"{f}: {at}: the number {v:g} belongs in rules/thresholds.yaml (refer to it as $name)"
+            for at, v in literal_numbers(where)]
+
+
 def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
     problems: list[str] = []
     thresholds = load_thresholds()
@@ -101,6 +130,8 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
         for name in sorted(label_fields(_texts(spec))):
             if not is_known(name):
                 problems.append(unknown_signal(name, f"{f}: text template {{label.{name}}}"))
+        if f.resolve().is_relative_to(CATALOG_DIR.resolve()):
+            problems.extend(_catalogue_literals(raw, f))
         for name in sorted(referenced_thresholds(spec.raw)):
             if name not in thresholds:
                 problems.append(f"{f}: unknown threshold ${name} (not in rules/thresholds.yaml)")

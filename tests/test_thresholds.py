@@ -27,6 +27,28 @@ def test_every_threshold_is_used_by_a_rule() -> None:
         assert n in names, n
 
 
+def test_the_catalogue_writes_no_threshold_as_a_number() -> None:
+    """Issue 10 item 5: every number a shipped rule judges by is in rules/thresholds.yaml (TRC001-TRC008's impact
+    floors, TRC004's share of steps, LAT006/LAT007's hold and FLT001-FLT003's replica count were literals);
+    0 and 1 are no thresholds (flags, counts that must not be zero). A user's own rule may use numbers."""
+    from diagnose.rules.lint import _catalogue_literals, lint, literal_numbers
+    from diagnose.rules.spec import load_raw, rule_files
+
+    found = [p for f in rule_files([CATALOG_DIR]) for p in _catalogue_literals(load_raw(f), f)]
+    assert found == []
+    raw = {"when": {"all": [{"signal": "x", "op": ">", "value": 0.3, "hold": 0.5}, {"signal": "f", "op": ">=",
+                                                                                    "value": 1}]},
+           "impact": {"signal": "x", "over": 2.0},
+           "causes": [{"supported_when": {"signal": "a", "op": ">=", "value": {"signal": "b", "times": 0.5}},
+                       "refuted_when": {"signal": "a", "op": "<=", "value": 0}}]}
+    assert sorted(literal_numbers(raw)) == [("causes[0].supported_when.value.times", 0.5), ("impact.over", 2.0),
+                                            ("when.all[0].hold", 0.5), ("when.all[0].value", 0.3)]
+    msgs = _catalogue_literals(raw, Path("X.yaml"))
+    assert len(msgs) == 4 and any("causes[0].supported_when.value.times" in m for m in msgs), msgs
+    assert all("belongs in rules/thresholds.yaml" in m for m in msgs)
+    assert lint([], [ROOT / "tests" / "rules" / "cases"]) == []
+
+
 def _val001(tmp_path: Path, *overrides: str) -> bool:
     out = tmp_path / f"f{len(overrides)}.json"
     args = [a for o in overrides for a in ("--threshold", o)]
