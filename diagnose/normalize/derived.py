@@ -63,7 +63,24 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
     out = _signals(run, phases, per_phase, manifest)
     out.update(itl_split(run, out))
+    out.update(kv_demand(run))
     return out
+
+
+def kv_demand(run: Mapping[str, Signal]) -> dict[str, Signal]:
+    """``kv_demand_ratio``: the KV tokens the engine's peak of running requests would hold at their full length
+    (running_requests_max x (prompt_tokens_mean + output_tokens_mean)) over the cache's capacity. Above 1 the
+    cache cannot finish the requests the engine runs at once (SCH005: the cache is too small for them); well
+    below 1 their sequences fit, so preemptions come from elsewhere. Empty without the capacity, the peak or
+    the lengths."""
+    running, cap = _val(run, "running_requests_max"), _val(run, "kv_capacity_tokens")
+    prompt, output = _val(run, "prompt_tokens_mean"), _val(run, "output_tokens_mean")
+    if running is None or cap is None or prompt is None or output is None or cap <= 0 or running <= 0:
+        return {}
+    need = running * (prompt + output)
+    sig = _sig("kv_demand_ratio", need / cap)
+    return {sig.name: replace(sig, description=f"{sig.description} ({running:.0f} running x ({prompt:.0f} + "
+                                               f"{output:.0f}) tokens = {need:.0f} against {cap:.0f})")}
 
 
 def itl_split(run: Mapping[str, Signal], derived: Mapping[str, Signal]) -> dict[str, Signal]:
