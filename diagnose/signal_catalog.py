@@ -153,6 +153,8 @@ _DERIVED: list[_Entry] = [
     ("itl_split_decode_ratio", "ratio", "share of the ITL P50 a decode step alone takes (the baseline's ITL P50)"),
     ("kv_demand_ratio", "ratio", "KV tokens the peak of running requests needs at full length (running max x "
      "(prompt + output tokens, means)) / KV-cache capacity"),
+    ("kv_offered_demand_ratio", "ratio", "KV tokens the requests the client kept in flight need at full length "
+     "(in flight mean x (prompt + output tokens, means)) / KV-cache capacity"),
     ("itl_split_engine_load_ratio", "ratio", "share of the ITL P50 the engine under load adds (server ITL P50 above "
      "a decode step alone: the batch, prefill chunks and preemption sharing its steps)"),
     ("itl_split_outside_ratio", "ratio", "share of the ITL P50 outside the engine (client ITL P50 above the "

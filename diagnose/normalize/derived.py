@@ -71,16 +71,25 @@ def kv_demand(run: Mapping[str, Signal]) -> dict[str, Signal]:
     """``kv_demand_ratio``: the KV tokens the engine's peak of running requests would hold at their full length
     (running_requests_max x (prompt_tokens_mean + output_tokens_mean)) over the cache's capacity. Above 1 the
     cache cannot finish the requests the engine runs at once (SCH005: the cache is too small for them); well
-    below 1 their sequences fit, so preemptions come from elsewhere. Empty without the capacity, the peak or
-    the lengths."""
-    running, cap = _val(run, "running_requests_max"), _val(run, "kv_capacity_tokens")
+    below 1 their sequences fit, so preemptions come from elsewhere. ``kv_offered_demand_ratio``: the same for
+    the requests the client kept in flight (client_in_flight_mean), the load offered (SCH009: a cache too
+    small for it holds the batch below its cap). Each is left out without the capacity, its count or the
+    lengths."""
+    cap = _val(run, "kv_capacity_tokens")
     prompt, output = _val(run, "prompt_tokens_mean"), _val(run, "output_tokens_mean")
-    if running is None or cap is None or prompt is None or output is None or cap <= 0 or running <= 0:
+    if cap is None or prompt is None or output is None or cap <= 0:
         return {}
-    need = running * (prompt + output)
-    sig = _sig("kv_demand_ratio", need / cap)
-    return {sig.name: replace(sig, description=f"{sig.description} ({running:.0f} running x ({prompt:.0f} + "
-                                               f"{output:.0f}) tokens = {need:.0f} against {cap:.0f})")}
+    out: dict[str, Signal] = {}
+    for name, count, what in (("kv_demand_ratio", "running_requests_max", "running"),
+                              ("kv_offered_demand_ratio", "client_in_flight_mean", "in flight")):
+        n = _val(run, count)
+        if n is None or n <= 0:
+            continue
+        need = n * (prompt + output)
+        sig = _sig(name, need / cap)
+        out[name] = replace(sig, description=f"{sig.description} ({n:.3g} {what} x ({prompt:.0f} + {output:.0f}) "
+                                             f"tokens = {need:.0f} against {cap:.0f})")
+    return out
 
 
 def itl_split(run: Mapping[str, Signal], derived: Mapping[str, Signal]) -> dict[str, Signal]:
