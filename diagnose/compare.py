@@ -431,6 +431,9 @@ class MetricDiff:
     # (significant, but not beyond the band) | "no significant change" | "too few requests" | "not comparable"
     verdict: str
     significant: str = ""  # "up" | "down": the interval of the difference excludes zero (the CI gate reads this)
+    # "bootstrap", or "runs' t" where a repeated level's interval is Student's t over its runs (``run_interval``),
+    # wider than the bootstrap's on at least one side
+    interval: str = "bootstrap"
 
     def to_json(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
@@ -457,8 +460,11 @@ def diff_metric(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: floa
     rlo, rhi = (np.quantile(r[rok], [alpha, 1 - alpha]) if rok.sum() >= 20 else (nan, nan))
     rel = b / a - 1.0 if a != 0 else nan
     runs_iv = run_interval(sa, sb, m, confidence)
+    interval = "bootstrap"
     if runs_iv is not None and math.isfinite(rlo) and math.isfinite(rhi):
         # the wider of the two: with a few runs the two-stage bootstrap under-covers (``run_interval``)
+        if runs_iv[0] < rlo or runs_iv[1] > rhi:
+            interval = "runs' t"
         rlo, rhi = min(float(rlo), runs_iv[0]), max(float(rhi), runs_iv[1])
         lo, hi = min(float(lo), a * runs_iv[0]), max(float(hi), a * runs_iv[1])
     verdict = "no significant change"
@@ -477,7 +483,7 @@ def diff_metric(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: floa
         else:
             verdict = "within noise"
     return MetricDiff(m.name, m.unit, m.better, how, a, b, b - a, float(lo), float(hi), rel,
-                      float(rlo), float(rhi), verdict, significant)
+                      float(rlo), float(rhi), verdict, significant, interval)
 
 
 def run_interval(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: float) -> tuple[float, float] | None:

@@ -223,9 +223,16 @@ def test_compare_pools_a_repeated_level_and_reports_its_spread(tmp_path: Path) -
     assert lv["runs_a"] == lv["runs_b"] == 3 and len(lv["spread_a"]["ttft_p50"]["values"]) == 3
     assert all(m["verdict"] in ("no significant change", "too few requests", "not comparable")
                for m in lv["metrics"]), [(m["metric"], m["verdict"]) for m in lv["metrics"]]
-    assert "A: 3 runs, run-to-run spread" in r.output
+    assert "A: 3 runs (resampled runs first, then blocks; where Student's t over the runs' values is wider, it " \
+           "is the interval), run-to-run spread" in r.output
     html = (tmp_path / "c.html").read_text()
     assert "3 runs of this level, resampled runs first" in html
+    # which interval each row has is said where it is the runs' t (one definition per number on the page)
+    kinds = {m["metric"]: m["interval"] for m in lv["metrics"]}
+    assert set(kinds.values()) <= {"bootstrap", "runs' t"} and "runs' t" in kinds.values(), kinds
+    t_rows = [line for line in r.output.splitlines() if line.endswith("(interval: Student's t over the runs)")]
+    assert len(t_rows) == list(kinds.values()).count("runs' t"), r.output
+    assert html.count("interval: Student&rsquo;s t over the runs") == len(t_rows)
 
 
 def test_report_of_a_repeated_level_pools_its_runs_and_lists_each(tmp_path: Path) -> None:

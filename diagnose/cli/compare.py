@@ -60,7 +60,9 @@ def comparison_lines(c: Comparison) -> list[str]:
                      f"noise band +-{c.noise:.0%})")
         for side, runs, sp in (("A", lv.runs_a, lv.spread_a), ("B", lv.runs_b, lv.spread_b)):
             if sp:
-                lines.append(f"  {side}: {runs} runs, run-to-run spread (max - min) / median: " + ", ".join(
+                lines.append(f"  {side}: {runs} runs (resampled runs first, then blocks; where Student's t over "
+                             "the runs' values is wider, it is the interval), run-to-run spread (max - min) / median: "
+                             + ", ".join(
                     f"{k} {v['spread']:.0%}" for k, v in sp.items() if v["spread"] is not None))
         order = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
                  "not comparable": 5}
@@ -68,7 +70,8 @@ def comparison_lines(c: Comparison) -> list[str]:
             if m.verdict == "not comparable" and not (math.isfinite(m.a) or math.isfinite(m.b)):
                 continue
             lines.append(f"  {m.metric:<14} {m.a:>10.4g} -> {m.b:<10.4g} {m.unit:<6} {_pct(m.rel):>8} "
-                         f"[{_pct(m.rel_lo)}, {_pct(m.rel_hi)}]  {m.verdict}")
+                         f"[{_pct(m.rel_lo)}, {_pct(m.rel_hi)}]  {m.verdict}"
+                         + ("  (interval: Student's t over the runs)" if m.interval == "runs' t" else ""))
     for t in c.trace:
         lines.append(f"  {t['what']:<40} {t['a'] if t['a'] is not None else 'n/a':>10} -> "
                      f"{t['b'] if t['b'] is not None else 'n/a'} {t['unit']} ({_pct(t['rel'])})")
