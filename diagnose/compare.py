@@ -1051,8 +1051,9 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
         counts = _occupancy_text(occupancy)
         outcome, reason = "refuted", (
             f"in this closed loop at {lv.label} the engine's occupancy did not move as predicted: {counts}; the "
-            f"latencies moved ({reason}) without the change the hypothesis names, so something else moved them "
-            "(the host's speed or run-to-run variation moves latencies, not how many requests the engine admits)")
+            f"latencies moved as predicted ({', '.join(f'{m.signal} {m.rel:+.0%}' for m in good)}) without the "
+            "change the hypothesis names, so something else moved them (the host's speed or run-to-run variation "
+            "moves latencies, not how many requests the engine admits)")
     elif outcome in ("confirmed", "refuted"):
         confound = host_confound(before, after, outcome, good, judged, cause.experiment.expect, c.noise, occupancy)
         if confound:
