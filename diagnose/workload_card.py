@@ -16,17 +16,20 @@ if TYPE_CHECKING:
     from diagnose.analysis import Analysis
 
 PCTS = (50, 90, 99)
-COLD_SERVER_REQUESTS = 10  # a server that had finished fewer requests than this when the capture began is cold
 
 
 def server_warmth(signals: Any) -> str | None:
-    """'cold (N requests served before the capture)' or 'warm (...)', from server_requests_before_capture;
-    None without the server's counter."""
+    """'cold (N requests served before the capture)' or 'warm (...)', from server_requests_before_capture: cold
+    under the threshold ``cold_server_requests`` (rules/thresholds.yaml, which VAL005 judges by too); None
+    without the server's counter."""
+    from diagnose.rules.spec import load_thresholds
+
     sig = signals.get("server_requests_before_capture")
     if sig is None or not np.isfinite(sig.value):
         return None
     n = int(sig.value)
-    return f"{'cold' if n < COLD_SERVER_REQUESTS else 'warm'} ({n} requests served before the capture)"
+    cold = n < load_thresholds()["cold_server_requests"]
+    return f"{'cold' if cold else 'warm'} ({n} requests served before the capture)"
 
 
 def _num(v: Any) -> float | None:
