@@ -27,6 +27,7 @@ class Analysis:
     partial: bool = False
     verdict: Verdict | None = None
     run_window: Window | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)  # those the rules judged by (with overrides)
 
     @property
     def engine(self) -> str | None:

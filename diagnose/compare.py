@@ -42,6 +42,7 @@ from diagnose.errors import InputError
 from diagnose.experiments import describe
 from diagnose.model import Cause, Finding, Phase, Signal, Window
 from diagnose.requests import percentiles, select, span_s
+from diagnose.workload_card import server_warmth
 
 Better = Literal["lower", "higher"]
 Resample = Literal["requests", "time blocks"]
@@ -499,9 +500,11 @@ def run_interval(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: flo
     synthetic A/A pairs of 3 runs each, its 95% intervals held the true difference in 92 of 100 trials with
     the host 10% off per run and 86 with 20%; with this interval beside it, 96 and 97
     (tests/test_compare_repeat.py). ``diff_metric`` takes the wider of the two, so this one only widens."""
+    if sa.runs < 2 and sb.runs < 2:
+        return None
     va = [point(r, m) for r in (sa.repeats or [sa])]
     vb = [point(r, m) for r in (sb.repeats or [sb])]
-    if len(va) < 2 and len(vb) < 2 or not all(math.isfinite(v) and v > 0 for v in (*va, *vb)):
+    if not all(math.isfinite(v) and v > 0 for v in (*va, *vb)):
         return None
     la, lb = np.log(va), np.log(vb)
     repeated = [x for x in (la, lb) if len(x) > 1]
@@ -569,7 +572,7 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     for key in sorted(set(fa) | set(fb)):
         if fa.get(key) != fb.get(key):
             changed.append({"what": key, "a": fa.get(key), "b": fb.get(key)})
-    warmth = [_warmth(an) for an in (a, b)]
+    warmth = [server_warmth(an) for an in (a, b)]
     if None not in warmth and (warmth[0] or "").startswith("cold") != (warmth[1] or "").startswith("cold"):
         # a cold server (first-seen batch shapes, empty caches) is slower than a warm one: a variable too
         changed.append({"what": "server warmth", "a": warmth[0], "b": warmth[1]})
@@ -640,12 +643,6 @@ def reference_drift(a: Analysis, b: Analysis, confidence: float = 0.95) -> tuple
         if d.verdict not in ("better", "worse"):
             return None
     return (sa.value, sb.value, rel)
-
-
-def _warmth(a: Analysis) -> str | None:
-    from diagnose.workload_card import server_warmth
-
-    return server_warmth(a.signals)
 
 
 def _level_text(k: tuple[str, float | None]) -> str:

@@ -240,6 +240,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         partial=bundle.partial,
         verdict=verdict,
         run_window=window,
+        thresholds=dict(thresholds),
     )
     return analysis
 

@@ -18,18 +18,20 @@ if TYPE_CHECKING:
 PCTS = (50, 90, 99)
 
 
-def server_warmth(signals: Any) -> str | None:
+def server_warmth(a: Analysis) -> str | None:
     """'cold (N requests served before the capture)' or 'warm (...)', from server_requests_before_capture: cold
-    under the threshold ``cold_server_requests`` (rules/thresholds.yaml, which VAL005 judges by too); None
-    without the server's counter."""
-    from diagnose.rules.spec import load_thresholds
-
-    sig = signals.get("server_requests_before_capture")
+    under the threshold ``cold_server_requests`` the analysis judged by (VAL005 reads it too); None without the
+    server's counter."""
+    sig = a.signals.get("server_requests_before_capture")
     if sig is None or not np.isfinite(sig.value):
         return None
+    limit = a.thresholds.get("cold_server_requests")
+    if limit is None:  # an Analysis built without the pipeline (a test's): the shipped default
+        from diagnose.rules.spec import load_thresholds
+
+        limit = load_thresholds()["cold_server_requests"]
     n = int(sig.value)
-    cold = n < load_thresholds()["cold_server_requests"]
-    return f"{'cold' if cold else 'warm'} ({n} requests served before the capture)"
+    return f"{'cold' if n < limit else 'warm'} ({n} requests served before the capture)"
 
 
 def _num(v: Any) -> float | None:
@@ -88,7 +90,7 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         "prefix_share_planned": None, "cached_token_share": None,
         # cold and warm apart: the server's state when the capture began, and the first requests' TTFT against
         # the rest of their phase (the same requests as ttft_cold_ratio)
-        "warmth": {"server": server_warmth(sig), "ttft_cold_p50_ms": s("ttft_cold_p50_ms"),
+        "warmth": {"server": server_warmth(a), "ttft_cold_p50_ms": s("ttft_cold_p50_ms"),
                    "ttft_warm_p50_ms": s("ttft_warm_p50_ms")},
     }
     if mode == "replay" and replay:

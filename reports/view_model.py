@@ -88,7 +88,9 @@ def _cold_warm(w: dict[str, Any]) -> str | None:
     parts = [f"server {w['server']}"] if w.get("server") else []
     cold, warm = w.get("ttft_cold_p50_ms"), w.get("ttft_warm_p50_ms")
     if cold is not None and warm is not None:
-        parts.append(f"first 3 requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms")
+        from diagnose.normalize.client import COLD_REQUESTS
+
+        parts.append(f"first {COLD_REQUESTS} requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms")
     return "; ".join(parts) or None
 
 

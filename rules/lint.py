@@ -81,10 +81,10 @@ def literal_numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if (k in TUNABLE_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
-                    and v not in (0, 1)):
-                out.append((f"{path}.{k}" if path else str(k), float(v)))
-            out += literal_numbers(v, f"{path}.{k}" if path else str(k))
+            at = f"{path}.{k}" if path else str(k)
+            if k in TUNABLE_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and v not in (0, 1):
+                out.append((at, float(v)))
+            out += literal_numbers(v, at)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             out += literal_numbers(v, f"{path}[{i}]")

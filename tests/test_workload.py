@@ -453,3 +453,8 @@ def test_workload_card_reports_cold_and_warm_apart() -> None:
     assert a.signals["ttft_warm_p50_ms"].value == pytest.approx(warm)
     assert a.signals["ttft_cold_ratio"].value == pytest.approx(cold / warm)
     assert f"first 3 requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms" in w
+    # the judgement follows the threshold the analysis ran with (--threshold), as VAL005 does
+    bundle = Path(__file__).resolve().parent.parent / "sample_traces" / "vllm_cpu_queue_bound" / "bundle"
+    moved = analyze(bundle, threshold_overrides={"cold_server_requests": float(served)})
+    w2 = {r["label"]: r["value"] for r in build_view(moved)["workload_card"]}["Cold and warm"]
+    assert w2.startswith(f"server warm ({served} requests served before the capture)"), w2
