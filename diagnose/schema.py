@@ -118,6 +118,8 @@ class Metrics(_Rec):
     t_ns: NS
     samples: list[Any] = []  # each [name, labels, value]: checked one by one (normalize/prometheus.py _index)
     scrape_ms: Num | None = None
+    ttfb_ms: Num | None = None
+    interval_s: Num | None = None
     parse_ms: Num | None = None
     bytes: Count | None = None
 

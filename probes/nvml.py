@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from diagnose.model import ProbeStatus
+from diagnose.overhead import budget_of, cost, rate_of
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.workload import parse_duration
 
@@ -71,6 +72,7 @@ class NvmlProbe:
         self._nvml = nvml  # tests pass tests/fakes/fake_nvml.FakeNvml; None imports pynvml
         self._unsupported: set[tuple[int, str]] = set()
         self.calls = 0
+        self.call_s = 0.0  # wall time inside NVML calls (probe cost)
 
     # -- availability ----------------------------------------------------------------------------
     def _lib(self) -> Any:
@@ -116,13 +118,18 @@ class NvmlProbe:
         if (gpu, key) in self._unsupported:
             return None
         self.calls += 1
+        t0 = time.perf_counter()
         try:
             return fn(*args)
         except Exception:
             self._unsupported.add((gpu, key))
             return None
+        finally:
+            self.call_s += time.perf_counter() - t0
 
     def _collect(self, ctx: CaptureContext, halt: threading.Event) -> ProbeStatus:
+        c0 = time.thread_time()
+        budget = budget_of(ctx.shared, ctx.options)
         nv = self._lib()
         try:
             nv.nvmlInit()
@@ -155,6 +162,8 @@ class NvmlProbe:
                     recs += [self._procs(ctx, nv, i, h) for i, h in enumerate(handles)]
                 stream.write_many([r for r in recs if r])
                 ticks += 1
+                if budget is not None and ticks % max(1, round(self.rate_hz)) == 0:  # about once a second
+                    budget.report(NAME, rate_of(time.thread_time() - c0, time.monotonic() - t_start))
                 halt.wait(max(0.0, period - (time.monotonic() - t0)))
             for s in gpm_prev.values():
                 self._call(-1, "gpm_free", nv.nvmlGpmSampleFree, s)
@@ -162,10 +171,18 @@ class NvmlProbe:
             _shutdown(nv)
         wall = time.monotonic() - t_start
         unsupported = sorted({k for _, k in self._unsupported})
+        own = time.thread_time() - c0
+        if budget is not None:
+            budget.report(NAME, rate_of(own, wall))
         return ProbeStatus(NAME, "ok", "", {"gpus": len(handles), "ticks": ticks, "rate_hz": self.rate_hz,
                                             "wall_s": round(wall, 3), "nvml_calls": self.calls,
+                                            "nvml_call_ms": round(self.call_s * 1e3, 3),
                                             "unsupported": unsupported,
-                                            "names": [d["name"] for d in devices]})
+                                            "names": [d["name"] for d in devices],
+                                            "cost": cost(0.0, own, wall, True,
+                                                         "own: this probe's thread CPU (NVML calls and records); "
+                                                         "the driver answers without stopping the engine",
+                                                         call_ms_mean=round(self.call_s * 1e3 / max(1, self.calls), 4))})
 
     def _device(self, nv: Any, i: int, h: Any) -> dict[str, Any]:
         mem = self._call(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)

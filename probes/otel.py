@@ -29,6 +29,7 @@ import orjson
 
 from diagnose.model import ProbeStatus
 from diagnose.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
+from diagnose.overhead import OverheadBudget, budget_of, cost, is_local, rate_of
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 DEFAULT_GRPC_PORT = 4317
@@ -50,6 +51,7 @@ class _Counters:
         self.last_errors: list[str] = []
         self.trace_ids: set[str] = set()
         self.first_span_mono_ns: int | None = None
+        self.ingest_cpu_s = 0.0  # CPU decoding and writing the exports (the handlers' thread time: probe cost)
 
     def reject(self, transport: str, why: str) -> None:
         with self.lock:
@@ -74,6 +76,9 @@ class OtlpReceiverProbe:
         self.counters = _Counters()
         self.bound: dict[str, int] = {}
         self._ctx: CaptureContext | None = None
+        self._started = time.monotonic()
+        self._budget: OverheadBudget | None = None
+        self._colocated = False
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         try:
@@ -85,6 +90,17 @@ class OtlpReceiverProbe:
     # -- ingest ------------------------------------------------------------------------------------
     def _ingest(self, body: bytes, transport: str, encoding: str) -> None:
         """Decode one export and store its spans; raises OtlpDecodeError for garbage."""
+        c0 = time.thread_time()
+        try:
+            self._ingest_now(body, transport, encoding)
+        finally:
+            with self.counters.lock:
+                self.counters.ingest_cpu_s += time.thread_time() - c0
+                spent = self.counters.ingest_cpu_s
+            if self._budget is not None and self._colocated:
+                self._budget.report(self.name, rate_of(spent, time.monotonic() - self._started))
+
+    def _ingest_now(self, body: bytes, transport: str, encoding: str) -> None:
         assert self._ctx is not None
         req = parse_json(body) if encoding == "json" else parse_protobuf(body)
         spans, invalid, dropped = decode_request(req, source=f"{transport}-{encoding}", keep_text=self.keep_text)
@@ -196,6 +212,9 @@ class OtlpReceiverProbe:
 
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
         self._ctx = ctx
+        self._started = time.monotonic()
+        self._budget = budget_of(ctx.shared, ctx.options)
+        self._colocated = is_local(ctx.target.url)
         problems: list[str] = []
         grpc_server: Any = None
         http_runner: Any = None
@@ -250,6 +269,14 @@ class OtlpReceiverProbe:
                 "text_attributes_dropped": c.text_attributes_dropped, "last_errors": list(c.last_errors),
                 "requests_expected": len(expected), "requests_with_spans": len(expected & c.trace_ids),
             }
+            own = c.ingest_cpu_s
+        window = time.monotonic() - self._started
+        detail["cost"] = cost(0.0, own, window, is_local(ctx.target.url),
+                              "own: decoding and writing the exports (handler thread CPU); the engine's own span "
+                              "export is its tracing's cost, not counted (docs/probe-cost.md)",
+                              cpu_us_per_span=round(own * 1e6 / c.spans, 1) if c.spans else None)
+        if self._budget is not None:
+            self._budget.report(self.name, detail["cost"]["share"])
         notes = list(problems)
         if sum(detail["rejected"].values()):
             notes.append(f"rejected {sum(detail['rejected'].values())} malformed export(s)")

@@ -5,9 +5,19 @@ parser in a child process (``probes/prometheus_worker.py``; a thread with ``pars
 child cannot run), so parsing neither blocks nor GIL-starves the load generator's event loop, and a parser
 starved of CPU beside a saturating engine delays the writing, not the sampling (the backlog of fetched
 scrapes is bounded: ``BACKLOG_BYTES``). Each is written as one ``metrics`` record
-``{t_ns, scrape_ms, parse_ms, bytes, samples: [[name, {labels}, value], ...]}``; ``t_ns`` is the midpoint of
-the HTTP exchange, ``scrape_ms`` its duration (the cost the server sees). Each metric family's type and help
-are written once to ``metric_families`` as ``{name, type, help}``.
+``{t_ns, scrape_ms, ttfb_ms, interval_s, parse_ms, bytes, samples: [[name, {labels}, value], ...]}``; ``t_ns``
+is the midpoint of the HTTP exchange, ``scrape_ms`` its duration (the cost the server sees), ``ttfb_ms`` the
+part of it until the answer's headers (the server rendering the page; the rest is the transfer),
+``interval_s`` the interval the scrape was taken at. Each metric family's type and help are written once to
+``metric_families`` as ``{name, type, help}``.
+
+Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds the server's time for the scrapes
+(the sum of ``scrape_ms``) and this probe's own CPU (the parse worker's, or the parsing thread's, plus
+decoding and writing here). Within a capture budget (``attach --overhead-budget``, default 1% of one core)
+the interval adapts: a scrape costing ``c`` seconds (the server's time, plus the parsing CPU when diagnose runs
+on the server's host; medians of the last ``COST_WINDOW`` scrapes) wants ``c / interval`` of a core, and the
+budget's ``factor()`` (1 while every adapting probe's want fits) divides the interval asked; the status and
+each record's ``interval_s`` say when the budget made it coarser (docs/probe-cost.md).
 
 Bundle size: only engine-relevant families are kept (``diagnose.engines.is_engine_relevant``: the engine
 namespaces ``vllm:``, ``sglang:``, ``tgi_``, ``llamacpp:``, ``trtllm_``, ``nv_``, ``dynamo_`` plus
@@ -26,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,6 +46,7 @@ from typing import Any, Literal
 import aiohttp
 
 from diagnose.model import ProbeStatus
+from diagnose.overhead import OverheadBudget, budget_of, cost, is_local
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 from diagnose.workload import parse_duration
@@ -51,6 +64,7 @@ PARSE_WALL_S = 60.0
 BACKLOG_BYTES = 32 << 20
 GONE_CATEGORIES = ("refused", "connect", "timeout")  # the server did not answer at all
 GONE_AFTER = 3  # scrapes in a row: the server stopped answering (issue 12, defect 15)
+COST_WINDOW = 9  # scrapes: the budget reads the median cost of this many recent ones
 
 
 @dataclass
@@ -73,6 +87,14 @@ class _Stats:
     backlog_max: int = 0  # most scrapes waiting for the parser at once
     lag_ms: float = 0.0  # longest time from a scrape's fetch to its record on disk
     outages: list[str] = field(default_factory=list)  # it stopped answering and came back
+    ttfb_ms: list[float] = field(default_factory=list)
+    target_ms: float = 0.0  # the server's time for the scrapes (sum of the exchanges that got an answer)
+    own_cpu_ms: float = 0.0  # this probe's CPU: parsing (worker or thread), decoding and writing here
+    recent_server_ms: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    recent_own_ms: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    intervals: list[float] = field(default_factory=list)  # the interval each later tick was taken at
+    budget: OverheadBudget | None = None
+    colocated: bool = False
 
     def fail(self, e: ScrapeError) -> None:
         self.failed += 1
@@ -95,8 +117,17 @@ class _Stats:
             "samples_per_scrape": self.samples_last, "parse_note": self.parse_note,
             "parsed_in_worker": self.parsed_in_worker, "parse_backlog_max": self.backlog_max,
             "parse_lag_ms_max": round(self.lag_ms, 1), "scrapes_unparsed": self.unparsed,
-            "ticks_skipped_backlog": self.skipped_backlog,
+            "ticks_skipped_backlog": self.skipped_backlog, "ttfb_ms_p50": pct(self.ttfb_ms, 0.5),
+            "interval_s_p50": pct(self.intervals, 0.5), "interval_s_max": max(self.intervals, default=None),
         }
+
+    def per_scrape_s(self) -> float | None:
+        """What one scrape costs the server now (s): its time for the exchange, plus the parsing CPU when it
+        shares this host; None before the first scrape."""
+        if not self.recent_server_ms:
+            return None
+        own = statistics.median(self.recent_own_ms) if (self.colocated and self.recent_own_ms) else 0.0
+        return (statistics.median(self.recent_server_ms) + own) / 1e3
 
 
 class PrometheusProbe:
@@ -128,11 +159,13 @@ class PrometheusProbe:
             return False, f"target URL {ctx.target.safe_url!r} is not http(s)"
         return True, ""
 
-    async def _fetch(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[str, int, int]:
-        """GET url -> (text, t0_ns, t1_ns); raises ScrapeError."""
+    async def _fetch(self, session: aiohttp.ClientSession, url: str,
+                     headers: dict[str, str]) -> tuple[str, int, int, int]:
+        """GET url -> (text, t0_ns, headers_ns, t1_ns); raises ScrapeError."""
         t0 = time.monotonic_ns()
         try:
             async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                th = time.monotonic_ns()
                 if r.status != 200:
                     raise ScrapeError(f"http_{r.status}", f"GET {url} answered HTTP {r.status}")
                 if r.content_length is not None and r.content_length > self.max_bytes:
@@ -159,26 +192,31 @@ class PrometheusProbe:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ScrapeError("not_prometheus", f"GET {url}: body is not UTF-8 text") from e
-        return text, t0, t1
+        return text, t0, th, t1
 
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
         url = ctx.target.endpoint(self.path)
         # identity: prometheus_client gzips at level 9 when asked (aiohttp asks by default), ~1.1 ms of the
         # server's CPU per 50 KB scrape, to save bandwidth that loopback does not need
         headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity", **ctx.target.headers()}
-        stats = _Stats()
+        stats = _Stats(budget=budget_of(ctx.shared, ctx.options), colocated=is_local(ctx.target.url))
+        started = time.monotonic()
         seen_families: set[str] = set()
         writers: dict[str, Any] = {}
 
-        def write(samples: list[list[Any]], families: list[dict[str, str]], t0: int, t1: int, parse_ms: float,
-                  nbytes: int) -> None:
+        def write(samples: list[list[Any]], families: list[dict[str, str]], t: tuple[int, int, int, float],
+                  parse_ms: float, nbytes: int) -> None:
+            t0, th, t1, interval = t
             if not writers:
+                every = f"every {self.interval_s:g} s" + (" or coarser, within the overhead budget"
+                                                          if stats.budget is not None else "")
                 writers["fam"] = ctx.bundle.stream("metric_families", "Prometheus metric families {name, type, help}")
-                writers["m"] = ctx.bundle.stream("metrics", f"Prometheus scrapes of {self.path} every {self.interval_s:g} s")
+                writers["m"] = ctx.bundle.stream("metrics", f"Prometheus scrapes of {self.path} {every}")
             new = [f for f in families if f["name"] not in seen_families]
             seen_families.update(f["name"] for f in new)
             writers["fam"].write_many(new)
             writers["m"].write({"t_ns": (t0 + t1) // 2, "scrape_ms": round((t1 - t0) / 1e6, 3),
+                                "ttfb_ms": round((th - t0) / 1e6, 3), "interval_s": round(interval, 3),
                                 "parse_ms": round(parse_ms, 3), "bytes": nbytes, "samples": samples})
 
         worker: ParseWorker | None = None
@@ -219,41 +257,53 @@ class PrometheusProbe:
                         msg = str(out.get("message", ""))
                         raise ScrapeError(str(out["error"]), f"{msg} ({url})" if out["error"] == "parse_timeout" else msg)
                     stats.parsed_in_worker += 1
-                    return out["samples"], out["families"], float(out.get("cpu_ms", 0.0))
+                    return out["samples"], out["families"], float(out.get("work_cpu_ms", out.get("cpu_ms", 0.0)))
             samples, families, cpu_ms = await asyncio.to_thread(_parse_timed, text, self.keep_all)
             if cpu_ms > self.parse_cpu_s * 1e3:  # a thread cannot be stopped mid-parse: judged once it is done
                 raise ScrapeError("parse_timeout", f"parsing a {len(text)}-byte scrape used over {self.parse_cpu_s:g} "
                                                    f"s of CPU ({cpu_ms / 1e3:.1f} s; {url})")
             return samples, families, cpu_ms
 
-        async def parse_and_write(text: str, t0: int, t1: int) -> None:
+        async def parse_and_write(text: str, t: tuple[int, int, int, float]) -> None:
             p0 = time.perf_counter()
             samples, families, cpu_ms = await parse(text)
             parse_ms = (time.perf_counter() - p0) * 1e3
-            write(samples, families, t0, t1, parse_ms, len(text))
+            c0 = time.thread_time()
+            write(samples, families, t, parse_ms, len(text))
+            own_ms = cpu_ms + (time.thread_time() - c0) * 1e3
+            t0, th, t1, _ = t
             stats.ok += 1
             stats.scrape_ms.append((t1 - t0) / 1e6)
+            stats.ttfb_ms.append((th - t0) / 1e6)
             stats.parse_ms.append(parse_ms)
             stats.parse_cpu_ms.append(cpu_ms)
+            stats.own_cpu_ms += own_ms
+            stats.recent_own_ms.append(own_ms)
             stats.lag_ms = max(stats.lag_ms, (time.monotonic_ns() - t1) / 1e6)  # fetched -> written
             stats.bytes_in += len(text)
             stats.samples_last = len(samples)
 
+        async def fetch(session: aiohttp.ClientSession, interval: float) -> tuple[str, tuple[int, int, int, float]]:
+            text, t0, th, t1 = await self._fetch(session, url, headers)
+            stats.target_ms += (t1 - t0) / 1e6
+            stats.recent_server_ms.append((t1 - t0) / 1e6)
+            return text, (t0, th, t1, interval)
+
         async def first(session: aiohttp.ClientSession) -> None:  # fetched and parsed in turn: it decides
-            text, t0, t1 = await self._fetch(session, url, headers)  # whether there are metrics at all
-            await parse_and_write(text, t0, t1)
+            text, t = await fetch(session, self.interval_s)  # whether there are metrics at all
+            await parse_and_write(text, t)
 
         # later scrapes: fetched on their ticks, parsed behind in order (a parser starved of CPU beside a
         # saturating engine delays the writing, never the sampling); the backlog is bounded in bytes
-        backlog: asyncio.Queue[tuple[str, int, int] | None] = asyncio.Queue()
+        backlog: asyncio.Queue[tuple[str, tuple[int, int, int, float]] | None] = asyncio.Queue()
         queued = {"bytes": 0}
 
         async def parser() -> None:
             while (item := await backlog.get()) is not None:
-                text, t0, t1 = item
+                text, t = item
                 try:
                     if not stats.parse_stopped:
-                        await parse_and_write(text, t0, t1)
+                        await parse_and_write(text, t)
                     else:
                         stats.unparsed += 1
                 except ScrapeError as e:
@@ -263,14 +313,14 @@ class PrometheusProbe:
                 finally:
                     queued["bytes"] -= len(text)
 
-        async def later(session: aiohttp.ClientSession, final: bool) -> None:
+        async def later(session: aiohttp.ClientSession, final: bool, interval: float) -> None:
             if queued["bytes"] >= self.backlog_bytes and not final:
                 stats.skipped_backlog += 1  # the parser is this far behind: this tick is not sampled
                 return
-            text, t0, t1 = await self._fetch(session, url, headers)
+            text, t = await fetch(session, interval)
             queued["bytes"] += len(text)
             stats.backlog_max = max(stats.backlog_max, backlog.qsize() + 1)
-            backlog.put_nowait((text, t0, t1))
+            backlog.put_nowait((text, t))
 
         task = asyncio.create_task(parser())
         try:
@@ -280,7 +330,7 @@ class PrometheusProbe:
                 await asyncio.wait_for(asyncio.shield(task), self.parse_wall_s)
             except asyncio.TimeoutError:
                 stats.unparsed += backlog.qsize()
-            return self._status(status, stats, url)
+            return self._status(status, stats, url, time.monotonic() - started)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -289,7 +339,7 @@ class PrometheusProbe:
                 await worker.close()
 
     async def _loop(self, ctx: CaptureContext, url: str, first: Callable[[aiohttp.ClientSession], Awaitable[None]],
-                    later: Callable[[aiohttp.ClientSession, bool], Awaitable[None]],
+                    later: Callable[[aiohttp.ClientSession, bool, float], Awaitable[None]],
                     stats: _Stats) -> ProbeStatus | None:
         """Scrape until the capture stops: a ProbeStatus when the probe ends early (no metrics there), else None
         and the final status is made from ``stats`` once the parses are done (``_status``)."""
@@ -305,24 +355,26 @@ class PrometheusProbe:
                 if e.category in STOP_CATEGORIES:
                     return ProbeStatus(self.name, "unavailable", f"no usable Prometheus metrics at {url}: {e}",
                                        detail={**stats.detail(), "category": e.category, "stopped": str(e)})
-            start = time.monotonic()
             t_start = time.monotonic()
+            next_t = t_start  # the next tick; the interval is as asked or, within a budget, coarser
+            interval = self.interval_s
             in_a_row = 0  # scrapes in a row the server did not answer (after it had answered)
-            k = 1
             while not stats.parse_stopped:
                 if not ctx.stop.is_set():
-                    delay = start + k * self.interval_s - time.monotonic()
-                    if delay < 0:  # a slow scrape: skip the ticks it overran instead of bursting
-                        k += int(-delay // self.interval_s) + 1
-                        continue
+                    interval = self._interval_now(stats)
+                    next_t += interval
+                    now = time.monotonic()
+                    if next_t < now:  # a slow scrape: skip the ticks it overran instead of bursting
+                        next_t += math.ceil((now - next_t) / interval) * interval
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(ctx.stop.wait(), timeout=delay)
-                    k += 1
+                        await asyncio.wait_for(ctx.stop.wait(), timeout=max(0.0, next_t - time.monotonic()))
                 final = ctx.stop.is_set()
                 if final and self.settle_s > 0:  # let the server record the last requests' observations
                     await asyncio.sleep(self.settle_s)
                 try:  # the scrape after stop closes the window for counters and histograms
-                    await later(session, final)
+                    if not final:
+                        stats.intervals.append(interval)
+                    await later(session, final, interval)
                     in_a_row = 0
                     if stats.gone:  # it came back (a restart, a long pause): an outage, not the end
                         stats.outages.append(stats.gone)
@@ -348,10 +400,37 @@ class PrometheusProbe:
                     break
         return None
 
-    def _status(self, early: ProbeStatus | None, stats: _Stats, url: str) -> ProbeStatus:
+    def _interval_now(self, stats: _Stats) -> float:
+        """The interval for the next tick: as asked, or coarser when the budget needs it."""
+        per = stats.per_scrape_s()
+        if stats.budget is None or per is None:
+            return self.interval_s
+        stats.budget.want(self.name, per / self.interval_s)
+        return self.interval_s / stats.budget.factor()
+
+    def _cost(self, stats: _Stats, window_s: float) -> dict[str, Any]:
+        coarse = [i for i in stats.intervals if i > self.interval_s * 1.001]
+        adapted = None
+        if coarse and stats.budget is not None:
+            med = statistics.median(coarse)
+            server = statistics.median(stats.recent_server_ms) if stats.recent_server_ms else 0.0
+            own = statistics.median(stats.recent_own_ms) if stats.recent_own_ms else 0.0
+            adapted = (f"the {stats.budget.share:.2%} overhead budget made the scrape interval {med:.2g} s in "
+                       f"{len(coarse)} of {len(stats.intervals)} ticks (asked {self.interval_s:g} s): a scrape took "
+                       f"{server:.3g} ms of the server's time" + (f" and {own:.3g} ms of CPU to parse on its host"
+                                                                  if stats.colocated else ""))
+        return cost(stats.target_ms, stats.own_cpu_ms / 1e3, window_s, stats.colocated,
+                    "server: the /metrics exchanges on loopback (time to first byte + transfer); own: the "
+                    "parser's CPU, decoding and writing", adapted=adapted, interval_asked_s=self.interval_s,
+                    budget_share=stats.budget.share if stats.budget is not None else None)
+
+    def _status(self, early: ProbeStatus | None, stats: _Stats, url: str, window_s: float) -> ProbeStatus:
         if early is not None:
+            if stats.ok or stats.target_ms:
+                early.detail["cost"] = self._cost(stats, window_s)
             return early
         detail = stats.detail()
+        detail["cost"] = self._cost(stats, window_s)
         stopped = stats.parse_stopped
         if stopped:
             detail["stopped"] = stopped
@@ -374,6 +453,8 @@ class PrometheusProbe:
             reason += f"; {stats.unparsed} scrapes fetched but not parsed"
         if stopped:
             reason += f"; {stopped}"
+        if detail["cost"].get("adapted"):
+            reason += f"; {detail['cost']['adapted']}"
         return ProbeStatus(self.name, "ok", reason, detail=detail)
 
 

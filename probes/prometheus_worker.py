@@ -8,7 +8,8 @@ one JSON line per scrape over pipes. If the child cannot start or dies, the prob
 
 Protocol (stdin): a JSON header line ``{"n": <bytes>, "keep_all": bool, "cpu_s": <budget>}`` then ``n``
 bytes of UTF-8 text. (stdout): one JSON line ``{"samples": [...], "families": [...], "cpu_ms": <float>}`` or
-``{"error": category, "message": str}``.
+``{"error": category, "message": str}``, each with ``work_cpu_ms`` (the child's CPU for the whole request:
+reading, decoding and parsing; what the probe counts as its cost).
 
 The cost limit is CPU time, not wall time: the child runs at normal priority beside an engine that may
 saturate every core, so a parse that needs 40 ms of CPU can wait seconds for it, and that wait costs the
@@ -190,6 +191,7 @@ def main() -> int:
         header = stdin.readline()
         if not header:
             return 0
+        c0 = time.process_time()
         try:
             h = orjson.loads(header)
             text = stdin.read(int(h["n"])).decode("utf-8")
@@ -198,6 +200,7 @@ def main() -> int:
             out = {"error": e.category, "message": str(e)}
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             out = {"error": "not_prometheus", "message": f"bad request to the parse worker: {e}"}
+        out["work_cpu_ms"] = (time.process_time() - c0) * 1e3  # reading and decoding the text too (probe cost)
         stdout.write(orjson.dumps(out) + b"\n")
         stdout.flush()
 

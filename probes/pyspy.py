@@ -32,6 +32,12 @@ Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
   pyspy_cost: {kind, pid, mode (record | dump), cpu_s, wall_s, samples, rate_hz, nonblocking, returncode,
                windows}                                      py-spy's own CPU (os.wait4 rusage)
 The raw py-spy outputs are kept as artifacts ``pyspy_<pid>.txt`` (flamegraph.pl input).
+
+Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds py-spy's own CPU (records and
+dumps) and, with ``--pyspy-blocking``, the time the processes were paused (py-spy's CPU while they were
+stopped stands in for it); the ``host`` probe's is its own CPU for the /proc reads. Within a capture budget
+(``attach --overhead-budget``) py-spy measures its share after each window and, when over its allowance,
+lowers the rate of the next windows (to 1 Hz at least) and spaces the dumps out, and says so.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import orjson
 import psutil
 
 from diagnose.model import ProbeStatus
+from diagnose.overhead import OverheadBudget, budget_of, cost, rate_of
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.host_procs import (
     ForeignCpu,
@@ -150,6 +157,15 @@ class PySpyProbe:
         self._gone: set[int] = set()
         self._last_cpu: dict[tuple[int, int], tuple[int, tuple[float, float, int, int]]] = {}
         self._problems: dict[int, str] = {}
+        self._rate_now = self.rate_hz  # lowered within a budget (cost)
+        self._factor_now = 1.0  # the budget's factor last read (1: as asked)
+        self._cpu_every_max = cpu_interval_s
+        self._dump_every = dump_interval_s
+        self._own_cpu_s = 0.0  # the /proc reads and scans (thread CPU)
+        self._started = time.monotonic()
+        self._adapted: list[str] = []
+        self._budget: OverheadBudget | None = None
+        self._lock = threading.Lock()
 
     # -- discovery -----------------------------------------------------------------------------
     def _binary(self) -> str | None:
@@ -197,6 +213,8 @@ class PySpyProbe:
             return ProbeStatus(self.name, "unavailable", why)
         root, _ = self._root_pid(ctx)
         assert root is not None
+        self._started = time.monotonic()
+        self._budget = budget_of(ctx.shared, ctx.options)
         try:
             procs = engine_tree(root)
         except psutil.AccessDenied as e:
@@ -241,7 +259,8 @@ class PySpyProbe:
         assert binary is not None
         out = r.artifact.with_suffix(".window")
         while not self._halt.is_set() and r.proc.pid not in self._gone:
-            cmd = [binary, "record", "--pid", str(r.proc.pid), "--rate", str(max(1, round(self.rate_hz))), "--format", "raw",
+            self._adapt()
+            cmd = [binary, "record", "--pid", str(r.proc.pid), "--rate", str(max(1, round(self._rate_now))), "--format", "raw",
                    "--threads", "--nolineno", "--duration", str(int(self.window_s)), "--output", str(out)]
             if self.nonblocking:
                 cmd.append("--nonblocking")
@@ -256,7 +275,9 @@ class PySpyProbe:
             if self._halt.is_set():  # stop arrived while starting: make sure this run ends too
                 with contextlib.suppress(OSError):
                     r.popen.send_signal(signal.SIGINT)
-            r.cpu_s += _reap(r.popen, self.window_s + self.stop_timeout_s)
+            used = _reap(r.popen, self.window_s + self.stop_timeout_s)
+            with self._lock:
+                r.cpu_s += used
             end_ns = ctx.now_ns()
             r.wall_s += (end_ns - start_ns) / 1e9
             r.returncode = r.popen.returncode
@@ -286,18 +307,69 @@ class PySpyProbe:
         while True:
             await asyncio.to_thread(self._sample_cpu, ctx, procs, stream)
             if self._foreign is not None and time.monotonic() >= next_foreign:
-                next_foreign = time.monotonic() + self.foreign_interval_s
-                stream.write_many(await asyncio.to_thread(self._foreign.sample, ctx.now_ns()))
-            await asyncio.sleep(self.cpu_interval_s)
+                # the host probe's scans follow the budget with its counters, so its whole cost scales
+                next_foreign = time.monotonic() + self.foreign_interval_s / (1.0 if self.stacks else self._factor_now)
+                stream.write_many(await asyncio.to_thread(self._timed, self._foreign.sample, ctx.now_ns()))
+            await asyncio.sleep(self._cpu_every())
+
+    def _timed(self, fn: Any, *args: Any) -> Any:
+        """fn(*args) on this thread, its CPU counted as the probe's own."""
+        c0 = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._own_cpu_s += time.thread_time() - c0
+
+    def _spent_s(self) -> tuple[float, float]:
+        """(the target's paused time, this probe's own CPU) so far, in seconds."""
+        with self._lock:
+            spy = sum(r.cpu_s for r in self._recorders) + self._dump_cpu_s
+            return (spy if not self.nonblocking else 0.0), spy + self._own_cpu_s
+
+    def _share(self) -> float:
+        paused, own = self._spent_s()
+        return rate_of(paused + own, time.monotonic() - self._started)
+
+    def _cpu_every(self) -> float:
+        """The /proc counters' interval: as asked, or within a budget coarser by its factor (the host probe;
+        the counters are cumulative, so a coarser interval loses time resolution, never CPU time). With py-spy
+        the share wanted is py-spy's whole (mostly its sampling, which follows the factor in ``_adapt``) and
+        the counters keep their interval."""
+        if self._budget is None:
+            return self.cpu_interval_s
+        self._budget.want(self.name, self._share() / self._factor_now)  # its share at the settings asked
+        self._factor_now = self._budget.factor()
+        if self.stacks:
+            return self.cpu_interval_s
+        every = self.cpu_interval_s / self._factor_now
+        self._cpu_every_max = max(self._cpu_every_max, every)
+        return every
+
+    def _adapt(self) -> None:
+        """Within a budget, before each py-spy window: the rate and the dumps at the budget's factor (the
+        rate never under 1 Hz)."""
+        if self._budget is None or not self.stacks:
+            return
+        rate = max(1.0, self.rate_hz * self._factor_now)
+        if abs(rate - self._rate_now) >= 0.5:
+            self._rate_now = rate
+            self._dump_every = self.dump_interval_s / self._factor_now if self.dump_interval_s > 0 else 0.0
+            if rate < self.rate_hz:
+                self._adapted.append(f"{rate:.0f} Hz and a dump every {self._dump_every:.0f} s after "
+                                     f"{time.monotonic() - self._started:.0f} s")
 
     async def _dump_loop(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         await asyncio.sleep(min(1.0, self.dump_interval_s))
         while True:
             t0 = time.monotonic()
             await asyncio.to_thread(self._dump_all, ctx, procs, stream)
-            await asyncio.sleep(max(0.0, self.dump_interval_s - (time.monotonic() - t0)))
+            await asyncio.sleep(max(0.0, self._dump_every - (time.monotonic() - t0)))
 
     def _sample_cpu(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
+        self._timed(self._sample_cpu_now, ctx, procs, stream)
+
+    def _sample_cpu_now(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         t = ctx.now_ns()
         recs: list[dict[str, Any]] = []
         sysc = read_system_cpu()
@@ -343,7 +415,9 @@ class PySpyProbe:
             data = popen.stdout.read()
             popen.stdout.close()
             killer.cancel()
-            self._dump_cpu_s += _reap(popen, 5.0)
+            used = _reap(popen, 5.0)
+            with self._lock:
+                self._dump_cpu_s += used
             self._dump_wall_s += time.monotonic() - t0
             self._dumps += 1
             try:
@@ -361,10 +435,20 @@ class PySpyProbe:
     def _finish(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> ProbeStatus:
         gone = [f"{p.role} {p.pid}" for p in procs if p.pid in self._gone]
         note = f"; process(es) exited during the capture: {', '.join(gone)}" if gone else ""
+        window = time.monotonic() - self._started
+        paused, own = self._spent_s()
         if not self.stacks:
+            adapted_host = (f"the {self._budget.share:.2%} overhead budget made the /proc counters' interval up to "
+                            f"{self._cpu_every_max:.2g} s (asked {self.cpu_interval_s:g} s)"
+                            if self._budget is not None and self._cpu_every_max > self.cpu_interval_s * 1.001
+                            else None)
             detail = {"processes": {str(p.pid): {"role": p.role, "name": p.name, "exited": p.pid in self._gone}
-                                    for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False}
-            return ProbeStatus(self.name, "ok", note.lstrip("; "), detail)
+                                    for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False,
+                      "cost": cost(0.0, own, window, True, "own: the /proc reads and scans (thread CPU)",
+                                   adapted=adapted_host,
+                                   budget_share=self._budget.share if self._budget is not None else None)}
+            adapted_note = f"; {adapted_host}" if adapted_host else ""
+            return ProbeStatus(self.name, "ok", (note + adapted_note).lstrip("; "), detail)
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:
@@ -386,9 +470,17 @@ class PySpyProbe:
             stream.write({"kind": "pyspy_cost", "pid": 0, "mode": "dump", "cpu_s": round(self._dump_cpu_s, 4),
                           "wall_s": round(self._dump_wall_s, 3), "samples": self._dumps, "rate_hz": 0.0,
                           "nonblocking": self.nonblocking, "returncode": 0})
-        cost = sum(r.cpu_s for r in self._recorders) + self._dump_cpu_s
+        spent = sum(r.cpu_s for r in self._recorders) + self._dump_cpu_s
+        adapted = (f"the {self._budget.share:.2%} overhead budget lowered py-spy to " + "; then ".join(self._adapted)
+                   if self._adapted and self._budget is not None else None)
         detail = {"processes": per_proc, "rate_hz": self.rate_hz, "nonblocking": self.nonblocking,
-                  "pyspy_cpu_s": round(cost, 3), "samples": total}
+                  "pyspy_cpu_s": round(spent, 3), "samples": total,
+                  "cost": cost(paused * 1e3, own, window, True,
+                               "own: py-spy's CPU (os.wait4) and the /proc reads" + (
+                                   "" if self.nonblocking else "; server: paused while py-spy read it "
+                                                               "(py-spy's CPU stands in for the pause)"),
+                               adapted=adapted, rate_hz_last=round(self._rate_now, 2),
+                               budget_share=self._budget.share if self._budget is not None else None)}
         if total == 0:
             runs = ", ".join(f"{r.proc.role} {r.proc.pid}: {r.windows} run(s), exit {r.returncode}"
                              for r in self._recorders)
@@ -396,7 +488,7 @@ class PySpyProbe:
                         or f"py-spy collected no samples ({runs or 'no process to sample'})")
             return ProbeStatus(self.name, "failed", problems + note, detail)
         missing = [f"{per_proc[str(k)]['role']} {k}: {v}" for k, v in self._problems.items() if str(k) in per_proc]
-        reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note
+        reason = (f"no stacks from {'; '.join(missing)}" if missing else "") + note + (f"; {adapted}" if adapted else "")
         return ProbeStatus(self.name, "ok", reason.lstrip("; "), detail)
 
 

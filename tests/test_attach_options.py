@@ -39,6 +39,7 @@ EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own
 EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/workload.md)
 EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
 EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
+EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/probe-cost.md)
 
 
 @pytest.fixture(autouse=True)

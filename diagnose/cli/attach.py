@@ -21,6 +21,7 @@ import click
 from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
+from diagnose.overhead import parse_budget
 from diagnose.probes import probe_specs
 from diagnose.probes.base import Options, Probe, ProbeOption, ProbeSetup, ProbeSpec, Target
 from diagnose.realtime import RealtimePriority
@@ -204,6 +205,10 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
                    "CAP_SYS_NICE), so a CPU-bound engine on the same machine cannot starve it and invalidate the "
                    "run. Threads and processes the capture starts inherit it (like chrt -r 1). If not permitted, "
                    "the capture runs at normal priority and the bundle says so.")
+@click.option("--overhead-budget", default="1%", show_default=True, metavar="SHARE",
+              help="Keep what the probes cost the server under this share of one core (e.g. 0.5%, or off): the "
+                   "Prometheus interval and py-spy's rate grow coarser when needed, and the report says so "
+                   "and states the measured cost (docs/probe-cost.md).")
 @click.option("--report", type=click.Path(path_type=Path), help="Also analyse the bundle into this HTML report.")
 @click.option("--prometheus", metavar="URL", help="Diagnose a fleet instead of one server: read every replica's "
               "engine metrics from this Prometheus query API (Prometheus, Thanos, Mimir; docs/fleet.md). No --url.")
@@ -243,6 +248,7 @@ def attach(**o: Any) -> None:
     if not o["url"]:
         raise click.UsageError("Missing option '--url' (or --prometheus URL to diagnose a fleet).")
     _event_loop_policy()
+    parse_budget(o["overhead_budget"])  # a bad value fails here, before anything connects
     url, basic_auth = _split_url(str(o["url"]))
     target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
     slo = parse_slo(o["slo"])
@@ -320,7 +326,8 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
     target.model = (workload.model if workload else None) or (info.models[0] if info.models else None)
     if workload is not None and target.model is None:
         raise InputError(f"{target.safe_url}/v1/models lists no model: pass --model")
-    options: dict[str, Any] = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"])}
+    options: dict[str, Any] = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"]),
+                               "overhead_budget": parse_budget(o["overhead_budget"])}
     for spec in probe_specs():
         if spec.record is not None:
             options.update(spec.record(o))

@@ -1,0 +1,188 @@
+"""What diagnose's probes cost the server they measure, and the budget that bounds it (issue 17).
+
+Every probe measures its own cost and leaves it in its status detail under ``cost``:
+
+``target_ms``
+    time the server itself spent on the probe: answering ``/metrics`` (the HTTP exchange on loopback, time
+    to first byte plus transfer: an upper bound on the server's time for it, since it includes any wait for
+    the server's event loop), or paused by ``py-spy --blocking`` (py-spy's CPU while the process is stopped).
+``own_cpu_s``
+    CPU diagnose used for the probe: parsing scrapes, py-spy, the OTLP receiver, ``/proc`` reads, NVML calls.
+``colocated``
+    whether that CPU ran on the server's own host (a local server), where it takes cores the engine could use.
+``window_s``
+    how long the probe ran.
+
+The probe's cost on the server, as a share of one core, is ``(target_ms / 1000 + own_cpu_s if colocated) /
+window_s``; the capture's is the sum over its probes (:func:`probe_cost`). ``diagnose attach`` keeps that sum
+under ``--overhead-budget`` (default 1% of one core): the probes that can sample less often (the Prometheus
+scraper, py-spy) measure their cost as they go and take a coarser interval or rate when the budget needs it,
+and say so (``adapted``). What no probe can tell apart at run time is the engine's own work for a probe that
+the engine does whether or not diagnose listens: its OpenTelemetry span export (4-6% of throughput on vLLM's
+CPU build, benchmarks/results/overhead.md), which tracing on the engine costs, not the receiver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from diagnose.errors import InputError
+
+DEFAULT_BUDGET = 0.01  # of one core: `attach --overhead-budget 1%`
+MIN_FACTOR = 0.1  # an adapting probe samples at least a tenth as often as asked, whatever the budget says
+AMORTISE_S = 10.0  # a probe's cost so far is spread over at least this long (its start-up is not its rate)
+AIM = 0.9  # of the budget: the first ticks (before any cost is measured) and the closing scrape come regardless
+BUDGET_OFF = ("off", "none", "0", "0%")
+
+
+def parse_budget(text: str | float | None) -> float | None:
+    """``--overhead-budget``: "1%", "0.5%" or a fraction such as "0.01"; "off" (or 0) for none. None: no budget."""
+    if text is None:
+        return None
+    s = str(text).strip().lower()
+    if s in BUDGET_OFF:
+        return None
+    try:
+        v = float(s[:-1]) / 100.0 if s.endswith("%") else float(s)
+    except ValueError:
+        raise InputError(f"--overhead-budget {text!r}: give a share of one core such as 1% or 0.005, "
+                         "or off") from None
+    if not (0 < v <= 1) or not math.isfinite(v):
+        raise InputError(f"--overhead-budget {text!r}: must be more than 0% and at most 100% of one core")
+    return v
+
+
+def is_local(url: str) -> bool:
+    """Whether the server at ``url`` runs on this host (loopback, or one of this host's own addresses)."""
+    host = urlsplit(url).hostname or ""
+    if not host or host == "localhost":
+        return bool(host)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, ValueError):
+            return False
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    try:
+        import psutil
+
+        return any(a.address == str(ip) for addrs in psutil.net_if_addrs().values() for a in addrs)
+    except Exception:  # noqa: BLE001 - no interface list: not known to be local
+        return False
+
+
+def cost(target_ms: float, own_cpu_s: float, window_s: float, colocated: bool, basis: str,
+         **extra: Any) -> dict[str, Any]:
+    """A probe's ``cost`` entry (see the module docstring)."""
+    out: dict[str, Any] = {"target_ms": round(float(target_ms), 3), "own_cpu_s": round(float(own_cpu_s), 4),
+                           "window_s": round(float(window_s), 3), "colocated": bool(colocated), "basis": basis}
+    out["share"] = round(share_of(out), 6)
+    out.update({k: v for k, v in extra.items() if v is not None})
+    return out
+
+
+def share_of(c: dict[str, Any]) -> float:
+    """One probe's cost on the server as a share of one core (0 when its window is unknown)."""
+    try:
+        window = float(c.get("window_s") or 0.0)
+        spent = float(c.get("target_ms") or 0.0) / 1e3 + (float(c.get("own_cpu_s") or 0.0) if c.get("colocated")
+                                                          else 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return spent / window if window > 0 and math.isfinite(spent) else 0.0
+
+
+@dataclass
+class OverheadBudget:
+    """The capture's budget, shared by its probes (``ctx.shared["overhead"]``, made by :func:`budget_of`).
+
+    A probe that cannot sample less often reports its measured share as it goes (``report``). One that can
+    states what it would cost at the interval or rate asked (``want``: its measured cost per sample times the
+    asked rate) and samples ``factor()`` times as often as asked: 1 while the wants fit in what the fixed
+    probes leave of ``AIM`` of the budget, else the same fraction for every adapting probe, so all grow coarser alike,
+    never under ``MIN_FACTOR`` (a run over the budget even then is flagged in the report)."""
+
+    share: float
+    fixed: dict[str, float] = field(default_factory=dict)
+    wants: dict[str, float] = field(default_factory=dict)
+
+    def report(self, probe: str, share: float) -> None:
+        self.fixed[probe] = max(0.0, float(share))
+
+    def want(self, probe: str, share: float) -> None:
+        self.wants[probe] = max(0.0, float(share))
+
+    def factor(self) -> float:
+        free = self.share * AIM - sum(self.fixed.values())
+        need = sum(self.wants.values())
+        if need <= free:
+            return 1.0
+        return max(MIN_FACTOR, max(0.0, free) / need)
+
+
+def rate_of(spent_s: float, elapsed_s: float) -> float:
+    """A probe's cost so far as a share of one core, its start-up spread over at least ``AMORTISE_S``."""
+    return spent_s / max(AMORTISE_S, elapsed_s)
+
+
+def budget_of(shared: dict[str, Any], options: dict[str, Any]) -> OverheadBudget | None:
+    """The capture's budget (None when the capture runs without one: ``--overhead-budget off``, or a probe
+    run on its own)."""
+    b = shared.get("overhead")
+    if isinstance(b, OverheadBudget):
+        return b
+    share = options.get("overhead_budget")
+    if not isinstance(share, (int, float)) or not share > 0:
+        return None
+    b = OverheadBudget(float(share))
+    shared["overhead"] = b
+    return b
+
+
+# -- analysis side: the capture's total, from the manifest ---------------------------------------------------
+PROBE_TITLES = {"prometheus": "Prometheus", "pyspy": "py-spy", "host": "/proc counters", "otel": "OTLP receiver",
+                "nvml": "NVML", "profiler": "engine profiler", "pyinstrument": "pyinstrument"}
+
+
+def probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The capture's probe cost on the server from the probes' statuses: ``{share, budget, over_budget,
+    probes: [{name, share, target_ms, own_cpu_s, colocated, adapted}], adapted: [lines], line}``; None for a
+    bundle whose probes recorded no cost (older bundles, traces)."""
+    probes = manifest.get("probes") or {}
+    rows: list[dict[str, Any]] = []
+    for name, st in sorted(probes.items()):
+        c = ((st or {}).get("detail") or {}).get("cost") if isinstance(st, dict) else None
+        if not isinstance(c, dict):
+            continue
+        rows.append({"name": str(name), "share": share_of(c), "target_ms": c.get("target_ms"),
+                     "own_cpu_s": c.get("own_cpu_s"), "colocated": bool(c.get("colocated")),
+                     "basis": str(c.get("basis") or ""), "adapted": str(c.get("adapted") or "")})
+    if not rows:
+        return None
+    budget = (manifest.get("options") or {}).get("overhead_budget")
+    budget = float(budget) if isinstance(budget, (int, float)) and budget > 0 else None
+    total = sum(r["share"] for r in rows)
+    over = budget is not None and total > budget
+    parts = ", ".join(f"{PROBE_TITLES.get(r['name'], r['name'])} {_pct(r['share'])}"
+                      for r in sorted(rows, key=lambda r: -r["share"]) if r["share"] > 0)
+    line = f"diagnose cost the server about {_pct(total)} of a core" + (f" ({parts})" if parts else "")
+    if budget is not None:
+        line += f"; {'over' if over else 'within'} the {_pct(budget)} budget"
+    else:
+        line += "; no budget set"
+    if not any(r["colocated"] for r in rows):
+        line += " (diagnose ran on another host: its own CPU is not counted)"
+    return {"share": total, "budget": budget, "over_budget": over, "probes": rows, "line": line,
+            "adapted": [f"{PROBE_TITLES.get(r['name'], r['name'])}: {r['adapted']}" for r in rows if r["adapted"]]}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
