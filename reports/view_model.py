@@ -76,8 +76,10 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                             "sections": [s for s in sections if s["group"] == g]}
                            for g in dict.fromkeys(s["group"] for s in sections)],
         "probes": [{"name": p.name, "state": p.state, "reason": redact_value("reason", p.reason),
-                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail) if v != "—")}
+                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail)
+                                        if v != "—" and not k.startswith("cost"))}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
+        "probe_cost": _probe_cost(manifest),
         "environment": _environment(manifest),
         "workload_card": _workload_card(a),
     }
@@ -145,6 +147,20 @@ def _title(manifest: dict[str, Any], source: str) -> str:
     return f"{model} on {engine}{' ' + str(ver) if ver else ''}"
 
 
+def _probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the probes cost the server (diagnose/overhead.py): the line, and the budget's adaptations."""
+    from diagnose.overhead import probe_cost
+
+    pc = probe_cost(manifest)
+    if pc is None:
+        if not manifest.get("probes"):
+            return None
+        return {"line": "What the probes cost the server was not recorded (a capture from before diagnose measured "
+                        "it)", "over_budget": False, "adapted": []}
+    return {"line": redact_value("probe_cost", pc["line"]), "over_budget": pc["over_budget"],
+            "adapted": [redact_value("probe_cost", x) for x in pc["adapted"]]}
+
+
 def _banners(a: Analysis) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     cap = (a.manifest or {}).get("capture") or {}
@@ -158,6 +174,10 @@ def _banners(a: Analysis) -> list[dict[str, str]]:
         if a.partial and str(w).startswith("partial capture"):
             continue
         out.append({"level": "warning", "text": redact_value("warning", str(w))})
+    pc = _probe_cost(a.manifest or {})
+    if pc is not None and pc["over_budget"]:
+        out.append({"level": "warning", "text": "The probes cost the server more than their budget: the numbers "
+                                                "include that cost (see Probes)."})
     return out
 
 

@@ -90,10 +90,19 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
             for p, ps in zip(a.phases, a.phase_signals, strict=False)
         ],
         "probes": [s.to_json() for s in a.probe_statuses],
+        **_probe_cost_json(a),
         "warnings": a.warnings,
         **_trace_json(a),
         **_workload_json(a),
     }
+
+
+def _probe_cost_json(a: Analysis) -> dict[str, Any]:
+    """What the probes cost the server (diagnose/overhead.py; docs/probe-cost.md); nothing when not recorded."""
+    from diagnose.overhead import probe_cost
+
+    pc = probe_cost(a.manifest or {})
+    return {"probe_cost": pc} if pc is not None else {}
 
 
 def _workload_json(a: Analysis) -> dict[str, Any]:
