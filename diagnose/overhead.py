@@ -36,7 +36,11 @@ from diagnose.errors import InputError
 DEFAULT_BUDGET = 0.01  # of one core: `attach --overhead-budget 1%`
 MIN_FACTOR = 0.1  # an adapting probe samples at least a tenth as often as asked, whatever the budget says
 AMORTISE_S = 10.0  # a probe's cost so far is spread over at least this long (its start-up is not its rate)
-AIM = 0.9  # of the budget: the first ticks (before any cost is measured) and the closing scrape come regardless
+AIM = 0.8  # of the budget: the first ticks (before any cost is measured) and the closing scrape come regardless
+# what `attach` runs with no probe flags: these share the budget. A probe the user adds (py-spy, the OTLP
+# receiver, the profiler) is measured and reported, adapts to the budget on its own where it can (py-spy), and
+# never makes the default probes coarser: a run whose total is over the budget is flagged instead.
+DEFAULT_PROBES = frozenset({"prometheus", "host", "nvml"})
 BUDGET_OFF = ("off", "none", "0", "0%")
 
 
@@ -102,13 +106,14 @@ def share_of(c: dict[str, Any]) -> float:
 
 @dataclass
 class OverheadBudget:
-    """The capture's budget, shared by its probes (``ctx.shared["overhead"]``, made by :func:`budget_of`).
+    """The capture's budget (``ctx.shared["overhead"]``, made by :func:`budget_of`).
 
     A probe that cannot sample less often reports its measured share as it goes (``report``). One that can
     states what it would cost at the interval or rate asked (``want``: its measured cost per sample times the
-    asked rate) and samples ``factor()`` times as often as asked: 1 while the wants fit in what the fixed
-    probes leave of ``AIM`` of the budget, else the same fraction for every adapting probe, so all grow coarser alike,
-    never under ``MIN_FACTOR`` (a run over the budget even then is flagged in the report)."""
+    asked rate) and samples ``factor(name)`` times as often as asked. For the default probes
+    (``DEFAULT_PROBES``) that is 1 while their wants fit in what their fixed ones leave of ``AIM`` of the
+    budget, else the same fraction for each, so all grow coarser alike; a probe the user added is held to
+    the budget on its own. Never under ``MIN_FACTOR`` (a run over the budget even then is flagged)."""
 
     share: float
     fixed: dict[str, float] = field(default_factory=dict)
@@ -120,9 +125,12 @@ class OverheadBudget:
     def want(self, probe: str, share: float) -> None:
         self.wants[probe] = max(0.0, float(share))
 
-    def factor(self) -> float:
-        free = self.share * AIM - sum(self.fixed.values())
-        need = sum(self.wants.values())
+    def factor(self, probe: str) -> float:
+        if probe in DEFAULT_PROBES:
+            free = self.share * AIM - sum(v for k, v in self.fixed.items() if k in DEFAULT_PROBES)
+            need = sum(v for k, v in self.wants.items() if k in DEFAULT_PROBES)
+        else:
+            free, need = self.share * AIM, self.wants.get(probe, 0.0)
         if need <= free:
             return 1.0
         return max(MIN_FACTOR, max(0.0, free) / need)

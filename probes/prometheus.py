@@ -406,7 +406,7 @@ class PrometheusProbe:
         if stats.budget is None or per is None:
             return self.interval_s
         stats.budget.want(self.name, per / self.interval_s)
-        return self.interval_s / stats.budget.factor()
+        return self.interval_s / stats.budget.factor(self.name)
 
     def _cost(self, stats: _Stats, window_s: float) -> dict[str, Any]:
         coarse = [i for i in stats.intervals if i > self.interval_s * 1.001]

@@ -339,7 +339,7 @@ class PySpyProbe:
         if self._budget is None:
             return self.cpu_interval_s
         self._budget.want(self.name, self._share() / self._factor_now)  # its share at the settings asked
-        self._factor_now = self._budget.factor()
+        self._factor_now = self._budget.factor(self.name)
         if self.stacks:
             return self.cpu_interval_s
         every = self.cpu_interval_s / self._factor_now

@@ -61,15 +61,24 @@ def test_a_server_on_this_host_is_known_as_local(url: str, local: bool) -> None:
     assert is_local(url) is local
 
 
-def test_adapting_probes_grow_coarser_alike_within_what_the_fixed_ones_leave() -> None:
+def test_default_probes_grow_coarser_alike_within_what_the_fixed_ones_leave() -> None:
     b = OverheadBudget(0.01)
-    b.report("otel", 0.002)
+    b.report("nvml", 0.002)
     b.want("prometheus", 0.005)
-    assert b.factor() == 1.0  # 0.5% wanted, 0.7% free (aiming at 0.9%): as asked
-    b.want("host", 0.009)  # 1.4% wanted of 0.7% free: every adapting probe at half its rate
-    assert b.factor() == pytest.approx(0.5)
-    b.report("otel", 0.05)  # nothing left: the floor, and the report flags the total
-    assert b.factor() == MIN_FACTOR
+    assert b.factor("prometheus") == 1.0  # 0.5% wanted, 0.6% free (aiming at 0.8%): as asked
+    b.want("host", 0.007)  # 1.2% wanted of 0.6% free: every default probe at half its rate
+    assert b.factor("prometheus") == pytest.approx(0.5) and b.factor("host") == pytest.approx(0.5)
+    b.report("nvml", 0.05)  # nothing left: the floor, and the report flags the total
+    assert b.factor("prometheus") == MIN_FACTOR
+
+
+def test_a_probe_the_user_added_never_makes_the_default_ones_coarser() -> None:
+    b = OverheadBudget(0.01)
+    b.want("prometheus", 0.006)
+    b.want("pyspy", 0.036)  # --pyspy: py-spy is held to the budget on its own
+    b.report("otel", 0.004)  # --otlp: measured and reported, not taken from the defaults' budget
+    assert b.factor("prometheus") == 1.0
+    assert b.factor("pyspy") == pytest.approx(0.008 / 0.036)
 
 
 def test_a_probes_start_up_is_spread_over_a_while() -> None:
