@@ -10,8 +10,12 @@ the probe's own CPU where it reports it (py-spy), and the client's loop lag P99.
 2-core test machine (loop lag P99 0.4-1.6 s), and every extra thing in this process then slowed the closed
 loop, so the blocks measured the client rather than the server. Pairs with a starved block are left out.
 
-Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise):
-  prometheus  the /metrics scraper (on by default in attach), 1 s interval
+Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise), every arm under
+attach's default overhead budget (``--overhead-budget 1%``, diagnose/overhead.py) unless ``--budget`` says else:
+  attach      what ``diagnose attach`` runs with no probe flags: the /metrics scraper (1 s, adapting to the
+              budget), the /proc counters (``host``) and NVML (unavailable without a GPU)
+  prometheus  the /metrics scraper alone (on by default in attach), 1 s interval
+  prometheus_nobudget  the same at a fixed 1 s, no budget: what attach did before the budget (issue 17)
   otel        the OTLP receiver (``--otlp``) against nothing listening: the engine's exporter is refused
               and drops its spans in the off arm, so the difference is the receiver plus the engine's own
               export work (which ``otel_sink`` separates)
@@ -21,8 +25,11 @@ Probes, each at its default settings (what ``diagnose attach`` uses unless told 
   defaults    prometheus + otel + pyspy together
   profiler    the engine profiler trigger (``--profile-iterations``): deliberately costly for its window
 
-    python benchmarks/overhead.py [--pairs 6] [--block-s 12] [--concurrency 8]
-        [--probes prometheus pyspy otel defaults] [--results benchmarks/results/overhead.md]
+    python benchmarks/overhead.py [--pairs 6] [--block-s 12] [--concurrency 8] [--budget 1%]
+        [--probes attach prometheus_nobudget pyspy otel defaults] [--results benchmarks/results/overhead.md]
+
+Per pair the summary also gives what the probes measured they cost (diagnose/overhead.py, the share of one
+core the report states), the median over the "on" blocks, beside the throughput and CPU ratios.
 """
 
 from __future__ import annotations
@@ -47,8 +54,10 @@ import numpy as np  # noqa: E402
 from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.capture import run_capture  # noqa: E402
 from diagnose.model import ProbeStatus  # noqa: E402
+from diagnose.overhead import DEFAULT_BUDGET, parse_budget, probe_cost  # noqa: E402
 from diagnose.probes.base import CaptureContext, Probe, Target  # noqa: E402
 from diagnose.probes.load import LoadProbe  # noqa: E402
+from diagnose.probes.nvml import NvmlProbe  # noqa: E402
 from diagnose.probes.otel import OtlpReceiverProbe  # noqa: E402
 from diagnose.probes.profiler import ProfilerProbe  # noqa: E402
 from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
@@ -98,15 +107,15 @@ def engine_cpu_s(server: VllmServer) -> float:
 
 
 async def run_block(server: VllmServer, out: Path, seed: int, args: argparse.Namespace,
-                    extra: list[Probe]) -> dict[str, Any]:
+                    extra: list[Probe], options: dict[str, Any] | None = None) -> dict[str, Any]:
     url = server.url
     spec = WorkloadSpec(mode="concurrency", phases=(Phase(0, f"c{args.concurrency}", concurrency=args.concurrency),),
                         duration_s=args.block_s, warmup_requests=2, input_tokens=args.input_tokens,
                         output_tokens=args.output_tokens, seed=seed)
-    bw = BundleWriter(out, target={"url": url}, workload=spec.to_json())
+    bw = BundleWriter(out, target={"url": url}, workload=spec.to_json(), options=dict(options or {}))
     target = Target(url=url, engine="vllm")
     c0, e0, t0 = cpu_s(), engine_cpu_s(server), time.monotonic()
-    res = await run_capture(bw, target, [LoadProbe(spec, progress=False), *extra])
+    res = await run_capture(bw, target, [LoadProbe(spec, progress=False), *extra], options=options)
     m = block_metrics(out)
     m["cpu_s"] = cpu_s() - c0
     m["engine_cpu_s"] = engine_cpu_s(server) - e0
@@ -117,6 +126,10 @@ async def run_block(server: VllmServer, out: Path, seed: int, args: argparse.Nam
     if spy is not None and spy.detail.get("pyspy_cpu_s") is not None:
         m["pyspy_cores"] = float(spy.detail["pyspy_cpu_s"]) / max(1e-9, m["wall_s"])
     m["detail"] = {k: v.detail for k, v in res.statuses.items() if k != "load"}
+    pc = probe_cost(open_bundle(out).manifest) if extra else None
+    if pc is not None:
+        m["probe_cost"] = pc["share"]
+        m["probe_cost_adapted"] = pc["adapted"]
     return m
 
 
@@ -222,7 +235,9 @@ def make_probes(kind: str, args: argparse.Namespace, prof: Path, server: VllmSer
     ``toggled``: no drain wait for late spans when the window ends)."""
     if kind == "defaults":
         return [p for k in ("prometheus", "otel", "pyspy") for p in make_probes(k, args, prof, server, toggled)]
-    if kind == "prometheus":
+    if kind == "attach":  # attach with no probe flags (diagnose.probes.*.SPEC: enabled by default)
+        return [PrometheusProbe(), PySpyProbe(pid=server.pid, stacks=False), NvmlProbe()]
+    if kind in ("prometheus", "prometheus_nobudget"):
         return [PrometheusProbe()]
     if kind in ("otel", "otel_sink"):
         return [OtlpReceiverProbe(grpc_port=args.grpc_port, http_port=args.http_port,
@@ -249,10 +264,12 @@ async def main_async(args: argparse.Namespace) -> str:
                 for on in order:
                     seed += 1
                     extra = make_probes(kind, args, prof, server) if on else off_arm(kind, args)
-                    m = await run_block(server, tmp / f"{kind}-{seed}", seed, args, extra)
+                    opts = {"overhead_budget": None if kind == "prometheus_nobudget" else args.budget}
+                    m = await run_block(server, tmp / f"{kind}-{seed}", seed, args, extra, opts)
                     m.update(probe=kind, on=on, pair=pair)
                     rows.append(m)
-                    print(f"{kind} pair {pair} {'on ' if on else 'off'}: {m['tps']:.0f} tok/s, "
+                    cost_txt = f", probe cost {m['probe_cost']:.2%}" if "probe_cost" in m else ""
+                    print(f"{kind} pair {pair} {'on ' if on else 'off'}: {m['tps']:.0f} tok/s{cost_txt}, "
                           f"ITL P99 {m['itl_p99_ms']:.1f} ms, TTFT P50 {m['ttft_p50_ms']:.1f} ms, "
                           f"cpu {m['cpu_s']:.1f} s, engine cpu {m['engine_cpu_s']:.1f} s, {m['statuses']}", flush=True)
     finally:
@@ -366,8 +383,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         f"--concurrency {args.concurrency} --probes {' '.join(args.probes)}` "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
         f"Closed loop, {args.input_tokens}-token unique prompts, {args.output_tokens} output tokens, "
-        f"{args.block_s:g} s blocks, ABBA alternation on one server. Load average {load0:.1f} at start, "
-        f"{load1:.1f} at the end on {os.cpu_count()} cores.", "",
+        f"{args.block_s:g} s blocks, ABBA alternation on one server, overhead budget "
+        f"{'off' if args.budget is None else f'{args.budget:.2%}'} (except prometheus_nobudget). Load average "
+        f"{load0:.1f} at start, {load1:.1f} at the end on {os.cpu_count()} cores.", "",
         f"The load client runs at {'SCHED_RR 1 (like attach --realtime)' if args.realtime else 'normal priority'}; "
         f"a block whose client loop lag P99 exceeds {LAG_VALID_MS:g} ms measured a starved client, not the "
         "server, and its pair is left out of the summary.", "",
@@ -381,8 +399,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
                    f"{r['engine_cpu_s']:.1f} | "
                    f"{st} {_detail(r)} |")
     out += ["", "| probe | throughput on/off (median of pairs) | per-pair ratios | ITL P99 on/off | engine CPU per "
-            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | valid pairs |",
-            "|---|---|---|---|---|---|---|---|"]
+            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | probe cost measured "
+            "by the probes (share of a core, median of on blocks) | valid pairs |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for kind in args.probes:
         pairs = []
         for p in range(args.pairs):
@@ -398,8 +417,14 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         ratios = ", ".join(f"{a[True]['tps'] / a[False]['tps']:.3f}" for a in pairs)
         spy = [a[True]["pyspy_cores"] for a in pairs if "pyspy_cores" in a[True]]
         spy_txt = f"{statistics.median(spy):.3f}" if spy else "-"
+        pcs = [a[True]["probe_cost"] for a in pairs if "probe_cost" in a[True]]
+        pc_txt = f"{statistics.median(pcs):.2%}" if pcs else "-"
         out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {ratios} | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
-                   f"{spy_txt} | {len(pairs)} of {args.pairs} |")
+                   f"{spy_txt} | {pc_txt} | {len(pairs)} of {args.pairs} |")
+    adapted = sorted({x for r in rows for x in r.get("probe_cost_adapted", [])})
+    if adapted:
+        out += ["", "What the budget changed (from the probes' statuses, distinct lines):", ""]
+        out += [f"- {x}" for x in adapted[:12]]
     return "\n".join(out) + "\n"
 
 
@@ -445,8 +470,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18410)
     ap.add_argument("--grpc-port", type=int, default=18460)
     ap.add_argument("--http-port", type=int, default=18461)
-    ap.add_argument("--probes", nargs="+", default=["prometheus", "pyspy", "otel", "defaults"],
-                    choices=["prometheus", "otel", "otel_sink", "pyspy", "defaults", "profiler"])
+    ap.add_argument("--probes", nargs="+", default=["attach", "prometheus_nobudget", "pyspy", "otel"],
+                    choices=["attach", "prometheus", "prometheus_nobudget", "otel", "otel_sink", "pyspy", "defaults",
+                             "profiler"])
+    ap.add_argument("--budget", type=parse_budget, default=DEFAULT_BUDGET,
+                    help="the overhead budget every arm runs under, as attach's --overhead-budget (default 1%%)")
+    ap.add_argument("--no-micro", action="store_true", help="skip the receiver's CPU-per-span measurement")
     ap.add_argument("--micro-spans", type=int, default=20000, help="spans for the receiver CPU measurement")
     ap.add_argument("--results", type=Path, default=None)
     ap.add_argument("--mode", choices=["blocks", "toggle"], default="blocks",
@@ -473,10 +502,12 @@ def main() -> None:
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(text)
         return
-    micro = {proto: asyncio.run(receiver_cost(args.micro_spans, proto)) for proto in ("grpc", "http")}
-    print(micro_report(micro, args), flush=True)
+    micro = ({} if args.no_micro else
+             {proto: asyncio.run(receiver_cost(args.micro_spans, proto)) for proto in ("grpc", "http")})
+    if micro:
+        print(micro_report(micro, args), flush=True)
     ensure_engine()
-    text = asyncio.run(main_async(args)) + micro_report(micro, args)
+    text = asyncio.run(main_async(args)) + (micro_report(micro, args) if micro else "")
     print(text)
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
