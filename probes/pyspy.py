@@ -338,19 +338,25 @@ class PySpyProbe:
         the counters keep their interval."""
         if self._budget is None:
             return self.cpu_interval_s
-        self._budget.want(self.name, self._share() / self._factor_now)  # its share at the settings asked
-        self._factor_now = self._budget.factor(self.name)
+        self._refresh_factor()
         if self.stacks:
             return self.cpu_interval_s
         every = self.cpu_interval_s / self._factor_now
         self._cpu_every_max = max(self._cpu_every_max, every)
         return every
 
+    def _refresh_factor(self) -> None:
+        """Tell the budget this probe's share at the settings asked, and read its factor back."""
+        assert self._budget is not None
+        self._budget.want(self.name, self._share() / self._factor_now)
+        self._factor_now = self._budget.factor(self.name)
+
     def _adapt(self) -> None:
         """Within a budget, before each py-spy window: the rate and the dumps at the budget's factor (the
         rate never under 1 Hz)."""
         if self._budget is None or not self.stacks:
             return
+        self._refresh_factor()
         rate = max(1.0, self.rate_hz * self._factor_now)
         if abs(rate - self._rate_now) >= 0.5:
             self._rate_now = rate

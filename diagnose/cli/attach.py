@@ -247,8 +247,8 @@ def attach(**o: Any) -> None:
         raise click.exceptions.Exit(attach_fleet(o))
     if not o["url"]:
         raise click.UsageError("Missing option '--url' (or --prometheus URL to diagnose a fleet).")
+    parse_budget(o["overhead_budget"])  # a bad value fails here, before anything is set up or connects
     _event_loop_policy()
-    parse_budget(o["overhead_budget"])  # a bad value fails here, before anything connects
     url, basic_auth = _split_url(str(o["url"]))
     target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
     slo = parse_slo(o["slo"])
