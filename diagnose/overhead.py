@@ -9,17 +9,20 @@ Every probe measures its own cost and leaves it in its status detail under ``cos
 ``own_cpu_s``
     CPU diagnose used for the probe: parsing scrapes, py-spy, the OTLP receiver, ``/proc`` reads, NVML calls.
 ``colocated``
-    whether that CPU ran on the server's own host (a local server), where it takes cores the engine could use.
+    whether that CPU ran on the server's own host (a local server), where it competes for cores with the engine.
 ``window_s``
     how long the probe ran.
 
-The probe's cost on the server, as a share of one core, is ``(target_ms / 1000 + own_cpu_s if colocated) /
-window_s``; the capture's is the sum over its probes (:func:`probe_cost`). ``diagnose attach`` keeps that sum
-under ``--overhead-budget`` (default 1% of one core): the probes that can sample less often (the Prometheus
-scraper, py-spy) measure their cost as they go and take a coarser interval or rate when the budget needs it,
-and say so (``adapted``). What no probe can tell apart at run time is the engine's own work for a probe that
-the engine does whether or not diagnose listens: its OpenTelemetry span export (4-6% of throughput on vLLM's
-CPU build, benchmarks/results/overhead.md), which tracing on the engine costs, not the receiver.
+The cost on the server (``share``) is ``target_ms / 1000 / window_s`` as a share of one core; the capture's
+is the sum over its probes (:func:`probe_cost`). ``diagnose attach`` keeps that sum under
+``--overhead-budget`` (default 1% of one core): a probe whose cost on the server grows with how often it
+samples (the Prometheus scraper; py-spy in blocking mode) measures its cost per sample as it goes and takes a
+coarser interval or rate when the budget needs it, and says so (``adapted``). Diagnose's own CPU is measured
+and reported beside it (``own_share``), not counted against the budget: on a host with idle cores it takes
+nothing from the engine, and on a saturated one the report says how much it used. What no probe can tell
+apart at run time is the engine's own work for a probe that it does whether or not diagnose listens: its
+OpenTelemetry span export (4-6% of throughput on vLLM's CPU build, benchmarks/results/overhead.md), which
+tracing on the engine costs, not the receiver.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ DEFAULT_BUDGET = 0.01  # of one core: `attach --overhead-budget 1%`
 MIN_FACTOR = 0.1  # an adapting probe samples at least a tenth as often as asked, whatever the budget says
 AMORTISE_S = 10.0  # a probe's cost so far is spread over at least this long (its start-up is not its rate)
 AIM = 0.8  # of the budget: the first ticks (before any cost is measured) and the closing scrape come regardless
-# what `attach` runs with no probe flags: these share the budget. A probe the user adds (py-spy, the OTLP
-# receiver, the profiler) is measured and reported, adapts to the budget on its own where it can (py-spy), and
-# never makes the default probes coarser: a run whose total is over the budget is flagged instead.
+# what `attach` runs with no probe flags: these share the budget. A probe the user adds (py-spy) is held to
+# the budget on its own and never makes the default probes coarser: a run whose total is over it is flagged.
 DEFAULT_PROBES = frozenset({"prometheus", "host", "nvml"})
 BUDGET_OFF = ("off", "none", "0", "0%")
 
@@ -89,16 +91,17 @@ def cost(target_ms: float, own_cpu_s: float, window_s: float, colocated: bool, b
     out: dict[str, Any] = {"target_ms": round(float(target_ms), 3), "own_cpu_s": round(float(own_cpu_s), 4),
                            "window_s": round(float(window_s), 3), "colocated": bool(colocated), "basis": basis}
     out["share"] = round(share_of(out), 6)
+    out["own_share"] = round(share_of(out, "own_cpu_s"), 6)
     out.update({k: v for k, v in extra.items() if v is not None})
     return out
 
 
-def share_of(c: dict[str, Any]) -> float:
-    """One probe's cost on the server as a share of one core (0 when its window is unknown)."""
+def share_of(c: dict[str, Any], key: str = "target_ms") -> float:
+    """One probe's cost on the server (``target_ms``) or its own CPU (``own_cpu_s``) as a share of one core
+    (0 when its window is unknown)."""
     try:
         window = float(c.get("window_s") or 0.0)
-        spent = float(c.get("target_ms") or 0.0) / 1e3 + (float(c.get("own_cpu_s") or 0.0) if c.get("colocated")
-                                                          else 0.0)
+        spent = float(c.get(key) or 0.0) / (1e3 if key == "target_ms" else 1.0)
     except (TypeError, ValueError):
         return 0.0
     return spent / window if window > 0 and math.isfinite(spent) else 0.0
@@ -108,32 +111,28 @@ def share_of(c: dict[str, Any]) -> float:
 class OverheadBudget:
     """The capture's budget (``ctx.shared["overhead"]``, made by :func:`budget_of`).
 
-    A probe that cannot sample less often reports its measured share as it goes (``report``). One that can
-    states what it would cost at the interval or rate asked (``want``: its measured cost per sample times the
-    asked rate) and samples ``factor(name)`` times as often as asked. For the default probes
-    (``DEFAULT_PROBES``) that is 1 while their wants fit in what their fixed ones leave of ``AIM`` of the
-    budget, else the same fraction for each, so all grow coarser alike; a probe the user added is held to
-    the budget on its own. Never under ``MIN_FACTOR`` (a run over the budget even then is flagged)."""
+    A probe whose cost on the server grows with how often it samples states what it would cost at the
+    interval or rate asked (``want``: its measured cost per sample times the asked rate) and samples
+    ``factor(name)`` times as often as asked. For the default probes (``DEFAULT_PROBES``) that is 1 while
+    their wants fit in ``AIM`` of the budget, else the same fraction for each; a probe the user added is held
+    to the budget on its own. Never under ``MIN_FACTOR`` (a run over the budget even then is flagged). The
+    other probes cost the server nothing measurable (their CPU is diagnose's own) and take no part."""
 
     share: float
-    fixed: dict[str, float] = field(default_factory=dict)
     wants: dict[str, float] = field(default_factory=dict)
-
-    def report(self, probe: str, share: float) -> None:
-        self.fixed[probe] = max(0.0, float(share))
 
     def want(self, probe: str, share: float) -> None:
         self.wants[probe] = max(0.0, float(share))
 
     def factor(self, probe: str) -> float:
+        free = self.share * AIM
         if probe in DEFAULT_PROBES:
-            free = self.share * AIM - sum(v for k, v in self.fixed.items() if k in DEFAULT_PROBES)
             need = sum(v for k, v in self.wants.items() if k in DEFAULT_PROBES)
         else:
-            free, need = self.share * AIM, self.wants.get(probe, 0.0)
+            need = self.wants.get(probe, 0.0)
         if need <= free:
             return 1.0
-        return max(MIN_FACTOR, max(0.0, free) / need)
+        return max(MIN_FACTOR, free / need)
 
 
 def rate_of(spent_s: float, elapsed_s: float) -> float:
@@ -162,15 +161,16 @@ PROBE_TITLES = {"prometheus": "Prometheus", "pyspy": "py-spy", "host": "/proc co
 
 def probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
     """The capture's probe cost on the server from the probes' statuses: ``{share, budget, over_budget,
-    probes: [{name, share, target_ms, own_cpu_s, colocated, adapted}], adapted: [lines], line}``; None for a
-    bundle whose probes recorded no cost (older bundles, traces)."""
+    own_share, probes: [{name, share, own_share, target_ms, own_cpu_s, colocated, adapted}], adapted: [lines],
+    line}``; None for a bundle whose probes recorded no cost (older bundles, traces)."""
     probes = manifest.get("probes") or {}
     rows: list[dict[str, Any]] = []
     for name, st in sorted(probes.items()):
         c = ((st or {}).get("detail") or {}).get("cost") if isinstance(st, dict) else None
         if not isinstance(c, dict):
             continue
-        rows.append({"name": str(name), "share": share_of(c), "target_ms": c.get("target_ms"),
+        rows.append({"name": str(name), "share": share_of(c), "own_share": share_of(c, "own_cpu_s"),
+                     "target_ms": c.get("target_ms"),
                      "own_cpu_s": c.get("own_cpu_s"), "colocated": bool(c.get("colocated")),
                      "basis": str(c.get("basis") or ""), "adapted": str(c.get("adapted") or "")})
     if not rows:
@@ -186,9 +186,13 @@ def probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
         line += f"; {'over' if over else 'within'} the {_pct(budget)} budget"
     else:
         line += "; no budget set"
-    if not any(r["colocated"] for r in rows):
-        line += " (diagnose ran on another host: its own CPU is not counted)"
-    return {"share": total, "budget": budget, "over_budget": over, "probes": rows, "line": line,
+    own = sum(r["own_share"] for r in rows)
+    own_parts = ", ".join(f"{PROBE_TITLES.get(r['name'], r['name'])} {_pct(r['own_share'])}"
+                          for r in sorted(rows, key=lambda r: -r["own_share"]) if r["own_share"] > 0)
+    where = ("on the server's host" if any(r["colocated"] for r in rows) else
+             "on another host than the server's")
+    line += f"; diagnose's own CPU {where}: {_pct(own)} of a core" + (f" ({own_parts})" if own_parts else "")
+    return {"share": total, "own_share": own, "budget": budget, "over_budget": over, "probes": rows, "line": line,
             "adapted": [f"{PROBE_TITLES.get(r['name'], r['name'])}: {r['adapted']}" for r in rows if r["adapted"]]}
 
 

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from diagnose.model import ProbeStatus
-from diagnose.overhead import budget_of, cost, rate_of
+from diagnose.overhead import cost
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.workload import parse_duration
 
@@ -129,7 +129,6 @@ class NvmlProbe:
 
     def _collect(self, ctx: CaptureContext, halt: threading.Event) -> ProbeStatus:
         c0 = time.thread_time()
-        budget = budget_of(ctx.shared, ctx.options)
         nv = self._lib()
         try:
             nv.nvmlInit()
@@ -162,8 +161,6 @@ class NvmlProbe:
                     recs += [self._procs(ctx, nv, i, h) for i, h in enumerate(handles)]
                 stream.write_many([r for r in recs if r])
                 ticks += 1
-                if budget is not None and ticks % max(1, round(self.rate_hz)) == 0:  # about once a second
-                    budget.report(NAME, rate_of(time.thread_time() - c0, time.monotonic() - t_start))
                 halt.wait(max(0.0, period - (time.monotonic() - t0)))
             for s in gpm_prev.values():
                 self._call(-1, "gpm_free", nv.nvmlGpmSampleFree, s)
@@ -172,8 +169,6 @@ class NvmlProbe:
         wall = time.monotonic() - t_start
         unsupported = sorted({k for _, k in self._unsupported})
         own = time.thread_time() - c0
-        if budget is not None:
-            budget.report(NAME, rate_of(own, wall))
         return ProbeStatus(NAME, "ok", "", {"gpus": len(handles), "ticks": ticks, "rate_hz": self.rate_hz,
                                             "wall_s": round(wall, 3), "nvml_calls": self.calls,
                                             "nvml_call_ms": round(self.call_s * 1e3, 3),

@@ -29,7 +29,7 @@ import orjson
 
 from diagnose.model import ProbeStatus
 from diagnose.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
-from diagnose.overhead import OverheadBudget, budget_of, cost, is_local, rate_of
+from diagnose.overhead import cost, is_local
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 DEFAULT_GRPC_PORT = 4317
@@ -77,8 +77,6 @@ class OtlpReceiverProbe:
         self.bound: dict[str, int] = {}
         self._ctx: CaptureContext | None = None
         self._started = time.monotonic()
-        self._budget: OverheadBudget | None = None
-        self._colocated = False
 
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
         try:
@@ -96,9 +94,6 @@ class OtlpReceiverProbe:
         finally:
             with self.counters.lock:
                 self.counters.ingest_cpu_s += time.thread_time() - c0
-                spent = self.counters.ingest_cpu_s
-            if self._budget is not None and self._colocated:
-                self._budget.report(self.name, rate_of(spent, time.monotonic() - self._started))
 
     def _ingest_now(self, body: bytes, transport: str, encoding: str) -> None:
         assert self._ctx is not None
@@ -213,8 +208,6 @@ class OtlpReceiverProbe:
     async def run(self, ctx: CaptureContext) -> ProbeStatus:
         self._ctx = ctx
         self._started = time.monotonic()
-        self._budget = budget_of(ctx.shared, ctx.options)
-        self._colocated = is_local(ctx.target.url)
         problems: list[str] = []
         grpc_server: Any = None
         http_runner: Any = None
@@ -275,8 +268,6 @@ class OtlpReceiverProbe:
                               "own: decoding and writing the exports (handler thread CPU); the engine's own span "
                               "export is its tracing's cost, not counted (docs/probe-cost.md)",
                               cpu_us_per_span=round(own * 1e6 / c.spans, 1) if c.spans else None)
-        if self._budget is not None:
-            self._budget.report(self.name, detail["cost"]["share"])
         notes = list(problems)
         if sum(detail["rejected"].values()):
             notes.append(f"rejected {sum(detail['rejected'].values())} malformed export(s)")

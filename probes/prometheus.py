@@ -14,8 +14,8 @@ part of it until the answer's headers (the server rendering the page; the rest i
 Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds the server's time for the scrapes
 (the sum of ``scrape_ms``) and this probe's own CPU (the parse worker's, or the parsing thread's, plus
 decoding and writing here). Within a capture budget (``attach --overhead-budget``, default 1% of one core)
-the interval adapts: a scrape costing ``c`` seconds (the server's time, plus the parsing CPU when diagnose runs
-on the server's host; medians of the last ``COST_WINDOW`` scrapes) wants ``c / interval`` of a core, and the
+the interval adapts: a scrape costing ``c`` seconds of the server's time (the median of the last
+``COST_WINDOW`` exchanges; the parsing CPU is diagnose's own, reported beside) wants ``c / interval`` of a core, and the
 budget's ``factor()`` (1 while every adapting probe's want fits) divides the interval asked; the status and
 each record's ``interval_s`` say when the budget made it coarser (docs/probe-cost.md).
 
@@ -122,12 +122,10 @@ class _Stats:
         }
 
     def per_scrape_s(self) -> float | None:
-        """What one scrape costs the server now (s): its time for the exchange, plus the parsing CPU when it
-        shares this host; None before the first scrape."""
+        """What one scrape costs the server now (s): the median of its recent exchanges; None before the first."""
         if not self.recent_server_ms:
             return None
-        own = statistics.median(self.recent_own_ms) if (self.colocated and self.recent_own_ms) else 0.0
-        return (statistics.median(self.recent_server_ms) + own) / 1e3
+        return statistics.median(self.recent_server_ms) / 1e3
 
 
 class PrometheusProbe:
@@ -417,8 +415,7 @@ class PrometheusProbe:
             own = statistics.median(stats.recent_own_ms) if stats.recent_own_ms else 0.0
             adapted = (f"the {stats.budget.share:.2%} overhead budget made the scrape interval {med:.2g} s in "
                        f"{len(coarse)} of {len(stats.intervals)} ticks (asked {self.interval_s:g} s): a scrape took "
-                       f"{server:.3g} ms of the server's time" + (f" and {own:.3g} ms of CPU to parse on its host"
-                                                                  if stats.colocated else ""))
+                       f"{server:.3g} ms of the server's time (and {own:.3g} ms of diagnose's CPU to parse)")
         return cost(stats.target_ms, stats.own_cpu_ms / 1e3, window_s, stats.colocated,
                     "server: the /metrics exchanges on loopback (time to first byte + transfer); own: the "
                     "parser's CPU, decoding and writing", adapted=adapted, interval_asked_s=self.interval_s,

@@ -35,9 +35,10 @@ The raw py-spy outputs are kept as artifacts ``pyspy_<pid>.txt`` (flamegraph.pl 
 
 Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds py-spy's own CPU (records and
 dumps) and, with ``--pyspy-blocking``, the time the processes were paused (py-spy's CPU while they were
-stopped stands in for it); the ``host`` probe's is its own CPU for the /proc reads. Within a capture budget
-(``attach --overhead-budget``) py-spy measures its share after each window and, when over its allowance,
-lowers the rate of the next windows (to 1 Hz at least) and spaces the dumps out, and says so.
+stopped stands in for it: the cost on the server); the ``host`` probe's is its own CPU for the /proc reads.
+Within a capture budget (``attach --overhead-budget``) blocking py-spy measures its pauses before each window
+and, when over the budget, lowers the rate of the next windows (to 1 Hz at least) and spaces the dumps out,
+and says so.
 """
 
 from __future__ import annotations
@@ -159,7 +160,6 @@ class PySpyProbe:
         self._problems: dict[int, str] = {}
         self._rate_now = self.rate_hz  # lowered within a budget (cost)
         self._factor_now = 1.0  # the budget's factor last read (1: as asked)
-        self._cpu_every_max = cpu_interval_s
         self._dump_every = dump_interval_s
         self._own_cpu_s = 0.0  # the /proc reads and scans (thread CPU)
         self._started = time.monotonic()
@@ -307,8 +307,7 @@ class PySpyProbe:
         while True:
             await asyncio.to_thread(self._sample_cpu, ctx, procs, stream)
             if self._foreign is not None and time.monotonic() >= next_foreign:
-                # the host probe's scans follow the budget with its counters, so its whole cost scales
-                next_foreign = time.monotonic() + self.foreign_interval_s / (1.0 if self.stacks else self._factor_now)
+                next_foreign = time.monotonic() + self.foreign_interval_s
                 stream.write_many(await asyncio.to_thread(self._timed, self._foreign.sample, ctx.now_ns()))
             await asyncio.sleep(self._cpu_every())
 
@@ -328,22 +327,17 @@ class PySpyProbe:
             return (spy if not self.nonblocking else 0.0), spy + self._own_cpu_s
 
     def _share(self) -> float:
-        paused, own = self._spent_s()
-        return rate_of(paused + own, time.monotonic() - self._started)
+        """What py-spy costs the server so far, as a share of one core: the time it paused the processes
+        (``--pyspy-blocking``; 0 when nonblocking, where py-spy's CPU is its own, reported beside)."""
+        paused, _ = self._spent_s()
+        return rate_of(paused, time.monotonic() - self._started)
 
     def _cpu_every(self) -> float:
-        """The /proc counters' interval: as asked, or within a budget coarser by its factor (the host probe;
-        the counters are cumulative, so a coarser interval loses time resolution, never CPU time). With py-spy
-        the share wanted is py-spy's whole (mostly its sampling, which follows the factor in ``_adapt``) and
-        the counters keep their interval."""
-        if self._budget is None:
-            return self.cpu_interval_s
-        self._refresh_factor()
-        if self.stacks:
-            return self.cpu_interval_s
-        every = self.cpu_interval_s / self._factor_now
-        self._cpu_every_max = max(self._cpu_every_max, every)
-        return every
+        """The /proc counters' interval: as asked (reading /proc costs the server nothing; the reads' CPU is
+        diagnose's own, reported). With a budget and py-spy, its factor is refreshed here too."""
+        if self._budget is not None and self.stacks:
+            self._refresh_factor()
+        return self.cpu_interval_s
 
     def _refresh_factor(self) -> None:
         """Tell the budget this probe's share at the settings asked, and read its factor back."""
@@ -444,17 +438,11 @@ class PySpyProbe:
         window = time.monotonic() - self._started
         paused, own = self._spent_s()
         if not self.stacks:
-            adapted_host = (f"the {self._budget.share:.2%} overhead budget made the /proc counters' interval up to "
-                            f"{self._cpu_every_max:.2g} s (asked {self.cpu_interval_s:g} s)"
-                            if self._budget is not None and self._cpu_every_max > self.cpu_interval_s * 1.001
-                            else None)
             detail = {"processes": {str(p.pid): {"role": p.role, "name": p.name, "exited": p.pid in self._gone}
                                     for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False,
-                      "cost": cost(0.0, own, window, True, "own: the /proc reads and scans (thread CPU)",
-                                   adapted=adapted_host,
-                                   budget_share=self._budget.share if self._budget is not None else None)}
-            adapted_note = f"; {adapted_host}" if adapted_host else ""
-            return ProbeStatus(self.name, "ok", (note + adapted_note).lstrip("; "), detail)
+                      "cost": cost(0.0, own, window, True, "server: none (reading /proc never stops it); own: the "
+                                                           "/proc reads and scans (thread CPU)")}
+            return ProbeStatus(self.name, "ok", note.lstrip("; "), detail)
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:
