@@ -129,6 +129,7 @@ async def run_block(server: VllmServer, out: Path, seed: int, args: argparse.Nam
     pc = probe_cost(open_bundle(out).manifest) if extra else None
     if pc is not None:
         m["probe_cost"] = pc["share"]
+        m["probe_own_cpu"] = pc["own_share"]
         m["probe_cost_adapted"] = pc["adapted"]
     return m
 
@@ -268,7 +269,8 @@ async def main_async(args: argparse.Namespace) -> str:
                     m = await run_block(server, tmp / f"{kind}-{seed}", seed, args, extra, opts)
                     m.update(probe=kind, on=on, pair=pair)
                     rows.append(m)
-                    cost_txt = f", probe cost {m['probe_cost']:.2%}" if "probe_cost" in m else ""
+                    cost_txt = (f", probe cost {m['probe_cost']:.2%} (own CPU {m['probe_own_cpu']:.2%})"
+                                if "probe_cost" in m else "")
                     print(f"{kind} pair {pair} {'on ' if on else 'off'}: {m['tps']:.0f} tok/s{cost_txt}, "
                           f"ITL P99 {m['itl_p99_ms']:.1f} ms, TTFT P50 {m['ttft_p50_ms']:.1f} ms, "
                           f"cpu {m['cpu_s']:.1f} s, engine cpu {m['engine_cpu_s']:.1f} s, {m['statuses']}", flush=True)
@@ -399,9 +401,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
                    f"{r['engine_cpu_s']:.1f} | "
                    f"{st} {_detail(r)} |")
     out += ["", "| probe | throughput on/off (median of pairs) | per-pair ratios | ITL P99 on/off | engine CPU per "
-            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | probe cost measured "
-            "by the probes (share of a core, median of on blocks) | valid pairs |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "output token on/off | this process's CPU s on - off | py-spy's own CPU (cores) | cost on the server "
+            "measured by the probes (share of a core, median of on blocks) | diagnose's own CPU measured by the "
+            "probes (same) | valid pairs |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for kind in args.probes:
         pairs = []
         for p in range(args.pairs):
@@ -419,8 +422,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         spy_txt = f"{statistics.median(spy):.3f}" if spy else "-"
         pcs = [a[True]["probe_cost"] for a in pairs if "probe_cost" in a[True]]
         pc_txt = f"{statistics.median(pcs):.2%}" if pcs else "-"
+        owns = [a[True]["probe_own_cpu"] for a in pairs if "probe_own_cpu" in a[True]]
+        own_txt = f"{statistics.median(owns):.2%}" if owns else "-"
         out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {ratios} | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
-                   f"{spy_txt} | {pc_txt} | {len(pairs)} of {args.pairs} |")
+                   f"{spy_txt} | {pc_txt} | {own_txt} | {len(pairs)} of {args.pairs} |")
     adapted = sorted({x for r in rows for x in r.get("probe_cost_adapted", [])})
     if adapted:
         out += ["", "What the budget changed (from the probes' statuses, distinct lines):", ""]
