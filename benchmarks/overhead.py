@@ -126,7 +126,8 @@ async def run_block(server: VllmServer, out: Path, seed: int, args: argparse.Nam
     if spy is not None and spy.detail.get("pyspy_cpu_s") is not None:
         m["pyspy_cores"] = float(spy.detail["pyspy_cpu_s"]) / max(1e-9, m["wall_s"])
     m["detail"] = {k: v.detail for k, v in res.statuses.items() if k != "load"}
-    pc = probe_cost(open_bundle(out).manifest) if extra else None
+    pc = probe_cost({"probes": {k: v.to_json() for k, v in res.statuses.items()}, "options": options or {}}) \
+        if extra else None  # what the bundle's manifest holds, without reading it again
     if pc is not None:
         m["probe_cost"] = pc["share"]
         m["probe_own_cpu"] = pc["own_share"]

@@ -65,9 +65,11 @@ def parse_budget(text: str | float | None) -> float | None:
 
 def is_local(url: str) -> bool:
     """Whether the server at ``url`` runs on this host (loopback, or one of this host's own addresses)."""
-    host = urlsplit(url).hostname or ""
-    if not host or host == "localhost":
-        return bool(host)
+    host = urlsplit(url).hostname
+    if not host:
+        return False
+    if host == "localhost":
+        return True
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

@@ -309,7 +309,7 @@ class PySpyProbe:
             if self._foreign is not None and time.monotonic() >= next_foreign:
                 next_foreign = time.monotonic() + self.foreign_interval_s
                 stream.write_many(await asyncio.to_thread(self._timed, self._foreign.sample, ctx.now_ns()))
-            await asyncio.sleep(self._cpu_every())
+            await asyncio.sleep(self.cpu_interval_s)
 
     def _timed(self, fn: Any, *args: Any) -> Any:
         """fn(*args) on this thread, its CPU counted as the probe's own."""
@@ -331,13 +331,6 @@ class PySpyProbe:
         (``--pyspy-blocking``; 0 when nonblocking, where py-spy's CPU is its own, reported beside)."""
         paused, _ = self._spent_s()
         return rate_of(paused, time.monotonic() - self._started)
-
-    def _cpu_every(self) -> float:
-        """The /proc counters' interval: as asked (reading /proc costs the server nothing; the reads' CPU is
-        diagnose's own, reported). With a budget and py-spy, its factor is refreshed here too."""
-        if self._budget is not None and self.stacks:
-            self._refresh_factor()
-        return self.cpu_interval_s
 
     def _refresh_factor(self) -> None:
         """Tell the budget this probe's share at the settings asked, and read its factor back."""

@@ -47,6 +47,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     sections = [section_view(s) for s in (build_sections(a.tables, a.signals, a.run_window) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
+    cost = _probe_cost(manifest)
     judged = [f for f in ranked(a.findings) if a.run_valid or f.family == "validity"]
     not_judged = [f for f in ranked(a.findings) if not (a.run_valid or f.family == "validity")]
     return {
@@ -55,7 +56,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "source": str(a.source),
         "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
-        "banners": _banners(a),
+        "banners": _banners(a, cost),
         "run_label": _run_label(a),
         "verdict": _verdict(a),
         "findings": [_finding(f, _run_label(a)) for f in judged],
@@ -79,7 +80,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                     "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail)
                                         if v != "—" and not k.startswith("cost"))}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
-        "probe_cost": _probe_cost(manifest),
+        "probe_cost": cost,
         "environment": _environment(manifest),
         "workload_card": _workload_card(a),
     }
@@ -161,7 +162,7 @@ def _probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
             "adapted": [redact_value("probe_cost", x) for x in pc["adapted"]]}
 
 
-def _banners(a: Analysis) -> list[dict[str, str]]:
+def _banners(a: Analysis, cost: dict[str, Any] | None = None) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     cap = (a.manifest or {}).get("capture") or {}
     if a.partial:
@@ -174,8 +175,7 @@ def _banners(a: Analysis) -> list[dict[str, str]]:
         if a.partial and str(w).startswith("partial capture"):
             continue
         out.append({"level": "warning", "text": redact_value("warning", str(w))})
-    pc = _probe_cost(a.manifest or {})
-    if pc is not None and pc["over_budget"]:
+    if cost is not None and cost["over_budget"]:
         out.append({"level": "warning", "text": "The probes cost the server more than their budget: the numbers "
                                                 "include that cost (see Probes)."})
     return out

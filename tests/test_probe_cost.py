@@ -29,8 +29,7 @@ from diagnose.overhead import (
     share_of,
 )
 from diagnose.probes.base import CaptureContext, Target
-from diagnose.probes.prometheus import PrometheusProbe
-from tests.test_prometheus_probe import _serve
+from tests.test_prometheus_probe import _run_probe
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_SCRAPE = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
@@ -99,23 +98,9 @@ def _run(tmp_path: Path, delay_s: float, budget: float | None, interval_s: float
         await asyncio.sleep(delay_s)  # the server's render time, as the probe sees it
         return web.Response(text=VLLM_SCRAPE, content_type="text/plain")
 
-    async def main() -> ProbeStatus:
-        runner, base = await _serve(handler)  # the Prometheus probe tests' loopback server
-        try:
-            bw = BundleWriter(tmp_path / "b", target={"url": base}, options={"overhead_budget": budget})
-            ctx = CaptureContext(bundle=bw, target=Target(url=base), stop=asyncio.Event(),
-                                 options={"overhead_budget": budget})
-            task = asyncio.create_task(PrometheusProbe(interval_s=interval_s, settle_s=0.0).run(ctx))
-            await asyncio.sleep(duration_s)
-            ctx.stop.set()
-            st = await asyncio.wait_for(task, 20)
-            bw.set_probe_status(st)
-            bw.finish()
-            return st
-        finally:
-            await runner.cleanup()
-
-    return asyncio.run(main()), tmp_path / "b"
+    st, bdir, _ = _run_probe(tmp_path, handler, duration_s=duration_s, options={"overhead_budget": budget},
+                             interval_s=interval_s)
+    return st, bdir
 
 
 def test_a_slow_metrics_page_is_scraped_less_often_within_the_budget(tmp_path: Path) -> None:

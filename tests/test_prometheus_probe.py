@@ -35,15 +35,18 @@ async def _serve(handler: Handler) -> tuple[web.AppRunner, str]:
 
 
 def _run_probe(tmp_path: Path, handler: Handler | None, duration_s: float = 0.35, url: str | None = None,
-               api_key: str | None = None, **kw: Any) -> tuple[ProbeStatus, Path, list[int]]:
-    """Run the probe for ``duration_s`` against ``handler``; returns status, bundle dir, stop time."""
+               api_key: str | None = None, options: dict[str, Any] | None = None,
+               **kw: Any) -> tuple[ProbeStatus, Path, list[int]]:
+    """Run the probe for ``duration_s`` against ``handler`` (``options``: the capture's, e.g. its overhead
+    budget); returns status, bundle dir, stop time."""
     stop_at: list[int] = []
 
     async def main() -> ProbeStatus:
         runner, base = await _serve(handler) if handler else (None, url or "")
         try:
-            bw = BundleWriter(tmp_path / "b", target={"url": base})
-            ctx = CaptureContext(bundle=bw, target=Target(url=base, api_key=api_key), stop=asyncio.Event())
+            bw = BundleWriter(tmp_path / "b", target={"url": base}, options=dict(options or {}))
+            ctx = CaptureContext(bundle=bw, target=Target(url=base, api_key=api_key), stop=asyncio.Event(),
+                                 options=dict(options or {}))
             probe = PrometheusProbe(interval_s=kw.pop("interval_s", 0.05), settle_s=0.0, **kw)
             assert probe.available(ctx) == (True, "")
             task = asyncio.create_task(probe.run(ctx))
