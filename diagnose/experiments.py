@@ -18,6 +18,7 @@ absent (the experiment then names the neutral setting only).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     "kv_cache_size": ("the memory given to the KV cache",
                       {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static",
                        "tgi": "--cuda-memory-fraction", "llamacpp": "--ctx-size"}),
+    "context_length": ("the context one sequence may use (llama.cpp: the total the --parallel slots share)",
+                       {"vllm": "--max-model-len", "sglang": "--context-length", "tgi": "--max-total-tokens",
+                        "llamacpp": "--ctx-size"}),
     "kv_cache_dtype": ("the KV cache's data type", {"vllm": "--kv-cache-dtype", "sglang": "--kv-cache-dtype",
                                                     "llamacpp": "--cache-type-k"}),
     "prefix_caching": ("automatic prefix caching", {"vllm": "--enable-prefix-caching",
@@ -126,3 +130,15 @@ def describe(kind: str, name: str, value: str, engine: str | None = None) -> str
     else:
         head = f"deployment: {name}"
     return head + (f" = {value}" if value else "")
+
+
+def spell_change(change: str, kind: str, name: str, engine: str | None) -> str:
+    """An experiment's text with the engine's own flag for its variable: the catalogue writes vLLM's spelling
+    (``raise --max-num-seqs``); on llama.cpp that reads ``raise --parallel``. Unchanged for vLLM, for other
+    kinds of variable, and where the engine has no plain equivalent (none, or one to remove)."""
+    if kind != "engine_flag" or not engine or engine == "vllm":
+        return change
+    ours, theirs = flag_for(name, "vllm"), flag_for(name, engine)
+    if not ours or not theirs or "(" in ours or "(" in theirs:
+        return change
+    return re.sub(rf"(?<![\w-]){re.escape(ours)}(?![\w-])", theirs, change)

@@ -42,7 +42,7 @@ AMORTISE_S = 10.0  # a probe's cost so far is spread over at least this long (it
 AIM = 0.8  # of the budget: the first ticks (before any cost is measured) and the closing scrape come regardless
 # what `attach` runs with no probe flags: these share the budget. A probe the user adds (py-spy) is held to
 # the budget on its own and never makes the default probes coarser: a run whose total is over it is flagged.
-DEFAULT_PROBES = frozenset({"prometheus", "host", "nvml"})
+DEFAULT_PROBES = frozenset({"prometheus", "slots", "host", "nvml"})
 BUDGET_OFF = ("off", "none", "0", "0%")
 
 

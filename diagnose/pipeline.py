@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -22,7 +23,8 @@ import pandas as pd
 from diagnose.analysis import Analysis
 from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.errors import BundleError, InputError
-from diagnose.model import NotEvaluated, Phase, Signal, Window, level_phases
+from diagnose.experiments import spell_change
+from diagnose.model import Finding, NotEvaluated, Phase, Signal, Window, level_phases
 from diagnose.normalize import derived, load_normalizers
 from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
 from diagnose.rules.engine import evaluate
@@ -33,6 +35,14 @@ InputKind = str  # "bundle" | "trace" | "spans"
 
 
 # -- stage 0: the input, as a bundle ---------------------------------------------------------------------
+
+def _spelt(f: Finding, engine: str | None) -> Finding:
+    """The finding with each experiment's text naming the engine's own flag (diagnose.experiments.spell_change)."""
+    causes = tuple(c if c.experiment is None else replace(c, experiment=replace(
+        c.experiment, change=spell_change(c.experiment.change, c.experiment.variable_kind, c.experiment.variable,
+                                          engine))) for c in f.causes)
+    return f if causes == f.causes else replace(f, causes=causes)
+
 def detect_input(path: Path) -> InputKind:
     """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
     if not os.path.lexists(path):
@@ -224,8 +234,10 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
                    [p.name for p in measured] if sweep else [])
     engine = (bundle.manifest.get("target") or {}).get("engine") if isinstance(bundle.manifest, dict) else None
+    engine = engine if isinstance(engine, str) else None
+    res.findings = [_spelt(f, engine) for f in res.findings]
     verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=load_ran(bundle, phases),
-                     engine=engine if isinstance(engine, str) else None)
+                     engine=engine)
     analysis = Analysis(
         source=str(bundle.path if bundle.kind == "bundle" else bundle.source),
         manifest=bundle.manifest,

@@ -265,6 +265,20 @@ class GpuProcs(_Rec):
     procs: list[GpuProc] = []
 
 
+# -- llama.cpp /slots (probes/slots.py) -----------------------------------------------------------------------
+class Slot(_Rec):
+    id: Count | None = None
+    n_ctx: Count | None = None
+    busy: bool = False
+    prompt_tokens: Count | None = None
+    decoded: Count | None = None
+
+
+class Slots(_Rec):
+    t_ns: NS
+    slots: list[Slot] = []
+
+
 # -- OTLP spans (normalised, diagnose/otlp.py) ----------------------------------------------------------------
 class Span(_Rec):
     trace_id: str | None = None
@@ -281,7 +295,7 @@ class Span(_Rec):
 
 STREAMS: dict[str, type[Struct]] = {
     "requests": Request, "chunks": Chunks, "phases": PhaseRec, "client_health": ClientHealth, "metrics": Metrics,
-    "metric_families": MetricFamily, "spans": Span,
+    "metric_families": MetricFamily, "spans": Span, "slots": Slots,
 }
 KINDS: dict[str, dict[str, type[Struct]]] = {
     "host_samples": {"process": HostProcess, "thread_cpu": ThreadCpu, "system_cpu": SystemCpu, "stack": Stack,

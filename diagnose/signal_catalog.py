@@ -35,6 +35,7 @@ HOST = "diagnose.normalize.host"
 GPU = "diagnose.normalize.gpu"
 TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for a bundle
 FLEET = "diagnose.normalize.fleet"
+SLOTS = "diagnose.normalize.slots"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -130,6 +131,9 @@ _CLIENT: list[_Entry] = [
     ("profiler_window_s", "s", "length of the engine profiler's window excluded from the statistics (s)"),
     ("prompt_tokens_mean", "tokens", "mean prompt tokens per request"),
     ("output_tokens_mean", "tokens", "mean output tokens per request"),
+    ("output_tokens_asked_mean", "tokens", "mean max_tokens the requests asked for"),
+    ("output_cut_share_ratio", "ratio", "share of the requests the server ended for length with under 90% of the "
+     "tokens they asked for (cut short by the context, not by max_tokens)"),
     ("client_schedule_lag_p99_ms", "ms", "client send lateness vs the schedule, P99 (ms)"),
     ("client_loop_lag_p99_ms", "ms", "client event-loop lag, P99 (ms); series: every self-check sample"),
     ("client_cpu_max_percent", "percent",
@@ -150,6 +154,8 @@ _CLIENT: list[_Entry] = [
 ]
 
 _DERIVED: list[_Entry] = [
+    ("context_wanted_tokens", "tokens", "the context setting that lets the requests finish as asked: prompt + "
+     "max_tokens (means), times the slots where the context is split between fixed slots (llama.cpp)"),
     ("itl_split_decode_ratio", "ratio", "share of the ITL P50 a decode step alone takes (the baseline's ITL P50)"),
     ("kv_demand_ratio", "ratio", "KV tokens the peak of running requests needs at full length (running max x "
      "(prompt + output tokens, means)) / KV-cache capacity"),
@@ -194,7 +200,9 @@ _PROMETHEUS: list[_Entry] = [
     ("preemptions_total", "events", "preemptions over the window"),
     ("rejected_requests_total", "requests", "requests rejected by admission control over the window"),
     *_server_histograms(),
-    ("server_queue_share_of_ttft_ratio", "ratio", "server queue time / server TTFT (means over the window)"),
+    ("server_queue_share_of_ttft_ratio", "ratio", "server queue time / server TTFT (means over the window); an "
+     "engine with a queue gauge but no queue-time histogram (llama.cpp): the mean wait by Little's law / the "
+     "client's mean TTFT"),
     ("server_output_tps", "tokens/s", "server generated tokens per second (counter rate)"),
     ("metrics_window_coverage_ratio", "ratio", "share of the window between the first and the last metrics "
      "scrape (below 0.8 the window gets no other server figure)"),
@@ -368,12 +376,20 @@ _FLEET: list[_Entry] = [
 ]
 
 
+_SLOTS: list[_Entry] = [
+    ("slot_context_tokens", "tokens", "the context of one llama.cpp slot (n_ctx in /slots)"),
+    ("slot_context_used_max_ratio", "ratio", "the fullest a busy llama.cpp slot's context was (prompt + decoded "
+     "tokens / n_ctx, max over /slots samples)"),
+    ("slots_busy_mean", "slots", "busy llama.cpp slots, mean over /slots samples"),
+]
+
+
 def _build() -> dict[str, SignalSpec]:
     out: dict[str, SignalSpec] = {}
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
         (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
-        (FLEET, "server", _FLEET),
+        (FLEET, "server", _FLEET), (SLOTS, "server", _SLOTS),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 PROBE_MODULES: tuple[str, ...] = (
     "diagnose.probes.load",
     "diagnose.probes.prometheus",
+    "diagnose.probes.slots",
     "diagnose.probes.otel",
     "diagnose.probes.pyspy",
     "diagnose.probes.host_cpu",

@@ -152,6 +152,7 @@ class PySpyProbe:
         self._foreign: ForeignCpu | None = None
         self._halt = threading.Event()
         self._recorders: list[_Recorder] = []
+        self._native = ""  # why py-spy did not apply (a native server), when it did not
         self._dump_cpu_s = 0.0
         self._dump_wall_s = 0.0
         self._dumps = 0
@@ -197,9 +198,8 @@ class PySpyProbe:
         if not self.stacks:
             return True, ""
         state = python_state(pid)
-        if state == "other":
-            return False, (f"PID {pid} is not a Python process ({_proc_name(pid)}): py-spy samples Python "
-                           "only; pass the server's own PID")
+        if state == "other":  # a native server (llama.cpp): run() records the /proc counters only, and says so
+            return True, ""
         if state == "denied":
             return False, f"cannot inspect PID {pid} ({_proc_name(pid)}): access denied. {PTRACE_FIX}"
         if state == "gone":
@@ -213,6 +213,12 @@ class PySpyProbe:
             return ProbeStatus(self.name, "unavailable", why)
         root, _ = self._root_pid(ctx)
         assert root is not None
+        native = ""
+        if self.stacks and python_state(root) == "other":
+            self.stacks = False
+            native = (f"py-spy does not apply: PID {root} is a native process ({_proc_name(root)}), not Python; "
+                      "its threads' CPU and run-queue wait were recorded from /proc instead")
+        self._native = native
         self._started = time.monotonic()
         self._budget = budget_of(ctx.shared, ctx.options)
         try:
@@ -435,7 +441,9 @@ class PySpyProbe:
                                     for p in procs}, "cpu_interval_s": self.cpu_interval_s, "stacks": False,
                       "cost": cost(0.0, own, window, True, "server: none (reading /proc never stops it); own: the "
                                                            "/proc reads and scans (thread CPU)")}
-            return ProbeStatus(self.name, "ok", note.lstrip("; "), detail)
+            if self._native:
+                detail["native"] = True
+            return ProbeStatus(self.name, "ok", (self._native + note).lstrip("; "), detail)
         total = 0
         per_proc: dict[str, Any] = {}
         for r in self._recorders:

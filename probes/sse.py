@@ -84,6 +84,11 @@ def status_category(status: int) -> str:
     return "http_5xx" if status >= 500 else "http_4xx"
 
 
+def _has_finish(choices: Any) -> bool:
+    """A chunk whose choices carry a finish reason: the last content chunk of a stream."""
+    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
+
+
 class SseConnection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; parses one response (chunked or not, SSE or not) at a time."""
 
@@ -377,7 +382,8 @@ class SseConnection(asyncio.Protocol):
                             break
             else:
                 i += 8
-            if i >= 0:
+            if i >= 0 and not (b'"usage":{' in payload and payload.find(_FINISH) >= 0):
+                # (a finishing chunk with usage, llama.cpp's last one, takes the full parse below)
                 if payload[i] != 34:  # non-empty string value: a content chunk
                     self._content_chunk(payload, t)  # takes the finish reason too
                 elif payload.find(_FINISH, i) >= 0:
@@ -438,7 +444,8 @@ class SseConnection(asyncio.Protocol):
             return
         usage = obj.get("usage")
         choices = obj.get("choices")
-        if isinstance(usage, dict) and not choices:
+        if isinstance(usage, dict) and (not choices or _has_finish(choices)):
+            # vLLM sends usage in a chunk of its own (no choices); llama.cpp in the finishing chunk itself
             res.usage = usage
         if not isinstance(choices, list):
             if usage is None:

@@ -273,7 +273,7 @@ def hold_back(fired: dict[str, Finding], by_id: Mapping[str, RuleSpec], signals:
     for holder, sources in holders:
         for rid, f in list(fired.items()):
             spec = by_id.get(rid)
-            if rid == holder or spec is None or f.family == "validity" or f.held_back:
+            if rid == holder or spec is None or f.family == "validity" or f.held_back or spec.timing_free:
                 continue
             read = {signals[n].source for n in referenced_signals(spec.when) if n in signals}
             if read and read <= sources:

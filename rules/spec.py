@@ -32,7 +32,7 @@ CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
-    "suppressed_by", "tags", "kind", "explains", "share", "holds_back",
+    "suppressed_by", "tags", "kind", "explains", "share", "holds_back", "timing_free",
 }
 
 
@@ -64,6 +64,9 @@ class RuleSpec:
     # when this (validity) rule fires, a finding whose firing condition reads only signals of these sources is
     # held back: not judged, ranked last, and the report says why (a client near its limit could explain it)
     holds_back: tuple[str, ...] = ()
+    # its condition reads no latency (counts, finish reasons): a client near its limit cannot make it fire, so
+    # holds_back never holds it back
+    timing_free: bool = False
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -138,6 +141,8 @@ def spec_problems(raw: Any, path: str) -> list[str]:
     hb = raw.get("holds_back", [])
     if not isinstance(hb, list) or not all(isinstance(x, str) for x in hb):
         probs.append(f"{path}: holds_back must be a list of sources (client, server, ...)")
+    if not isinstance(raw.get("timing_free", False), bool):
+        probs.append(f"{path}: timing_free must be true or false")
     share = raw.get("share", [])
     if not (isinstance(share, str) or (isinstance(share, list) and all(isinstance(x, str) for x in share))):
         probs.append(f"{path}: share must be a signal name or a list of them")
@@ -168,6 +173,7 @@ def parse_spec(raw: dict[str, Any], path: str) -> RuleSpec:
         suppressed_by=tuple(raw.get("suppressed_by") or ()),
         explains=tuple(raw.get("explains") or ()),
         holds_back=tuple(raw.get("holds_back") or ()),
+        timing_free=bool(raw.get("timing_free", False)),
         share=tuple([raw["share"]] if isinstance(raw.get("share"), str) else raw.get("share") or ()),
         path=path,
         raw=raw,

@@ -16,6 +16,7 @@ from diagnose.errors import InputError
 
 SCENARIOS_FILE = Path(__file__).resolve().parent / "scenarios.yaml"
 HOG_TARGETS = ("worker", "client", "client_near", "api_server", "engine_core", "any")
+ENGINE_KINDS = ("vllm", "llamacpp")  # harness.engine.VllmServer, harness.llama_server.LlamaServer
 
 
 class ScenarioError(InputError):
@@ -46,11 +47,13 @@ class Scenario:
     hog: Hog | None = None
     timeout_s: float = 150.0
     otlp: bool = False  # the engine exports OpenTelemetry spans; attach receives them (--otlp)
+    engine_kind: str = "vllm"  # which real engine serves it (ENGINE_KINDS)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def engine_key(self) -> tuple[Any, ...]:
         """Scenarios with the same key can share one engine start."""
-        return (self.engine_args, tuple(sorted(self.engine_env.items())), self.kv_cache_space_gib, self.otlp)
+        return (self.engine_kind, self.engine_args, tuple(sorted(self.engine_env.items())), self.kv_cache_space_gib,
+                self.otlp)
 
 
 def _strs(v: Any, where: str) -> tuple[str, ...]:
@@ -75,6 +78,9 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
     if not isinstance(eng, dict):
         raise ScenarioError(f"{where}: 'engine' must be a mapping")
     env = {**(d_eng.get("env") or {}), **(eng.get("env") or {})}
+    kind = eng.get("kind", d_eng.get("kind", "vllm"))
+    if kind not in ENGINE_KINDS:
+        raise ScenarioError(f"{where}: engine.kind must be one of {', '.join(ENGINE_KINDS)}")
     expect = raw.get("expect")
     if not isinstance(expect, dict) or "top" not in expect:
         raise ScenarioError(f"{where}: 'expect' needs 'top' (a rule id, or null for a healthy run)")
@@ -96,6 +102,8 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
     for key in ("otlp", "pyspy"):
         if not isinstance(raw.get(key, False), bool):
             raise ScenarioError(f"{where}: {key} must be true or false")
+    if kind == "llamacpp" and raw.get("otlp"):
+        raise ScenarioError(f"{where}: llama.cpp exports no OpenTelemetry spans (otlp: true)")
     attach = _strs(defaults.get("attach"), f"{path}: defaults.attach") + _strs(raw.get("attach"), f"{where}: attach")
     if raw.get("pyspy") is False:  # the variant without host stacks: --pyspy dropped from the defaults
         attach = tuple(a for a in attach if a != "--pyspy")
@@ -116,6 +124,7 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         hog=hog,
         timeout_s=timeout,
         otlp=bool(raw.get("otlp", False)),
+        engine_kind=str(kind),
         raw=raw,
     )
 

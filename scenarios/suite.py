@@ -29,7 +29,8 @@ from pathlib import Path
 import psutil
 
 from diagnose.errors import DiagnoseError
-from harness.engine import SERVED_MODEL_NAME, VllmServer, engine_ready
+from harness.engine import SERVED_MODEL_NAME, ServerProcess, VllmServer, engine_ready
+from harness.llama_server import LlamaServer, llama_ready
 from scenarios.score import ScenarioResult, accuracy, confusion_markdown, findings_from_json, report_markdown
 from scenarios.spec import Scenario, load_scenarios
 
@@ -59,6 +60,25 @@ class NicedServer(VllmServer):
                 "nice", "-n", str(self.nice), *cmd]
 
 
+class PinnedLlamaServer(LlamaServer):
+    """llama-server under ``nice -n N``, every thread bound to one core (``taskset``): like vLLM's CPU worker,
+    which binds itself to a core, the engine computes on ``core`` and the load client runs on the other."""
+
+    def __init__(self, nice: int, core: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.nice, self.core = nice, core
+
+    def command(self) -> list[str]:
+        cmd = ["taskset", "-c", str(self.core), *super().command()]
+        if not self.nice:
+            return cmd
+        return ["sh", "-c", f'echo {self.nice} > /proc/self/autogroup 2>/dev/null; exec "$@"', "sh",
+                "nice", "-n", str(self.nice), *cmd]
+
+
+LLAMA_CORE = 0  # the core llama-server computes on in the suite
+
+
 def set_group_priority(pid: int | str, nice: int) -> bool:
     """Set the scheduler autogroup priority of ``pid``'s session (Linux autogroups: plain nice only orders
     processes inside one session's group, so the group's own nice is what counts against other tenants)."""
@@ -80,8 +100,11 @@ def log(msg: str) -> None:
 
 
 # -- CPU placement ------------------------------------------------------------------------------------
-def worker_core(server: VllmServer) -> int:
-    """The first core the engine's model-runner process (VLLM::Worker) is bound to (vLLM CPU pins it)."""
+def worker_core(server: ServerProcess) -> int:
+    """The first core the engine's model-runner process (VLLM::Worker) is bound to (vLLM CPU pins it); for
+    llama-server, the core the suite bound it to."""
+    if isinstance(server, PinnedLlamaServer):
+        return server.core
     procs = server.processes()
     for p in procs:
         with contextlib.suppress(psutil.Error):
@@ -90,7 +113,7 @@ def worker_core(server: VllmServer) -> int:
     return 0
 
 
-def engine_process(server: VllmServer, target: str) -> psutil.Process | None:
+def engine_process(server: ServerProcess, target: str) -> psutil.Process | None:
     """The engine's API-server process (``api_server``: the server's own pid) or its EngineCore process."""
     procs = server.processes()
     if target == "api_server":
@@ -177,7 +200,7 @@ def _run(cmd: list[str], log_path: Path, timeout_s: float, new_session: bool = F
     return proc.returncode, tail[0] if tail else ""
 
 
-def attach_command(scn: Scenario, server: VllmServer, bundle: Path) -> list[str]:
+def attach_command(scn: Scenario, server: ServerProcess, bundle: Path) -> list[str]:
     cmd = [*DIAGNOSE, "attach", "--url", server.url, "--model", SERVED_MODEL_NAME, "-o", str(bundle), "--force",
            "--no-progress", *scn.attach_args]
     if "--pyspy" in scn.attach_args and server.pid is not None and "--pid" not in scn.attach_args:
@@ -189,13 +212,16 @@ def attach_command(scn: Scenario, server: VllmServer, bundle: Path) -> list[str]
 
 
 def engine_description(scn: Scenario) -> str:
+    if scn.engine_kind == "llamacpp":
+        return (f"taskset -c {LLAMA_CORE} llama-server -m TINY_GGUF --alias {SERVED_MODEL_NAME} --host 127.0.0.1 "
+                f"--metrics --slots {' '.join(scn.engine_args)}").strip()
     env = " ".join(f"{k}={v}" for k, v in sorted({"VLLM_CPU_KVCACHE_SPACE": str(scn.kv_cache_space_gib),
                                                    **scn.engine_env}.items()))
     return (f"{env} python -m vllm.entrypoints.openai.api_server --model TINY_MODEL --served-model-name "
             f"{SERVED_MODEL_NAME} --host 127.0.0.1 --max-model-len 2048 --dtype bfloat16 {' '.join(scn.engine_args)}").strip()
 
 
-def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nice: int = 0,
+def run_scenario(scn: Scenario, server: ServerProcess, work: Path, repeat: int, nice: int = 0,
                  client_rt: bool = True) -> ScenarioResult:
     res = ScenarioResult(scn.name, scn.expect_top, scn.expect_top3, repeat=repeat, loadavg=os.getloadavg()[0])
     bundle = work / f"{scn.name}-r{repeat}"
@@ -259,6 +285,17 @@ def run_scenario(scn: Scenario, server: VllmServer, work: Path, repeat: int, nic
     return res
 
 
+def make_server(scn: Scenario, nice: int, port: int, log_path: Path, startup_s: float) -> ServerProcess:
+    """The scenario's engine (not started): vLLM's CPU build, or llama-server bound to ``LLAMA_CORE`` with one
+    thread and two slots of 2,048 tokens unless the scenario's flags say otherwise (the last flag wins)."""
+    if scn.engine_kind == "llamacpp":
+        return PinnedLlamaServer(nice, LLAMA_CORE, port=port, extra_args=list(scn.engine_args), env=scn.engine_env,
+                                 threads=1, log_path=log_path, startup_timeout_s=startup_s)
+    return NicedServer(nice, port=port, extra_args=list(scn.engine_args), env=scn.engine_env,
+                       otlp_traces_endpoint=(f"http://127.0.0.1:{otlp_ports(port)[0]}" if scn.otlp else None),
+                       kv_cache_space_gib=scn.kv_cache_space_gib, log_path=log_path, startup_timeout_s=startup_s)
+
+
 # -- the suite ----------------------------------------------------------------------------------------
 def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: int, fresh: bool,
               server_logs: Path, nice: int = DEFAULT_NICE, restart: bool = False,
@@ -281,11 +318,7 @@ def run_suite(scenarios: list[Scenario], repeats: int, work: Path, port_base: in
             first = group[0]
             port = port_base + (port - port_base + 1) % 100
             reps = [rep] if rep else list(range(1, repeats + 1))
-            server = NicedServer(nice, port=port, extra_args=list(first.engine_args), env=first.engine_env,
-                                 otlp_traces_endpoint=(f"http://127.0.0.1:{otlp_ports(port)[0]}" if first.otlp else None),
-                                 kv_cache_space_gib=first.kv_cache_space_gib,
-                                 log_path=server_logs / f"engine-{first.name}-r{reps[0]}.log",
-                                 startup_timeout_s=startup_s)
+            server = make_server(first, nice, port, server_logs / f"engine-{first.name}-r{reps[0]}.log", startup_s)
             log(f"engine for {', '.join(s.name for s in group)}: {' '.join(first.engine_args) or '(defaults)'} "
                 f"on port {port}")
             try:
@@ -391,8 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.rescore:
             results = rescore(scenarios, work)
         else:
-            if not engine_ready():
+            kinds = {s.engine_kind for s in scenarios}
+            if "vllm" in kinds and not engine_ready():
                 raise DiagnoseError("the vLLM CPU engine is not built: run `bash harness/ensure_engine.sh` first")
+            if "llamacpp" in kinds and not llama_ready():
+                raise DiagnoseError("llama-server is not built: run `bash harness/ensure_llama.sh` first")
             nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
             set_group_priority("self", nice)
             client_rt = args.client_rt and shutil.which("chrt") is not None and os.geteuid() == 0
@@ -400,8 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                                 nice, args.restart_per_repeat, client_rt, args.startup_timeout)
         took = time.monotonic() - t0
         a1, a3, n = accuracy(results)
+        engines = " and ".join(sorted({"vLLM CPU engine" if s.engine_kind == "vllm" else "llama.cpp llama-server"
+                                       for s in scenarios}))
         what = (f"re-analysis of the bundles in {work} with the current rules (no new captures)" if args.rescore
-                else f"{len(scenarios)} scenarios x {max(1, args.repeat)} run(s) on the real vLLM CPU engine")
+                else f"{len(scenarios)} scenarios x {max(1, args.repeat)} run(s) on the real {engines}")
         header = (f"# Scenario suite {started.strftime('%Y-%m-%d %H:%M UTC')}\n\n"
                   f"{what}, {took / 60:.1f} min. Top-1 {a1}/{n}, top-3 {a3}/{n}. Host: {os.cpu_count()} CPUs.\n\n"
                   f"Command: `python -m scenarios.suite {' '.join(argv if argv is not None else sys.argv[1:])}`")

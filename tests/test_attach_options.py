@@ -40,6 +40,7 @@ EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/
 EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
 EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
 EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/probe-cost.md)
+EXPECTED |= {"--slots", "--no-slots"}  # llama.cpp's /slots (probes/slots.py)
 
 
 @pytest.fixture(autouse=True)
@@ -99,8 +100,8 @@ def test_help_has_one_section_per_probe_in_registry_order() -> None:
 
 def test_every_builtin_probe_declares_a_spec() -> None:
     specs = probe_specs()
-    assert [s.name for s in specs[:len(PROBE_MODULES)]] == ["load", "prometheus", "otel", "pyspy", "host", "nvml",
-                                                            "profiler", "pyinstrument", "otel_export"]
+    assert [s.name for s in specs[:len(PROBE_MODULES)]] == ["load", "prometheus", "slots", "otel", "pyspy", "host",
+                                                            "nvml", "profiler", "pyinstrument", "otel_export"]
     assert all(s.title and s.options for s in specs)
 
 
@@ -121,16 +122,17 @@ def _built(*args: str) -> list[Any]:
 
 
 def test_probes_built_from_the_options() -> None:
-    assert [p.name for p in _built()] == ["load", "prometheus", "host", "nvml"]
-    assert [p.name for p in _built("--no-host")] == ["load", "prometheus", "nvml"]
+    assert [p.name for p in _built()] == ["load", "prometheus", "slots", "host", "nvml"]
+    assert [p.name for p in _built("--no-host")] == ["load", "prometheus", "slots", "nvml"]
+    assert [p.name for p in _built("--no-slots")] == ["load", "prometheus", "host", "nvml"]
     host = {p.name: p for p in _built("--pid", "42")}["host"]
     assert host.pid == 42 and not host.stacks  # type: ignore[attr-defined]  # the counters, never py-spy
     probes = _built("--observe", "--no-nvml", "--metrics-interval", "250ms", "--otlp", "--otlp-grpc-port", "0",
                     "--pyspy", "--pid", "42", "--pyspy-rate", "20", "--pyspy-blocking", "--profile-client",
                     "--profile-iterations", "3", "--profiler-dir", "prof", "--otlp-export", "grpc://collector:4317")
     by = {p.name: p for p in probes}
-    assert list(by) == ["prometheus", "otel", "pyspy", "profiler", "pyinstrument", "otel_export"]
-    assert by["prometheus"].interval_s == 0.25
+    assert list(by) == ["prometheus", "slots", "otel", "pyspy", "profiler", "pyinstrument", "otel_export"]
+    assert by["prometheus"].interval_s == by["slots"].interval_s == 0.25
     assert (by["otel"].grpc_port, by["otel"].http_port) == (0, 4318)
     assert (by["pyspy"].pid, by["pyspy"].rate_hz, by["pyspy"].nonblocking) == (42, 20.0, False)
     assert (by["profiler"].iterations, by["profiler"].profiler_dir) == (3, Path("prof"))

@@ -3,6 +3,7 @@ and a disk that fills up. Each test names the defect it keeps out; docs/robustne
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -284,21 +285,35 @@ def _ctx(tmp_path: Path) -> Any:
                           stop=asyncio.Event())
 
 
-def test_pyspy_refuses_a_non_python_pid(tmp_path: Path) -> None:
+def test_pyspy_on_a_native_server_records_the_proc_counters_and_says_so(tmp_path: Path) -> None:
+    """A native server (llama.cpp's llama-server; here `sleep`): py-spy samples Python only, so the probe records
+    the threads' CPU and run-queue wait from /proc instead of stacks, and its reason says so."""
     from diagnose.probes.pyspy import PySpyProbe
 
     sleeper = subprocess.Popen(["sleep", "30"])
+    ctx = _ctx(tmp_path)
+    probe = PySpyProbe(pid=sleeper.pid, cpu_interval_s=0.2)
+
+    async def go() -> Any:
+        ok, why = probe.available(ctx)
+        assert ok, why
+        task = asyncio.create_task(probe.run(ctx))
+        await asyncio.sleep(1.0)
+        ctx.stop.set()
+        return await task
+
     try:
-        ok, why = PySpyProbe(pid=sleeper.pid).available(_ctx(tmp_path))
+        st = asyncio.run(go())
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert not ok and why.startswith(f"PID {sleeper.pid} is not a Python process (sleep)")
-    from diagnose.probes.host_procs import python_state
-
-    if python_state(1) != "python":  # PID 1 here: a non-Python init, or one this process may not inspect
-        ok, why = PySpyProbe(pid=1).available(_ctx(tmp_path / "one"))
-        assert not ok and why.startswith(("PID 1 is not a Python process", "cannot inspect PID 1")), why
+    ctx.bundle.finish()
+    assert st.state == "ok" and st.reason.startswith(f"py-spy does not apply: PID {sleeper.pid} is a native process "
+                                                     "(sleep)"), st.reason
+    assert st.detail["native"] and not st.detail["stacks"]
+    recs = [json.loads(line) for line in (tmp_path / "b" / "host_samples.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in recs} >= {"process", "thread_cpu"}
+    assert not list((tmp_path / "b").glob("artifacts/pyspy_*"))
 
 
 def test_engine_tree_never_holds_diagnose_itself() -> None:

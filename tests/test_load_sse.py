@@ -160,3 +160,16 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
     assert all(r.done and r.finish_reason == "length" for r in results)
     assert failures == REUSE_FAILURES_MAX  # then no more reuse: nothing more to retry
     assert len(served) == len(results)  # each request served once (a retry only after the server closed)
+
+
+def test_usage_in_the_finishing_chunk_is_kept() -> None:
+    """llama.cpp sends usage in the chunk that carries the finish reason (with ``timings``), not in a chunk of
+    its own: the request's served output tokens come from it (a context-cut output is shorter than asked)."""
+    pieces = [chunk(event(" a", None)) for _ in range(5)]
+    final = {"choices": [{"text": "", "index": 0, "finish_reason": "length"}], "id": "x",
+             "usage": {"completion_tokens": 55, "prompt_tokens": 201, "total_tokens": 256},
+             "timings": {"prompt_n": 201, "prompt_ms": 16.9, "predicted_n": 55}}
+    pieces += [chunk(b"data: " + json.dumps(final).encode() + b"\n\n"), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+    res = feed(pieces, False, "per-chunk")
+    assert res.ok and res.finish_reason == "length"
+    assert res.usage == {"completion_tokens": 55, "prompt_tokens": 201, "total_tokens": 256}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NORMALIZERS: tuple[str, ...] = ("client", "prometheus", "otel", "host", "gpu", "trace", "fleet")
+NORMALIZERS: tuple[str, ...] = ("client", "prometheus", "slots", "otel", "host", "gpu", "trace", "fleet")
 
 
 def load_normalizers() -> list[ModuleType]:

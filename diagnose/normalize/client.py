@@ -42,7 +42,8 @@ REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "htt
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
                    "output_tokens_chunks", "n_chunks", "prompt_tokens", "prompt_tokens_planned",
                    "prompt_tokens_source", "output_tps_req", "schedule_lag_ms", "capped", "cached_tokens",
-                   "finish_reason", "trace_id", "span_id", "profiled"]
+                   "finish_reason", "max_tokens", "trace_id", "span_id", "profiled"]
+CUT_BELOW = 0.9  # an output ended for length under this share of its max_tokens was cut short by the server
 EXCLUDED_COLUMNS = ["reason", "start_s", "end_s"]
 
 
@@ -105,7 +106,8 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             "output_tps_req": n / (e2e / 1e3) if e2e > 0 else math.nan,
             "schedule_lag_ms": (sent - intended) / 1e6 if not r.get("capped") else math.nan,
             "capped": bool(r.get("capped", False)), "cached_tokens": _f(r.get("cached_tokens")),
-            "finish_reason": r.get("finish_reason"), "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
+            "finish_reason": r.get("finish_reason"), "max_tokens": _f(r.get("max_tokens")),
+            "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
             "profiled": overlaps(sent, end, windows),
         })
     if dups:
@@ -148,6 +150,23 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
 
 
 # -- signals -------------------------------------------------------------------------------------------
+def _cut_outputs(ok: pd.DataFrame) -> list[Signal]:
+    """``output_tokens_asked_mean`` and ``output_cut_share_ratio``: of the requests that asked for a length, the
+    share the server ended for length (finish reason ``length``) with under ``CUT_BELOW`` of the tokens asked:
+    cut by the context, not by the request's own max_tokens (chunk counts may miss a token or two, hence the
+    margin)."""
+    if "max_tokens" not in ok.columns or not len(ok):
+        return []
+    asked = ok["max_tokens"].to_numpy(dtype=float)
+    got = ok["output_tokens"].to_numpy(dtype=float)
+    known = np.isfinite(asked) & (asked > 0) & np.isfinite(got)
+    if not known.any():
+        return []
+    cut = known & (ok["finish_reason"].to_numpy(dtype=object) == "length") & (got < CUT_BELOW * asked)
+    return [_sig("output_tokens_asked_mean", float(asked[known].mean()), "tokens"),
+            _sig("output_cut_share_ratio", float(cut.sum() / known.sum()), "ratio")]
+
+
 def _sig(name: str, value: float, unit: str, series: Sequence[tuple[float, float]] = ()) -> Signal:
     return Signal(name=name, value=float(value), unit=unit, source="client", description=SIGNALS.get(name, ""),
                   series=tuple(series))
@@ -236,6 +255,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
         vals = _finite(ok[col])
         if vals.size:
             sigs.append(_sig(name, float(vals.mean()), "tokens"))
+    sigs.extend(_cut_outputs(ok))
     if slo is not None and not slo.empty and len(done):
         for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
             sigs.append(_sig(f"slo_{key}", float(limit), "ms"))

@@ -64,7 +64,23 @@ def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
     out = _signals(run, phases, per_phase, manifest)
     out.update(itl_split(run, out))
     out.update(kv_demand(run))
+    out.update(context_wanted(run))
     return out
+
+
+def context_wanted(run: Mapping[str, Signal]) -> dict[str, Signal]:
+    """``context_wanted_tokens``: the context setting that would let the requests finish as asked: prompt +
+    max_tokens (means) for one sequence; on an engine whose context is split between fixed slots (llama.cpp:
+    ``slot_context_tokens`` known) that times the slots (max_num_seqs), since ``--ctx-size`` is their total."""
+    prompt, asked = _val(run, "prompt_tokens_mean"), _val(run, "output_tokens_asked_mean")
+    if prompt is None or asked is None:
+        return {}
+    one = prompt + asked
+    slots = _val(run, "max_num_seqs") if _val(run, "slot_context_tokens") is not None else None
+    sig = _sig("context_wanted_tokens", one * (slots or 1), "tokens")
+    how = (f"({prompt:.0f} + {asked:.0f}) tokens x {slots:.0f} slots" if slots
+           else f"{prompt:.0f} + {asked:.0f} tokens for one sequence")
+    return {sig.name: replace(sig, description=f"{sig.description} ({how})")}
 
 
 def kv_demand(run: Mapping[str, Signal]) -> dict[str, Signal]:

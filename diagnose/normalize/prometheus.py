@@ -41,7 +41,7 @@ from diagnose.normalize.prom_hist import (
     histogram_quantile,
     parse_le,
 )
-from diagnose.requests import finite, in_flight_mean, select
+from diagnose.requests import finite, in_flight_mean, select, span_s
 
 SOURCE: Source = "server"
 METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "kind", "unit", "agg", "metric"]
@@ -481,6 +481,8 @@ def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         share = names["server_queue_time_mean_ms"].value / names["server_ttft_mean_ms"].value
         out.append(Signal("server_queue_share_of_ttft_ratio", share, "ratio", SOURCE,
                           "server mean queue time / server mean TTFT"))
+    elif "server_queue_time_mean_ms" not in names and "queue_depth_mean" in names:
+        out.extend(_littles_queue_time(tables, window, names["queue_depth_mean"].value, engine))
     step = hist_mean(tables, "batch_tokens_per_step", window)
     if step is not None:
         out.append(Signal("batch_tokens_per_step_mean", step[0], "tokens", SOURCE,
@@ -565,6 +567,31 @@ def _served_before_capture(tables: dict[str, pd.DataFrame]) -> float | None:
         return None
     first = float(c["t_s"].min())
     return float(c.loc[c["t_s"] == first, "value"].sum())
+
+
+def _littles_queue_time(tables: dict[str, pd.DataFrame], window: Window, waiting: float, engine: str
+                        ) -> list[Signal]:
+    """An engine with a queue gauge but no queue-time histogram (llama.cpp: requests deferred for want of a
+    free slot): the mean wait by Little's law, W = L / lambda, L the gauge's mean over the scrapes and lambda
+    the rate at which the client's requests finished, and its share of the client's mean TTFT."""
+    req = tables.get("requests")
+    if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
+        return []
+    sel = select(req, window)
+    span = span_s(sel.counted, tables.get("client_excluded"))
+    if not len(sel.done) or not span > 0:
+        return []
+    rate = len(sel.done) / span
+    wait_s = waiting / rate
+    how = (f"Little's law: {engine} requests waiting, mean of the scrapes ({waiting:.2f}) / the rate the client's "
+           f"requests finished ({rate:.2f}/s, {len(sel.done)} in {span:.1f} s); the engine has no queue-time histogram")
+    out = [Signal("server_queue_time_mean_ms", wait_s * 1e3, "ms", SOURCE, f"server queue time, mean by {how}")]
+    ttft = client_ttft_s(tables, window)
+    if ttft and sum(ttft) > 0:
+        mean = sum(ttft) / len(ttft)
+        out.append(Signal("server_queue_share_of_ttft_ratio", min(1.0, wait_s / mean), "ratio", SOURCE,
+                          f"server mean queue time / the client's mean TTFT ({mean * 1e3:.0f} ms); queue time by {how}"))
+    return out
 
 
 def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float]:

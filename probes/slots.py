@@ -1,0 +1,170 @@
+"""llama.cpp's ``/slots``: what each of the server's fixed slots (``-np``) holds, sampled through the capture.
+
+llama-server runs a fixed number of slots, each with its own share of the context (``-c`` split between
+them). Its Prometheus metrics say how many requests are processing and deferred, not how full each slot's
+context is; ``GET /slots`` does (``n_ctx``, ``is_processing``, ``n_prompt_tokens``, ``next_token[].n_decoded``).
+The probe samples it at the metrics interval while the server is llama.cpp (any other engine: unavailable,
+with the reason) and writes one ``slots`` record per sample::
+
+    {"t_ns": ..., "ms": 0.4, "interval_s": 0.5,
+     "slots": [{"id": 0, "n_ctx": 2048, "busy": true, "prompt_tokens": 128, "decoded": 40}, ...]}
+
+Only those numbers are kept: older builds put the prompt and the generated text in ``/slots``, and nothing
+of them reaches the bundle. A server started with ``--no-slots`` answers 501: the probe is unavailable and
+says so. Its cost is the server's time for each exchange (``cost``, diagnose/overhead.py); under a budget
+the interval grows as the Prometheus probe's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import statistics
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from diagnose.model import ProbeStatus
+from diagnose.overhead import budget_of, cost, is_local
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
+from diagnose.workload import parse_duration
+
+NAME = "slots"
+MAX_BYTES = 4 << 20  # a /slots answer of 4 MiB is far past any real slot count
+COST_MIN = 3  # samples before the budget reads their cost
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 else None
+
+
+def slot_rows(doc: Any) -> list[dict[str, Any]] | None:
+    """The numbers of each slot of a ``/slots`` answer (None when it is not a list of slots)."""
+    if not isinstance(doc, list):
+        return None
+    out = []
+    for s in doc:
+        if not isinstance(s, dict):
+            return None
+        nxt = s.get("next_token")
+        first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else (
+            nxt if isinstance(nxt, dict) else {})
+        out.append({"id": _int(s.get("id")), "n_ctx": _int(s.get("n_ctx")), "busy": bool(s.get("is_processing")),
+                    "prompt_tokens": _int(s.get("n_prompt_tokens")), "decoded": _int(first.get("n_decoded"))})
+    return out
+
+
+class SlotsProbe:
+    """Samples ``<target>/slots`` every ``interval_s`` seconds (llama.cpp only)."""
+
+    name = NAME
+
+    def __init__(self, interval_s: float = 1.0, timeout_s: float | None = None) -> None:
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
+
+    def available(self, ctx: CaptureContext) -> tuple[bool, str]:
+        if ctx.target.engine != "llamacpp":
+            return False, f"only llama.cpp serves /slots (this server: {ctx.target.engine})"
+        if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
+            return False, f"sampling interval must be a positive number of seconds, got {self.interval_s}"
+        return True, ""
+
+    async def _sample(self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], shown: str
+                      ) -> tuple[bytes | None, float, str]:
+        """(the answer or None, the exchange's ms, why not); ``shown``: the URL as messages may name it."""
+        t0 = time.monotonic_ns()
+        try:
+            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                if r.status != 200:
+                    return None, (time.monotonic_ns() - t0) / 1e6, f"GET {shown} answered HTTP {r.status}"
+                raw = await r.content.read(MAX_BYTES + 1)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            return None, (time.monotonic_ns() - t0) / 1e6, f"GET {shown}: {type(e).__name__} ({getattr(e, 'os_error', None) or 'no answer'})"
+        ms = (time.monotonic_ns() - t0) / 1e6
+        if len(raw) > MAX_BYTES:
+            return None, ms, f"GET {shown}: answer over {MAX_BYTES} bytes"
+        return raw, ms, ""
+
+    async def run(self, ctx: CaptureContext) -> ProbeStatus:
+        url, shown = ctx.target.endpoint("/slots"), ctx.target.safe_url + "/slots"
+        budget = budget_of(ctx.shared, ctx.options)
+        writer = None
+        ok = failed = 0
+        last_error = ""
+        exchange_ms: list[float] = []
+        intervals: list[float] = []
+        n_slots = 0
+        own_s, t_start = 0.0, time.monotonic()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            next_t = time.monotonic()
+            interval = self.interval_s
+            while True:
+                raw, ms, why = await self._sample(session, url, ctx.target.headers(), shown)
+                c0 = time.thread_time()
+                rows = None
+                if raw is not None:
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        rows = slot_rows(orjson.loads(raw))
+                    why = "" if rows is not None else f"GET {shown}: not a list of slots"
+                if rows is None:
+                    failed += 1
+                    last_error = why
+                    if ok == 0 and ("HTTP 4" in why or "HTTP 501" in why):  # --no-slots: 501
+                        return ProbeStatus(self.name, "unavailable", f"no /slots on this server: {why}")
+                else:
+                    ok += 1
+                    exchange_ms.append(ms)
+                    n_slots = max(n_slots, len(rows))
+                    if writer is None:
+                        writer = ctx.bundle.stream(NAME, "llama.cpp /slots samples (numbers only, no text)")
+                    writer.write({"t_ns": time.monotonic_ns(), "ms": round(ms, 3), "interval_s": interval,
+                                  "slots": rows})
+                own_s += time.thread_time() - c0
+                if ctx.stop.is_set():
+                    break
+                if budget is not None and len(exchange_ms) >= COST_MIN:
+                    budget.want(self.name, statistics.median(exchange_ms[-9:]) / 1e3 / self.interval_s)
+                    interval = self.interval_s / budget.factor(self.name)
+                intervals.append(interval)
+                next_t += interval
+                now = time.monotonic()
+                if next_t < now:
+                    next_t += math.ceil((now - next_t) / interval) * interval
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ctx.stop.wait(), timeout=max(0.0, next_t - time.monotonic()))
+        window_s = time.monotonic() - t_start
+        coarse = [i for i in intervals if i > self.interval_s * 1.001]
+        adapted = (f"the overhead budget made the /slots interval {statistics.median(coarse):.2g} s in {len(coarse)} "
+                   f"of {len(intervals)} ticks (asked {self.interval_s:g} s)") if coarse else None
+        detail: dict[str, Any] = {
+            "samples": ok, "failed": failed, "slots": n_slots,
+            "exchange_ms_p50": round(statistics.median(exchange_ms), 3) if exchange_ms else None,
+            "cost": cost(sum(exchange_ms), own_s, window_s, is_local(ctx.target.url),
+                         "server: the /slots exchanges (whole request); own: decoding and writing the samples",
+                         adapted=adapted, interval_asked_s=self.interval_s),
+        }
+        if ok == 0:
+            return ProbeStatus(self.name, "failed", f"no /slots sample succeeded: {last_error}", detail=detail)
+        reason = f"{ok} samples of {n_slots} slots" + (f", {failed} failed ({last_error})" if failed else "")
+        if adapted:
+            reason += f"; {adapted}"
+        return ProbeStatus(self.name, "ok", reason, detail=detail)
+
+
+def _build(o: Options, setup: ProbeSetup) -> SlotsProbe:
+    return SlotsProbe(interval_s=parse_duration(o["metrics_interval"]))
+
+
+SPEC = ProbeSpec(
+    name=NAME, title="llama.cpp slots (/slots)",
+    enabled=lambda o: bool(o["slots"]) and not o["no_metrics"], build=_build,
+    options=(
+        ProbeOption("--slots/--no-slots", flag=True, default=True, show_default=True,
+                    help="Sample llama.cpp's /slots (each slot's context use) at the metrics interval; other "
+                         "engines: not run."),
+    ),
+)
