@@ -40,6 +40,7 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, str]]] = {
     "context_length": ("the context one sequence may use (llama.cpp: the total the --parallel slots share)",
                        {"vllm": "--max-model-len", "sglang": "--context-length", "tgi": "--max-total-tokens",
                         "llamacpp": "--ctx-size"}),
+    "threads": ("the engine's compute threads", {"llamacpp": "--threads"}),
     "kv_cache_dtype": ("the KV cache's data type", {"vllm": "--kv-cache-dtype", "sglang": "--kv-cache-dtype",
                                                     "llamacpp": "--cache-type-k"}),
     "prefix_caching": ("automatic prefix caching", {"vllm": "--enable-prefix-caching",

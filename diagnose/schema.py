@@ -137,6 +137,7 @@ class HostProcess(_Rec):
     ppid: Pid | None = None
     role: str | None = None
     name: str | None = None
+    cpus: Annotated[int, Meta(ge=1, le=1 << 20)] | None = None
 
 
 class ThreadCpu(_Rec):
@@ -270,7 +271,7 @@ class Slot(_Rec):
     id: Count | None = None
     n_ctx: Count | None = None
     busy: bool = False
-    prompt_tokens: Count | None = None
+    tokens: Count | None = None
     decoded: Count | None = None
 
 

@@ -234,6 +234,8 @@ _OTEL: list[_Entry] = [
 ]
 
 _HOST: list[_Entry] = [
+    ("host_engine_cores_allowed", "cores", "cores the engine's processes may run on (CPU affinity; the most any one "
+     "of them may use)"),
     *[(f"host_{cat}_cpu_share_ratio", "ratio", f"share of the engine processes' CPU time in category {cat}")
       for cat in HOST_CATEGORIES],
     ("host_spin_wait_share_ratio", "ratio", "share of the engine processes' CPU time spent spin-waiting"),
@@ -378,8 +380,8 @@ _FLEET: list[_Entry] = [
 
 _SLOTS: list[_Entry] = [
     ("slot_context_tokens", "tokens", "the context of one llama.cpp slot (n_ctx in /slots)"),
-    ("slot_context_used_max_ratio", "ratio", "the fullest a busy llama.cpp slot's context was (prompt + decoded "
-     "tokens / n_ctx, max over /slots samples)"),
+    ("slot_context_used_max_ratio", "ratio", "the fullest a busy llama.cpp slot's context was (the tokens it held, "
+     "prompt + generated, / n_ctx; max over /slots samples)"),
     ("slots_busy_mean", "slots", "busy llama.cpp slots, mean over /slots samples"),
 ]
 

@@ -230,7 +230,7 @@ class PySpyProbe:
         stream = ctx.bundle.stream("host_samples", "py-spy stacks, per-thread CPU and run-queue counters")
         now = ctx.now_ns()
         stream.write_many([{"kind": "process", "t_ns": now, "pid": p.pid, "ppid": p.ppid, "role": p.role,
-                            "name": p.name} for p in procs])
+                            "name": p.name, "cpus": allowed_cores(p.pid)} for p in procs])
         if self.stacks:
             self._recorders = [_Recorder(p, ctx.bundle.artifact_path(f"pyspy_{p.pid}.txt")) for p in procs]
         loops = [asyncio.create_task(asyncio.to_thread(self._record_loop, ctx, r, stream)) for r in self._recorders]
@@ -511,6 +511,14 @@ def _proc_name(pid: int) -> str:
         return psutil.Process(pid).name()
     except psutil.Error:
         return "gone"
+
+
+def allowed_cores(pid: int) -> int | None:
+    """How many cores ``pid`` may run on (its CPU affinity; None when it cannot be read)."""
+    try:
+        return len(psutil.Process(pid).cpu_affinity() or [])
+    except (psutil.Error, OSError, AttributeError):
+        return None
 
 
 def _explain(stderr: str) -> str:

@@ -7,7 +7,11 @@ The probe samples it at the metrics interval while the server is llama.cpp (any 
 with the reason) and writes one ``slots`` record per sample::
 
     {"t_ns": ..., "ms": 0.4, "interval_s": 0.5,
-     "slots": [{"id": 0, "n_ctx": 2048, "busy": true, "prompt_tokens": 128, "decoded": 40}, ...]}
+     "slots": [{"id": 0, "n_ctx": 2048, "busy": true, "tokens": 168, "decoded": 40}, ...]}
+
+``tokens`` is what the slot's context holds: ``n_past`` where a build reports it, else ``n_prompt_tokens``,
+which in current builds (llama.cpp's ``server_slot::to_json``: ``prompt.tokens.size()``) counts the prompt and
+every token generated so far. An idle slot keeps its last request's numbers (``busy`` false).
 
 Only those numbers are kept: older builds put the prompt and the generated text in ``/slots``, and nothing
 of them reaches the bundle. A server started with ``--no-slots`` answers 501: the probe is unavailable and
@@ -52,8 +56,10 @@ def slot_rows(doc: Any) -> list[dict[str, Any]] | None:
         nxt = s.get("next_token")
         first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else (
             nxt if isinstance(nxt, dict) else {})
+        held = _int(s.get("n_past"))
         out.append({"id": _int(s.get("id")), "n_ctx": _int(s.get("n_ctx")), "busy": bool(s.get("is_processing")),
-                    "prompt_tokens": _int(s.get("n_prompt_tokens")), "decoded": _int(first.get("n_decoded"))})
+                    "tokens": held if held is not None else _int(s.get("n_prompt_tokens")),
+                    "decoded": _int(first.get("n_decoded"))})
     return out
 
 

@@ -4,6 +4,10 @@ scored but never used to change a rule (scenarios/README.md, "Held-back split").
     python -m scenarios.heldout --seed 7 -o scenarios/tune.yaml          # the split rules are tuned on
     python -m scenarios.heldout --seed 20261202 --avoid scenarios/tune.yaml -o scenarios/heldout.yaml  # held back
     python -m scenarios.suite --scenarios scenarios/heldout.yaml
+
+    # llama.cpp's llama-server (scenarios/llamacpp.yaml's families)
+    python -m scenarios.heldout --engine llamacpp --seed 7 -o scenarios/tune_llamacpp.yaml
+    python -m scenarios.heldout --engine llamacpp --seed S --avoid scenarios/tune_llamacpp.yaml -o scenarios/heldout_llamacpp.yaml
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import yaml
 # scheduler's wake-up preference let it keep 86% of its core against two busy processes 2 nice steps above
 # it (a tuning-split contention run at that offset got no contention at all); 5 steps above, 22%
 HOG_OFFSET = -5
-DEFAULTS = yaml.safe_load((Path(__file__).parent / "scenarios.yaml").read_text())["defaults"]
+DEFAULTS = {
+    "vllm": yaml.safe_load((Path(__file__).parent / "scenarios.yaml").read_text())["defaults"],
+    "llamacpp": yaml.safe_load((Path(__file__).parent / "llamacpp.yaml").read_text())["defaults"],
+}
 
 
 def _v(name: str, description: str, expect: str | None, attach: list[str], engine: list[str] | None = None,
@@ -32,11 +39,13 @@ def _v(name: str, description: str, expect: str | None, attach: list[str], engin
     return v
 
 
-def variants(seed: int, avoid: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """One randomised variant of each of the sixteen labelled families (issue 10's list), from ``seed``; a family whose draw is
-    named in ``avoid`` (the other split) is drawn again, so the two splits share no variant."""
+def variants(seed: int, avoid: frozenset[str] = frozenset(), engine: str = "vllm") -> list[dict[str, Any]]:
+    """One randomised variant of each labelled family (vLLM: issue 10's sixteen; llama.cpp: issue 15's), from
+    ``seed``; a draw that repeats a variant named in ``avoid`` (the other split) is drawn again, so the two
+    splits share no variant."""
+    draw = _draw_llama if engine == "llamacpp" else _draw
     for attempt in range(200):
-        got = _draw(random.Random(seed * 1000 + attempt if attempt else seed))
+        got = draw(random.Random(seed * 1000 + attempt if attempt else seed))
         if not avoid:
             return got
         keep = [v for v in got if v["name"] not in avoid]
@@ -114,6 +123,52 @@ def _draw(r: random.Random) -> list[dict[str, Any]]:
     return out
 
 
+def _draw_llama(r: random.Random) -> list[dict[str, Any]]:
+    """llama-server (bound to one core, -t 1; the suite's defaults: -np 2, -c 4096) with the families of
+    scenarios/llamacpp.yaml, each drawn with other slots, lengths, loads and competitors."""
+    out: list[dict[str, Any]] = []
+    np_, n_in = r.choice([2, 3, 4]), r.choice([64, 128, 256])
+    c = r.randint(1, np_)
+    out.append(_v(f"llama_healthy_np{np_}_c{c}_in{n_in}", f"-np {np_} at c={c} ({n_in}-token prompts)", None,
+                  ["--concurrency", str(c), "--input-tokens", str(n_in)], ["-np", str(np_), "-c", str(2048 * np_)]))
+    n_out, c = r.choice([256, 384, 512]), r.choice([1, 2])
+    out.append(_v(f"llama_healthy_long_o{n_out}_c{c}", f"{n_out}-token outputs at c={c}, slots of 2,048 tokens", None,
+                  ["--concurrency", str(c), "--output-tokens", str(n_out), "--timeout", "120s"]))
+    rate = r.choice([2, 4, 6])
+    out.append(_v(f"llama_healthy_poisson_r{rate}", f"open loop, Poisson arrivals at {rate} req/s", None,
+                  ["--rate", str(rate), "--arrival", "poisson"]))
+    np_, c = r.choice([1, 2, 3]), r.choice([8, 12, 16, 24])
+    out.append(_v(f"llama_slots_saturated_np{np_}_c{c}", f"-np {np_} at c={c}: requests deferred", "SCH001",
+                  ["--concurrency", str(c)], ["-np", str(np_), "-c", str(2048 * np_)]))
+    # llama.cpp rounds each slot's context (-c / -np) up to a multiple of 256 (-c 320 with one slot, and -c 768
+    # with two, gave 512 a slot: tuning-split draws whose outputs all fitted), so a slot holds 256 or 512 here
+    (np_, per), n_in = r.choice([(1, 256), (2, 256), (4, 256), (1, 512), (2, 512)]), r.choice([64, 128])
+    total, n_out = np_ * per, r.choice([per, per + 128])
+    out.append(_v(f"llama_ctx_too_small_np{np_}_ctx{total}_in{n_in}_o{n_out}",
+                  f"-np {np_} -c {total} ({total // np_} tokens a slot), {n_in}-token prompts asking for {n_out} tokens, "
+                  f"c={np_}", "SCH010", ["--concurrency", str(np_), "--input-tokens", str(n_in), "--output-tokens", str(n_out)],
+                  ["-np", str(np_), "-c", str(total)]))
+    procs, c = r.choice([2, 3]), r.choice([1, 2])
+    out.append(_v(f"llama_host_contention_h{procs}_c{c}", f"{procs} busy processes on llama-server's core, c={c}",
+                  "HST005", ["--concurrency", str(c)], hog={"target": "worker", "procs": procs, "nice_offset": HOG_OFFSET}))
+    procs = r.choice([2, 3])
+    out.append(_v(f"llama_client_bound_h{procs}", f"the client on a core shared with {procs} busy processes", "VAL001",
+                  ["--concurrency", "16"], hog={"target": "client", "procs": procs}))
+    t, c = r.choice([2, 3, 4]), r.choice([1, 2])
+    out.append(_v(f"llama_threads_oversubscribed_t{t}_c{c}", f"-t {t} on llama-server's one core, c={c}", "HST006",
+                  ["--concurrency", str(c)], ["-t", str(t)]))
+    # probes varied across the split: two variants ask for --pyspy (a native server: the /proc counters
+    # instead), two sample the metrics and /slots every second instead of every 500 ms
+    picks = r.sample(range(len(out)), 4)
+    for i in picks[:2]:
+        out[i]["attach"] = [*out[i]["attach"], "--pyspy"]
+        out[i]["name"] += "_pyspy"
+    for i in picks[2:]:
+        out[i]["attach"] = [*out[i]["attach"], "--metrics-interval", "1s"]
+        out[i]["name"] += "_m1s"
+    return out
+
+
 def _prefill_heavy(r: random.Random, slo: str | None) -> dict[str, Any]:
     n_in, budget, c = r.choice([1024, 1536]), r.choice([256, 384]), r.choice([4, 8])
     return _v(f"prefill_heavy_in{n_in}_b{budget}_c{c}" + ("_slo" if slo else ""),
@@ -128,11 +183,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("-o", "--out", type=Path, required=True)
     ap.add_argument("--avoid", type=Path, help="a scenario file (the other split) whose variants must not recur")
+    ap.add_argument("--engine", choices=sorted(DEFAULTS), default="vllm", help="the engine whose families to draw")
     a = ap.parse_args()
     avoid = frozenset(str(v["name"]) for v in yaml.safe_load(a.avoid.read_text())["scenarios"]) if a.avoid else frozenset()
-    a.out.write_text(f"# generated by `python -m scenarios.heldout --seed {a.seed}"
+    eng = f" --engine {a.engine}" if a.engine != "vllm" else ""
+    a.out.write_text(f"# generated by `python -m scenarios.heldout{eng} --seed {a.seed}"
                      + (f" --avoid {a.avoid}" if a.avoid else "") + "`\n"
-                     + yaml.safe_dump({"defaults": DEFAULTS, "scenarios": variants(a.seed, avoid)}, sort_keys=False))
+                     + yaml.safe_dump({"defaults": DEFAULTS[a.engine], "scenarios": variants(a.seed, avoid, a.engine)},
+                                      sort_keys=False))
 
 
 if __name__ == "__main__":

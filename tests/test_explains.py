@@ -64,8 +64,10 @@ def test_the_verdict_names_cause_share_refutation_and_experiment() -> None:
     assert v.refute and v.experiment.startswith("raise --max-num-seqs") and "ttft_p50_ms down" in v.experiment
     html = render_html(a)
     assert "The experiment to run" in html and "Would refute it" in html
+    from markupsafe import escape
+
     from diagnose.signal_catalog import SIGNALS
-    assert f"({SIGNALS[v.share_of]})" in html  # the share says what it is a share of
+    assert f"({escape(SIGNALS[v.share_of])})" in html  # the share says what it is a share of (as the page escapes it)
     lat = next(f for f in a.findings if f.rule_id == "LAT001")
     assert lat.explained_by == "SCH001"
     assert "Consequence of SCH001" in html

@@ -167,5 +167,41 @@ def test_the_split_generator_draws_sixteen_families_with_probes_varied(tmp_path:
     import yaml
 
     from scenarios.heldout import DEFAULTS
-    p.write_text(yaml.safe_dump({"defaults": DEFAULTS, "scenarios": held}))
+    p.write_text(yaml.safe_dump({"defaults": DEFAULTS["vllm"], "scenarios": held}))
     assert len(load_scenarios(p)) == 16  # every draw is a valid scenario file
+
+
+def test_the_llama_split_draws_its_families_on_llama_server(tmp_path: Path) -> None:
+    import yaml
+
+    from scenarios.heldout import DEFAULTS, variants
+
+    tune = variants(7, engine="llamacpp")
+    names = [v["name"] for v in tune]
+    assert len(names) == len(set(names)) == 8 and all(n.startswith("llama_") for n in names)
+    assert sum("--pyspy" in v["attach"] for v in tune) == 2 and sum("1s" in v["attach"] for v in tune) == 2
+    assert {v["expect"]["top"] for v in tune} == {None, "SCH001", "SCH010", "HST005", "HST006", "VAL001"}
+    held = variants(99, frozenset(names), engine="llamacpp")
+    assert not {v["name"] for v in held} & set(names)
+    p = tmp_path / "h.yaml"
+    p.write_text(yaml.safe_dump({"defaults": DEFAULTS["llamacpp"], "scenarios": held}))
+    loaded = load_scenarios(p)
+    assert len(loaded) == 8 and {s.engine_kind for s in loaded} == {"llamacpp"}
+    ctx = next(s for s in loaded if s.name.startswith("llama_ctx_too_small"))
+    slot = int(ctx.engine_args[ctx.engine_args.index("-c") + 1]) // int(ctx.engine_args[ctx.engine_args.index("-np") + 1])
+    def last(flag: str) -> int:
+        return int(ctx.attach_args[max(i for i, a in enumerate(ctx.attach_args) if a == flag) + 1])
+
+    total = int(ctx.engine_args[ctx.engine_args.index("-c") + 1])
+    assert slot % 256 == 0 and total == slot * int(ctx.engine_args[ctx.engine_args.index("-np") + 1])  # as it runs
+    assert last("--input-tokens") < slot < last("--input-tokens") + last("--output-tokens")  # prompt fits, output not
+
+
+def test_a_llama_scenario_cannot_ask_for_spans(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("defaults: {engine: {kind: llamacpp}}\nscenarios:\n  - {name: x, otlp: true, expect: {top: null}}\n")
+    with pytest.raises(ScenarioError, match="llama.cpp exports no OpenTelemetry"):
+        load_scenarios(p)
+    p.write_text("scenarios:\n  - {name: x, engine: {kind: sglang}, expect: {top: null}}\n")
+    with pytest.raises(ScenarioError, match="engine.kind must be one of vllm, llamacpp"):
+        load_scenarios(p)

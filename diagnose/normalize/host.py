@@ -3,7 +3,7 @@ reports/sections/host.py).
 
 Tables (t_s = seconds since the clock anchor):
 
-* ``host_processes``: ``pid, ppid, role, name``.
+* ``host_processes``: ``pid, ppid, role, name, cpus`` (the cores its CPU affinity allows; NaN in older bundles).
 * ``host_threads``: one row per thread per /proc sampling interval: ``t0_s, t_s, pid, tid, role, comm,
   cpu_ratio`` (cores used over the interval), ``run_ratio``, ``wait_ratio`` (schedstat run / run-queue wait
   per wall second), ``cpu_s, run_s, wait_s`` (seconds in the interval), ``core`` (the core it last ran on
@@ -59,7 +59,7 @@ POLL_LOOP_MIN_SHARE = 0.5
 POLL_THREADS = re.compile(r"^(ZMQbg/|gloo_tcp_loop|pt_gloo_runloop)")
 POLL_ROLES = {"engine_core": "vLLM EngineCore process: its busy loop yields the CPU by design, its other threads poll sockets"}
 _COLS = {
-    "host_processes": ["pid", "ppid", "role", "name"],
+    "host_processes": ["pid", "ppid", "role", "name", "cpus"],
     "host_threads": ["t0_s", "t_s", "pid", "tid", "role", "comm", "cpu_ratio", "run_ratio", "wait_ratio",
                      "cpu_s", "run_s", "wait_s", "core"],
     "host_foreign": ["t0_s", "t_s", "pid", "name", "cpu_s", "cpu_ratio", "core", "own"],
@@ -134,7 +134,8 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         by_kind[str(r.get("kind", ""))].append(r)
     procs: list[dict[str, Any]] = [
         {"pid": int(r["pid"]), "ppid": int(r.get("ppid", 0)), "role": str(r.get("role", "other")),
-         "name": str(r.get("name", ""))} for r in by_kind["process"] if "pid" in r]
+         "name": str(r.get("name", "")), "cpus": float(r["cpus"]) if isinstance(r.get("cpus"), int) else math.nan}
+        for r in by_kind["process"] if "pid" in r]
     roles: dict[int, str] = {int(p["pid"]): str(p["role"]) for p in procs}
     cpu = [r for r in by_kind["thread_cpu"] if {"t_ns", "pid", "tid", "utime_s", "stime_s", "run_ns",
                                                      "wait_ns"} <= r.keys()]
@@ -260,6 +261,10 @@ def _thread_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window
                       f"busiest engine thread's on-CPU share of one core, spin-wait excluded: "
                       f"{_thread_label(t, int(pid), int(tid), str(span.loc[(pid, tid), 'comm']))}", series))
     total = th.groupby("t_s")["cpu_ratio"].sum()
+    cpus = t.get("host_processes", pd.DataFrame(columns=_COLS["host_processes"])).get("cpus")
+    if cpus is not None and cpus.notna().any():
+        out.append(Signal("host_engine_cores_allowed", float(cpus.max()), "cores", SOURCE,
+                          "cores the engine's processes may run on (CPU affinity; the most any one of them may use)"))
     out.append(Signal("host_engine_cpu_cores_mean", float(th["cpu_s"].sum() / max(1e-9, th["t_s"].max()
                       - th["t0_s"].min())), "cores", SOURCE, "CPU used by all engine processes (cores)",
                       tuple((float(k), float(v)) for k, v in total.items())))

@@ -1,13 +1,13 @@
 """llama.cpp's slots (stream ``slots`` from probes/slots.py) -> a table and signals.
 
-Table ``slots``: ``t_s, slot, n_ctx, busy, used`` (one row per slot per sample; ``used`` = prompt tokens +
-tokens decoded so far, NaN when the slot did not say).
+Table ``slots``: ``t_s, slot, n_ctx, busy, used`` (one row per slot per sample; ``used`` = the tokens the
+slot's context holds, prompt and generated so far, NaN when the slot did not say).
 
 Signals (source ``server``):
 
 * ``slot_context_tokens``: the context each slot has (``n_ctx`` of a slot: ``-c`` split between the ``-np``
   slots), the largest seen;
-* ``slot_context_used_max_ratio``: the fullest a busy slot's context was in any sample (used / n_ctx): at 1 a
+* ``slot_context_used_max_ratio``: the fullest a busy slot's context was in any sample (used / n_ctx): near 1 a
   slot's request ran out of context (llama.cpp then ends its output for length);
 * ``slots_busy_mean``: busy slots per sample, mean.
 """
@@ -41,8 +41,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
         t_s = (r["t_ns"] - anchor) / 1e9
         for i, s in enumerate(r.get("slots") or []):
             rows.append({"t_s": t_s, "slot": s.get("id", i), "n_ctx": _n(s.get("n_ctx")), "busy": bool(s.get("busy")),
-                         "used": _n(s.get("prompt_tokens")) + (_n(s.get("decoded")) if s.get("decoded") is not None
-                                                              else 0.0)})
+                         "used": _n(s.get("tokens"))})
     return {"slots": pd.DataFrame(rows, columns=COLUMNS)}
 
 
@@ -64,7 +63,7 @@ def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     samples = df.groupby("t_s")["busy"].sum()
     if ratio.size:
         out.append(Signal("slot_context_used_max_ratio", float(min(1.0, ratio.max())), "ratio", SOURCE,
-                          f"the fullest a busy slot's context was: (prompt + decoded tokens) / n_ctx, max over "
+                          f"the fullest a busy slot's context was: the tokens it held (prompt + generated) / n_ctx, max over "
                           f"{len(samples)} /slots samples"))
     out.append(Signal("slots_busy_mean", float(samples.mean()), "slots", SOURCE,
                       f"busy llama.cpp slots, mean of {len(samples)} /slots samples"))
