@@ -289,8 +289,13 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
                 evidence.append("/props")
             if isinstance(props.get("build_info"), str):
                 version = props["build_info"]
-            if isinstance(props.get("total_slots"), int):
-                config.setdefault("max_num_seqs", props["total_slots"])
+            slots = props.get("total_slots")
+            if isinstance(slots, int):
+                config.setdefault("max_num_seqs", slots)
+                gen = props.get("default_generation_settings")
+                n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
+                if isinstance(n_ctx, int) and n_ctx > 0:  # a slot's context; -c is the slots' total
+                    config.setdefault("context_size", n_ctx * slots)
     if name == "unknown":
         text = await _get(session, join_url(base, "/metrics"), timeout_s, headers, as_json=False)
         if isinstance(text, str):
@@ -331,6 +336,13 @@ BOOL_FLAGS: dict[str, tuple[str, float]] = {
 }
 
 
+# a flag whose value is a word: flag -> (neutral setting, {word: value}); other words (llama.cpp's "auto") unknown
+CHOICE_FLAGS: dict[str, tuple[str, dict[str, float]]] = {
+    flag: ("flash_attention", {"on": 1.0, "off": 0.0, "true": 1.0, "false": 0.0, "1": 1.0, "0": 0.0})
+    for flag in ("--flash-attn", "-fa")
+}
+
+
 def settings_from_cmdline(argv: Sequence[str]) -> dict[str, float]:
     """The engine settings a server's command line states (flags not given are not guessed: absent)."""
     out: dict[str, float] = {}
@@ -340,6 +352,11 @@ def settings_from_cmdline(argv: Sequence[str]) -> dict[str, float]:
         if flag in BOOL_FLAGS and not eq:
             key, val = BOOL_FLAGS[flag]
             out[key] = val
+        elif flag in CHOICE_FLAGS:
+            key, words = CHOICE_FLAGS[flag]
+            word = (inline if eq else (args[i + 1] if i + 1 < len(args) else "")).lower()
+            if word in words:
+                out[key] = words[word]
         elif flag in VALUE_FLAGS:
             raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             try:

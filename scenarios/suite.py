@@ -214,7 +214,7 @@ def attach_command(scn: Scenario, server: ServerProcess, bundle: Path) -> list[s
 def engine_description(scn: Scenario) -> str:
     if scn.engine_kind == "llamacpp":
         return (f"taskset -c {LLAMA_CORE} llama-server -m TINY_GGUF --alias {SERVED_MODEL_NAME} --host 127.0.0.1 "
-                f"--metrics --slots {' '.join(scn.engine_args)}").strip()
+                f"-np 2 -c 4096 -t 1 --metrics --slots {' '.join(scn.engine_args)}").strip()
     env = " ".join(f"{k}={v}" for k, v in sorted({"VLLM_CPU_KVCACHE_SPACE": str(scn.kv_cache_space_gib),
                                                    **scn.engine_env}.items()))
     return (f"{env} python -m vllm.entrypoints.openai.api_server --model TINY_MODEL --served-model-name "
