@@ -133,6 +133,9 @@ async def run_capture(bundle: BundleWriter, target: Target, probes: list[Probe],
             installed.append(sig)
     try:
         for probe in probes:
+            applies = getattr(probe, "applies", None)
+            if applies is not None and not applies(ctx):
+                continue  # a probe for another engine (llama.cpp's /slots on vLLM): not run, not listed
             ok, why = probe.available(ctx)
             if not ok:
                 st = ProbeStatus(probe.name, "unavailable", why)

@@ -82,6 +82,8 @@ class Probe(Protocol):
     """One source of evidence.
 
     ``available`` answers cheaply whether the probe can run here (missing driver, binary, permission);
+    a probe may also define ``applies(ctx) -> bool``: False (a probe of another engine's endpoint) leaves it
+    out of the capture without a status;
     ``run`` collects until ``ctx.stop`` is set, writing records through ``ctx.bundle`` as it goes, and
     returns its final status. It must never raise for an expected failure: it returns a failed status
     with the reason. The capture records a raised exception as a failed status too.

@@ -3,8 +3,8 @@
 llama-server runs a fixed number of slots, each with its own share of the context (``-c`` split between
 them). Its Prometheus metrics say how many requests are processing and deferred, not how full each slot's
 context is; ``GET /slots`` does (``n_ctx``, ``is_processing``, ``n_prompt_tokens``, ``next_token[].n_decoded``).
-The probe samples it at the metrics interval while the server is llama.cpp (any other engine: unavailable,
-with the reason) and writes one ``slots`` record per sample::
+The probe samples it at the metrics interval while the server is llama.cpp (any other engine: left out of
+the capture, ``applies``) and writes one ``slots`` record per sample::
 
     {"t_ns": ..., "ms": 0.4, "interval_s": 0.5,
      "slots": [{"id": 0, "n_ctx": 2048, "busy": true, "tokens": 168, "decoded": 40}, ...]}
@@ -72,9 +72,11 @@ class SlotsProbe:
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
 
+    def applies(self, ctx: CaptureContext) -> bool:
+        """Only llama.cpp serves /slots: on any other engine the capture leaves this probe out."""
+        return ctx.target.engine == "llamacpp"
+
     def available(self, ctx: CaptureContext) -> tuple[bool, str]:
-        if ctx.target.engine != "llamacpp":
-            return False, f"only llama.cpp serves /slots (this server: {ctx.target.engine})"
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
             return False, f"sampling interval must be a positive number of seconds, got {self.interval_s}"
         return True, ""
