@@ -72,7 +72,9 @@ def test_fake_llamacpp_is_detected_and_slots_are_its_concurrency() -> None:
         "/v1/models": {"data": [{"id": "model.gguf", "owned_by": "llamacpp"}]},
         "/props": {"total_slots": 4, "build_info": "b6000-abc", "default_generation_settings": {"n_ctx": 4096}},
     }))
-    assert (info.name, info.version, info.config) == ("llamacpp", "b6000-abc", {"max_num_seqs": 4})
+    # the context from /props: each slot's n_ctx times the slots (-c is their total)
+    assert (info.name, info.version, info.config) == ("llamacpp", "b6000-abc", {"max_num_seqs": 4,
+                                                                                "context_size": 16384})
 
 
 def test_unknown_server_falls_back_to_metric_prefixes() -> None:

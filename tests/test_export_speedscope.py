@@ -13,12 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose.cli.main import cli
+from diagnose.errors import DiagnoseError
 from diagnose.export import speedscope
 from diagnose.normalize import host
 from diagnose.pipeline import open_input
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = sorted(p.name for p in (ROOT / "sample_traces").iterdir() if (p / "bundle" / "manifest.json").exists())
+BUNDLES = sorted(p.name for p in (ROOT / "sample_traces").iterdir() if (p / "bundle" / "manifest.json").exists())
+# the samples captured with py-spy stacks (llama.cpp's are of a native server: /proc counters, no stacks)
+SAMPLES = [s for s in BUNDLES
+           if "pyspy" in json.loads((ROOT / "sample_traces" / s / "bundle" / "manifest.json").read_text())["probes"]]
 SCHEMA = json.loads((ROOT / "tests" / "data" / "speedscope" / "file-format-schema.json").read_text())
 VALIDATOR = jsonschema.Draft6Validator(SCHEMA)
 
@@ -40,6 +44,13 @@ def test_the_schema_check_rejects_what_speedscope_rejects() -> None:
     bad = copy.deepcopy(ok)
     del bad["profiles"][0]["weights"]
     assert not VALIDATOR.is_valid(bad)
+
+
+def test_a_sample_of_a_native_server_has_no_stacks_to_export() -> None:
+    native = [s for s in BUNDLES if s not in SAMPLES]
+    assert "llama_slots_saturated" in native and len(SAMPLES) >= 8
+    with pytest.raises(DiagnoseError, match="no py-spy stacks to export"):
+        speedscope.build(open_input(ROOT / "sample_traces" / "llama_slots_saturated"))
 
 
 @pytest.mark.parametrize("sample", SAMPLES)

@@ -74,7 +74,7 @@ def test_the_report_names_the_settings_read_by_the_engines_flags() -> None:
     assert engine_settings({"target": {"engine": "vllm", "engine_config": {"max_num_seqs": 2}}}) == "--max-num-seqs 2"
     assert engine_settings({"target": {}}) == ""
     page = render_html(analyze(SAMPLES / "llama_slots_saturated"))
-    assert "engine settings read: --ctx-size 4096, --parallel 2, --threads 1" in page
+    assert "Engine settings read from the server: --ctx-size 4096, --parallel 2, --threads 1" in page
 
 
 def test_flash_attention_is_read_from_the_command_line_when_it_is_a_word() -> None:

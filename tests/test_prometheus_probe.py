@@ -23,9 +23,9 @@ VLLM_SCRAPE = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def _serve(handler: Handler) -> tuple[web.AppRunner, str]:
+async def _serve(handler: Handler, path: str = "/metrics") -> tuple[web.AppRunner, str]:
     app = web.Application()
-    app.router.add_get("/metrics", handler)
+    app.router.add_get(path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

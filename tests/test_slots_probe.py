@@ -16,6 +16,7 @@ from diagnose.normalize import slots as slots_norm
 from diagnose.pipeline import analyze
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.slots import SlotsProbe, slot_rows
+from tests.test_prometheus_probe import _serve
 
 SECRET_TEXT = "the prompt text that must never reach the bundle"
 
@@ -43,13 +44,7 @@ def test_slot_rows_keep_numbers_only() -> None:
 def _capture(tmp_path: Path, handler: Any, engine: str = "llamacpp", duration_s: float = 0.4
              ) -> tuple[SlotsProbe, CaptureContext, ProbeStatus | None]:
     async def main() -> tuple[SlotsProbe, CaptureContext, ProbeStatus | None]:
-        app = web.Application()
-        app.router.add_get("/slots", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        runner, base = await _serve(handler, "/slots")  # the Prometheus probe tests' loopback server
         try:
             bw = BundleWriter(tmp_path / "b", target={"url": base, "engine": engine})
             ctx = CaptureContext(bundle=bw, target=Target(url=base, engine=engine), stop=asyncio.Event())

@@ -54,7 +54,7 @@ def test_llama_scenario_is_diagnosed_with_the_engines_own_flag(llama_built: None
     assert "--max-num-seqs" not in experiment  # never vLLM's spelling on llama.cpp
     html = (tmp_path / f"{name}-r1" / "report.html").read_text()
     assert "llamacpp" in html and "b0-0c1e57098" in html  # the engine and its build
-    assert "engine settings read: --ctx-size " in html and "--parallel " in html and "--threads " in html
+    assert "Engine settings read from the server: --ctx-size " in html and "--parallel " in html and "--threads " in html
     manifest = json.loads((tmp_path / f"{name}-r1" / "manifest.json").read_text())
     config = manifest["target"]["engine_config"]
     assert {"max_num_seqs", "context_size", "threads"} <= set(config), config  # its settings, recorded
