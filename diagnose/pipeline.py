@@ -35,14 +35,6 @@ InputKind = str  # "bundle" | "trace" | "spans"
 
 
 # -- stage 0: the input, as a bundle ---------------------------------------------------------------------
-
-def _spelt(f: Finding, engine: str | None) -> Finding:
-    """The finding with each experiment's text naming the engine's own flag (diagnose.experiments.spell_change)."""
-    causes = tuple(c if c.experiment is None else replace(c, experiment=replace(
-        c.experiment, change=spell_change(c.experiment.change, c.experiment.variable_kind, c.experiment.variable,
-                                          engine))) for c in f.causes)
-    return f if causes == f.causes else replace(f, causes=causes)
-
 def detect_input(path: Path) -> InputKind:
     """'bundle', 'trace' or 'spans' for what ``path`` holds; a one-line error when it is none of them."""
     if not os.path.lexists(path):
@@ -183,6 +175,14 @@ def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
 
 
 # -- stage 3: judgement -------------------------------------------------------------------------------------
+def _spelt(f: Finding, engine: str | None) -> Finding:
+    """The finding with each experiment's text naming the engine's own flag (diagnose.experiments.spell_change)."""
+    causes = tuple(c if c.experiment is None else replace(c, experiment=replace(
+        c.experiment, change=spell_change(c.experiment.change, c.experiment.variable_kind, c.experiment.variable,
+                                          engine))) for c in f.causes)
+    return f if causes == f.causes else replace(f, causes=causes)
+
+
 def _relevant(kind: str, ne: NotEvaluated) -> bool:
     """A lone trace cannot feed client or server rules (a span file: client rules): list as not evaluated only
     the rules its kind of evidence could have fed."""

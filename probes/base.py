@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +77,18 @@ class CaptureContext:
 
     def rel_s(self, mono_ns: int) -> float:
         return self.bundle.mono_to_rel_s(mono_ns)
+
+
+async def wait_tick(stop: asyncio.Event, next_t: float, interval: float) -> float:
+    """Wait for the next sampling tick, ``interval`` s after ``next_t`` (``time.monotonic()`` seconds), or until
+    ``stop`` is set; returns that tick. A sample that overran its ticks skips them instead of bursting."""
+    next_t += interval
+    now = time.monotonic()
+    if next_t < now:
+        next_t += math.ceil((now - next_t) / interval) * interval
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_t - time.monotonic()))
+    return next_t
 
 
 @runtime_checkable

@@ -47,7 +47,7 @@ import aiohttp
 
 from diagnose.model import ProbeStatus
 from diagnose.overhead import OverheadBudget, budget_of, cost, is_local
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, wait_tick
 from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
 from diagnose.workload import parse_duration
 
@@ -363,12 +363,7 @@ class PrometheusProbe:
             while not stats.parse_stopped:
                 if not ctx.stop.is_set():
                     interval = self._interval_now(stats)
-                    next_t += interval
-                    now = time.monotonic()
-                    if next_t < now:  # a slow scrape: skip the ticks it overran instead of bursting
-                        next_t += math.ceil((now - next_t) / interval) * interval
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(ctx.stop.wait(), timeout=max(0.0, next_t - time.monotonic()))
+                    next_t = await wait_tick(ctx.stop, next_t, interval)  # a slow scrape skips the ticks it overran
                 final = ctx.stop.is_set()
                 if final and self.settle_s > 0:  # let the server record the last requests' observations
                     await asyncio.sleep(self.settle_s)

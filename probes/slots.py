@@ -33,7 +33,7 @@ import orjson
 
 from diagnose.model import ProbeStatus
 from diagnose.overhead import budget_of, cost, is_local
-from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
+from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, wait_tick
 from diagnose.workload import parse_duration
 
 NAME = "slots"
@@ -138,12 +138,7 @@ class SlotsProbe:
                     budget.want(self.name, statistics.median(exchange_ms[-9:]) / 1e3 / self.interval_s)
                     interval = self.interval_s / budget.factor(self.name)
                 intervals.append(interval)
-                next_t += interval
-                now = time.monotonic()
-                if next_t < now:
-                    next_t += math.ceil((now - next_t) / interval) * interval
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ctx.stop.wait(), timeout=max(0.0, next_t - time.monotonic()))
+                next_t = await wait_tick(ctx.stop, next_t, interval)
         window_s = time.monotonic() - t_start
         coarse = [i for i in intervals if i > self.interval_s * 1.001]
         adapted = (f"the overhead budget made the /slots interval {statistics.median(coarse):.2g} s in {len(coarse)} "

@@ -26,6 +26,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal, Source
+from diagnose.normalize import sampled_in
 
 SOURCE: Source = "gpu"
 BENIGN_THROTTLE_MASK = 0x1 | 0x2 | 0x100  # idle, application clocks, display clock: not a slowdown
@@ -86,17 +87,13 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     return {k: pd.DataFrame(v, columns=_COLS[k]) for k, v in data.items()}
 
 
-def _window(df: pd.DataFrame, w: Window) -> pd.DataFrame:
-    return df if df.empty else df[(df["t_s"] >= w.start_s) & (df["t_s"] <= w.end_s)]
-
-
 def _mean_series(df: pd.DataFrame, col: str) -> tuple[tuple[float, float], ...]:
     s = df.dropna(subset=[col]).groupby("t_s")[col].mean()
     return tuple((float(k), float(v)) for k, v in s.items())
 
 
 def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
-    df = _window(t.get("gpu_samples", pd.DataFrame(columns=_COLS["gpu_samples"])), window)
+    df = sampled_in(t.get("gpu_samples", pd.DataFrame(columns=_COLS["gpu_samples"])), window)
     if df.empty:
         return []
     out: list[Signal] = []

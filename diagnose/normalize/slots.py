@@ -23,6 +23,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.bundle import Bundle
 from diagnose.model import Signal, Source
+from diagnose.normalize import sampled_in
 
 SOURCE: Source = "server"
 COLUMNS = ["t_s", "slot", "n_ctx", "busy", "used"]
@@ -49,7 +50,7 @@ def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     df = t.get("slots")
     if df is None or df.empty:
         return []
-    df = df[(df["t_s"] >= window.start_s) & (df["t_s"] <= window.end_s)]
+    df = sampled_in(df, window)
     if df.empty:
         return []
     out: list[Signal] = []
