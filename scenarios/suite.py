@@ -42,6 +42,12 @@ DEFAULT_NICE = -10
 STARVED_CLIENT_OFFSET = 10  # session priority of a client starved on purpose, relative to the suite's
 
 
+def session_priority(cmd: list[str], nice: int) -> list[str]:
+    """``cmd`` run with its session's scheduler autogroup priority set to ``nice`` first (written before exec,
+    so all it starts runs at it; with autogroups a plain nice only orders processes inside one session)."""
+    return ["sh", "-c", f'echo {nice} > /proc/self/autogroup 2>/dev/null; exec "$@"', "sh", *cmd]
+
+
 class NicedServer(VllmServer):
     """The engine started under ``nice -n N``: every process and thread it starts inherits the priority, so
     other tenants of a shared machine perturb the scenario less (injected hogs get the same priority)."""
@@ -56,8 +62,7 @@ class NicedServer(VllmServer):
             return cmd
         # the server is its own session (harness: start_new_session): raise the session's autogroup priority
         # before exec, so that start-up (torch.compile, minutes on a busy host) runs at it too
-        return ["sh", "-c", f'echo {self.nice} > /proc/self/autogroup 2>/dev/null; exec "$@"', "sh",
-                "nice", "-n", str(self.nice), *cmd]
+        return session_priority(niced(cmd, self.nice), self.nice)
 
 
 class PinnedLlamaServer(LlamaServer):
@@ -70,10 +75,7 @@ class PinnedLlamaServer(LlamaServer):
 
     def command(self) -> list[str]:
         cmd = ["taskset", "-c", str(self.core), *super().command()]
-        if not self.nice:
-            return cmd
-        return ["sh", "-c", f'echo {self.nice} > /proc/self/autogroup 2>/dev/null; exec "$@"', "sh",
-                "nice", "-n", str(self.nice), *cmd]
+        return session_priority(niced(cmd, self.nice), self.nice) if self.nice else cmd
 
 
 LLAMA_CORE = 0  # the core llama-server computes on in the suite
@@ -246,8 +248,7 @@ def run_scenario(scn: Scenario, server: ServerProcess, work: Path, repeat: int, 
         # client_near: the client at the busy processes' own priority (a client near its limit, not starved)
         assert scn.hog is not None
         weak = min(19, nice + (STARVED_CLIENT_OFFSET if scn.hog.target == "client" else scn.hog.nice_offset))
-        cmd = ["taskset", "-c", str(ccore), "sh", "-c", f'echo {weak} > /proc/self/autogroup 2>/dev/null; exec "$@"',
-               "sh", *attach]
+        cmd = ["taskset", "-c", str(ccore), *session_priority(attach, weak)]
     else:
         cmd = ["taskset", "-c", str(ccore), *attach]
     res.command = " ".join(attach).replace(str(bundle), "BUNDLE")
