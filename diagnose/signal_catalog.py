@@ -36,6 +36,7 @@ GPU = "diagnose.normalize.gpu"
 TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for a bundle
 FLEET = "diagnose.normalize.fleet"
 SLOTS = "diagnose.normalize.slots"
+ATTRIBUTION = "diagnose.normalize.attribution"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -271,6 +272,7 @@ _HOST: list[_Entry] = [
      "taken; 0 when the probe scanned and found none; its description names the process and the loop"),
     ("host_cpu_steal_ratio", "ratio", "CPU time stolen by the hypervisor, share of all CPU time"),
     ("host_cpu_busy_ratio", "ratio", "whole machine CPU busy share (all processes)"),
+    ("host_cores", "cores", "cores of the server's machine (the host probe's count, beside /proc/stat)"),
     ("host_cpu_steal_or_contention_ratio", "ratio",
      "max of host_work_wait_ratio (run-queue wait of the engine's working threads, poll/yield loops excluded) "
      "and host_cpu_steal_ratio: time the engine's work was ready to run but had no CPU"),
@@ -386,12 +388,30 @@ _SLOTS: list[_Entry] = [
 ]
 
 
+_ATTRIBUTION_SERVER: list[_Entry] = [
+    *[(f"server_ttft_tail_{part}_ratio", "ratio", f"share of the slow requests' TTFT spent {what} (server histograms: "
+       "the slowest requests taken to be those that waited and prefilled longest)")
+      for part, what in (("queue", "waiting in the engine's queue"), ("prefill", "in prefill"),
+                         ("outside", "outside the engine (API server, network, client)"))],
+]
+
+_ATTRIBUTION_DECODE: list[_Entry] = [
+    ("decode_time_steady_ratio", "ratio", "share of the requests' token gaps in steady steps (each gap up to 2 x "
+     "the ITL P50: a decode step, the batch, the stream)"),
+    ("decode_time_stall_ratio", "ratio", "share of the requests' token gaps in stalls: the part of a gap above 2 x "
+     "the ITL P50 (a step that carried other work: a prefill chunk, mostly), preemption's gaps left out"),
+    ("decode_time_preemption_ratio", "ratio", "share of the requests' token gaps in preemption: the stall of the "
+     "longest gaps, as many as the engine counted preemptions (a preempted request waits and recomputes)"),
+]
+
+
 def _build() -> dict[str, SignalSpec]:
     out: dict[str, SignalSpec] = {}
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
         (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
-        (FLEET, "server", _FLEET), (SLOTS, "server", _SLOTS),
+        (FLEET, "server", _FLEET), (SLOTS, "server", _SLOTS), (ATTRIBUTION, "server", _ATTRIBUTION_SERVER),
+        (ATTRIBUTION, "derived", _ATTRIBUTION_DECODE),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:

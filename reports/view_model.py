@@ -271,9 +271,16 @@ ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                                                   ("ttft_tail_prefill_share_ratio", "prefill"),
                                                   ("ttft_tail_frontend_share_ratio", "frontend"),
                                                   ("ttft_tail_client_network_share_ratio", "client + network"))),
+    ("TTFT of the slow requests, server histograms", (("server_ttft_tail_queue_ratio", "queue"),
+                                                       ("server_ttft_tail_prefill_ratio", "prefill"),
+                                                       ("server_ttft_tail_outside_ratio",
+                                                        "API server + network + client"))),
     ("ITL P50", (("itl_split_decode_ratio", "a decode step alone"),
-                 ("itl_split_engine_load_ratio", "the engine under load (batch, prefill chunks, preemption)"),
+                 ("itl_split_engine_load_ratio", "engine under load (batch, prefill, preemption)"),
                  ("itl_split_outside_ratio", "API server + network + client"))),
+    ("decode time, all token gaps", (("decode_time_steady_ratio", "steady steps"),
+                                     ("decode_time_stall_ratio", "stalls (steps with prefill or other work)"),
+                                     ("decode_time_preemption_ratio", "preemption"))),
     ("requests in flight", (("api_server_in_flight_mean", "API server + network"),
                             ("queue_depth_mean", "engine waiting"), ("running_requests_mean", "engine running"))),
 )
@@ -281,14 +288,18 @@ ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 
 def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
     """Where the time went, from the signals (nothing computed here): TTFT split by joined spans when present,
-    else by the server's histograms, and the in-flight requests split by layer."""
+    else by the server's histograms (the slow requests' likewise), the ITL P50 and the decode time split, and
+    the in-flight requests split by layer."""
     rows: list[dict[str, Any]] = []
     for label, parts in ATTRIBUTION:
-        if label == "TTFT, server histograms" and rows and rows[0]["label"] == "TTFT, joined spans":
+        spans = label.replace("server histograms", "joined spans")
+        if label.endswith("server histograms") and any(r["label"] == spans for r in rows):
             continue
         got = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
                for n, lab in parts if n in signals and signals[n].is_finite()]
-        if len(got) == len(parts) or (label.startswith("TTFT") and "joined" in label and len(got) >= 3):
+        if label.startswith("decode time") and len(got) == 2 and "decode_time_preemption_ratio" not in signals:
+            rows.append({"label": label, "parts": got})  # an engine that counts no preemptions (llama.cpp)
+        elif len(got) == len(parts) or (label.startswith("TTFT") and "joined" in label and len(got) >= 3):
             rows.append({"label": label, "parts": got})
     return rows
 
@@ -338,6 +349,7 @@ def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
         "severity_weight": SEVERITY_WEIGHT.get(f.severity, 0.0),
         "title": f.title, "hypothesis": f.hypothesis,
         "confidence": finite(f.confidence), "impact": finite(f.impact), "score": finite(f.score),
+        "fit": finite(f.fit),
         "evidence": [{"signal": e.signal, "value": finite(e.value), "unit": e.unit, "source": e.source,
                       "note": e.note, "window": run_label if e.window == "run" else e.window} for e in f.evidence],
         "causes": [{

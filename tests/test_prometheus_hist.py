@@ -13,6 +13,7 @@ from diagnose.normalize.prom_hist import (
     cross_check,
     empirical_cdf_at,
     histogram_quantile,
+    histogram_tail_mean,
     parse_le,
     sample_quantile,
 )
@@ -128,3 +129,49 @@ def test_cross_check_agrees_when_client_is_in_the_server_bucket() -> None:
     late = cross_check([v + 0.1 for v in server], les, cum)
     assert not late[0].agrees and late[0].client_bucket == (0.1, 0.25)
     assert cross_check([], les, cum) == [] and cross_check([0.1], les, [0.0] * len(les)) == []
+
+
+# -- the mean of the slowest observations (the slow requests' TTFT split from histograms) ---------------------
+@pytest.mark.parametrize("seed", range(40))
+def test_tail_mean_bounds_hold_the_true_tail_mean(seed: int) -> None:
+    """Whatever the observations, the tail mean's bounds hold the true mean of the slowest 10% (exact when the
+    tail is a whole number of observations), and the estimate lies within them."""
+    rng = random.Random(seed)
+    scale = rng.choice([0.005, 0.05, 0.4, 3.0, 30.0])
+    values = [rng.expovariate(1.0 / scale) for _ in range(rng.choice([10, 50, 200]))]
+    cum, total = _hist(values, VLLM_QUEUE_LES)
+    t = histogram_tail_mean(0.9, VLLM_QUEUE_LES, cum, total)
+    assert t is not None
+    slowest = sorted(values)[-round(0.1 * len(values)):]
+    true = sum(slowest) / len(slowest)
+    assert t.lo - 1e-9 <= true <= t.hi + 1e-9
+    assert t.lo - 1e-9 <= t.value <= t.hi + 1e-9
+
+
+def test_tail_mean_in_a_wide_low_bucket_follows_the_sum() -> None:
+    """vLLM's first queue bucket is (0, 300 ms]: 5-15 ms queue times spread over all of it would give a tail of
+    ~285 ms; spread as the _sum allows, the estimate is within a few ms of the truth."""
+    values = [0.005 + 0.01 * i / 99 for i in range(100)]
+    cum, total = _hist(values, VLLM_QUEUE_LES)
+    t = histogram_tail_mean(0.9, VLLM_QUEUE_LES, cum, total)
+    plain = histogram_tail_mean(0.9, VLLM_QUEUE_LES, cum, None)
+    assert t is not None and plain is not None
+    true = sum(sorted(values)[-10:]) / 10
+    assert abs(t.value - true) < 0.006
+    assert plain.value > 0.25  # without the sum, nothing narrows the bucket
+    assert t.hi <= 0.3
+
+
+def test_tail_mean_takes_the_inf_buckets_share_of_the_sum() -> None:
+    """Two observations past the last finite bound: the tail (the top 20%) is them, and the _sum says how big."""
+    cum = [8.0, 8.0, 10.0]
+    t = histogram_tail_mean(0.8, [0.3, 0.5, math.inf], cum, 8 * 0.1 + 2 * 4.0)
+    assert t is not None
+    assert t.value == pytest.approx(4.0, rel=0.05)
+    assert t.lo >= 0.5 and t.lo <= 4.0 <= t.hi
+
+
+def test_tail_mean_of_nothing_is_none() -> None:
+    assert histogram_tail_mean(0.9, [0.3, math.inf], [0.0, 0.0]) is None
+    assert histogram_tail_mean(0.9, [0.3, 0.5], [1.0, 2.0]) is None  # no +Inf bucket
+    assert histogram_tail_mean(1.0, [0.3, math.inf], [1.0, 2.0]) is None

@@ -231,7 +231,7 @@ def _part_shares(j: pd.DataFrame, parts: tuple[tuple[str, str], ...], total: flo
     return {col: float(np.nansum(np.clip(j[col].to_numpy(dtype=float), 0, None))) / total for col, _ in parts}
 
 
-def _tail_pct(tables: dict[str, pd.DataFrame]) -> float:
+def tail_pct(tables: dict[str, pd.DataFrame]) -> float:
     """The percentile the TTFT SLO is set at (ttft_p99 -> 99), else 90: the slow requests are those at or above it."""
     slo = tables.get("client_slo")
     if slo is not None and not slo.empty and "key" in slo.columns:
@@ -292,7 +292,7 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
             out.append(_sig(name, shares[col], "ratio", SIGNALS.get(name, "") + note, _share_series(j, col, total_col)))
         out.append(_sig("ttft_engine_share_ratio", shares["queue_ms"] + shares["prefill_ms"], "ratio",
                         SIGNALS["ttft_engine_share_ratio"] + note))
-        out.extend(_tail_split(j, total_col, parts, _tail_pct(tables), note))
+        out.extend(_tail_split(j, total_col, parts, tail_pct(tables), note))
     server = w[np.isfinite(w["server_ttft_ms"].to_numpy(dtype=float))]
     if len(server):
         out.append(_sig("span_requests_count", float(len(server)), "count", "server request spans in the window"))

@@ -156,3 +156,80 @@ def cross_check(client: Sequence[float], les: Sequence[float], cum: Sequence[flo
         c = sample_quantile(client, q)
         rows.append(CrossCheckRow(q, c, est, bucket_of(c, les)))
     return rows
+
+
+@dataclass(frozen=True)
+class TailMean:
+    """The mean of a histogram's observations above its ``q`` quantile (the slowest ``1 - q`` of them).
+
+    ``lo``/``hi`` are proven bounds: every observation lies in its bucket, and the histogram's ``_sum`` caps
+    the tail (the other observations are at least their buckets' lower bounds) and floors it (they are at
+    most their upper bounds). ``value`` takes each finite bucket's observations as spread evenly over its lower
+    part, as much of it as the ``_sum`` allows (all of it without one); the +Inf bucket's observations are
+    given what the ``_sum`` leaves them."""
+
+    q: float
+    value: float
+    lo: float
+    hi: float
+    n: float  # observations in the tail
+
+
+def histogram_tail_mean(q: float, les: Sequence[float], cum: Sequence[float],
+                        total_sum: float | None = None) -> TailMean | None:
+    """The mean of the observations above quantile ``q`` (0..1) of a cumulative histogram; None when it holds
+    none (or its bounds do not end at +Inf). Bounds as in :class:`TailMean`."""
+    if not les or len(les) != len(cum) or not (0.0 <= q < 1.0) or not math.isinf(les[-1]):
+        return None
+    counts = list(cum)
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if not total or total <= 0:
+        return None
+    per = [counts[i] - (counts[i - 1] if i else 0.0) for i in range(len(counts))]
+    lows = [les[i - 1] if i else min(0.0, les[0]) for i in range(len(les))]
+    # the estimate's spread: a finite bucket's observations evenly over its lower part (lo, lo + f * width],
+    # f in (0, 1] chosen so that they sum to what the _sum leaves them (vLLM's (0, 300 ms] first bucket holds
+    # 5 ms queue times: spread over all of it, the tail would read 150 ms)
+    fin = [i for i in range(len(per)) if math.isfinite(les[i])]
+    f = 1.0
+    if total_sum is not None and math.isfinite(total_sum) and total_sum >= 0:
+        floor = sum(per[i] * lows[i] for i in range(len(per)))
+        half = sum(per[i] * (les[i] - lows[i]) / 2.0 for i in fin)
+        if half > 0:
+            f = min(1.0, max(1e-6, (total_sum - floor) / half))
+    want = (1.0 - q) * total
+    left = want
+    lo_sum = hi_sum = est_sum = 0.0
+    rest_lo = rest_hi = rest_est = 0.0  # the observations outside the tail, at their bounds / as estimated
+    inf_taken = 0.0
+    for i in reversed(range(len(per))):
+        n = per[i]
+        take = min(n, max(left, 0.0))
+        left -= take
+        lo, hi = lows[i], les[i]
+        lo_sum += take * lo
+        hi_sum += take * hi if take else 0.0
+        keep = n - take
+        rest_lo += keep * lo
+        rest_hi += keep * hi if keep else 0.0
+        if math.isinf(hi):
+            inf_taken = take
+            rest_est += keep * lo
+            continue
+        top = lo + f * (hi - lo)
+        if take:  # the top ``take`` of ``n`` spread evenly over (lo, top]
+            est_sum += take * (top - take / n * (top - lo) / 2.0)
+        if keep:
+            rest_est += keep * (lo + keep / n * (top - lo) / 2.0)
+    if total_sum is not None and math.isfinite(total_sum) and total_sum >= 0:
+        hi_sum = min(hi_sum, total_sum - rest_lo)
+        if math.isfinite(rest_hi):
+            lo_sum = max(lo_sum, total_sum - rest_hi)
+        if inf_taken:
+            est_sum += max(inf_taken * lows[-1], total_sum - rest_est - est_sum)
+    elif inf_taken:
+        est_sum += inf_taken * lows[-1]
+    est_sum = min(max(est_sum, lo_sum), hi_sum)
+    return TailMean(q, est_sum / want, lo_sum / want, hi_sum / want, want)
