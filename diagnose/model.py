@@ -124,6 +124,9 @@ class Finding:
     share: float | None = None  # the share of the symptom this cause explains (its rule's `share:` signal)
     share_of: str = ""  # the signal ``share`` is (its definition says what the share is of)
     held_back: str = ""  # the rule id of the validity finding that holds this one back (its evidence is suspect)
+    # how well the evidence fits: confidence x the fit of its best candidate cause (supported 1, open 0.8, all
+    # ruled out 0.5); score = severity weight x fit x the share it explains (the impact estimate where none is known)
+    fit: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -27,6 +27,10 @@ from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_thr
 from diagnose.rules.spec import RuleSpec
 
 SOURCE_RANK = ("client", "server", "host", "gpu", "trace")
+# how well a finding's evidence fits one of its candidate causes (docs/rules.md, "Ranking"): a cause the bundle
+# supports, none decided either way, or every one ruled out by the bundle's own evidence
+FIT_SUPPORTED, FIT_OPEN, FIT_ALL_RULED_OUT = 1.0, 0.8, 0.5
+EXPLAINED_FLOOR = 0.05  # a cause whose measured share is about nothing still ranks by its fit among such causes
 
 
 @dataclass
@@ -106,9 +110,12 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
-def rank_key(f: Finding) -> tuple[bool, bool, bool, float, str]:
-    """Findings most important first: held-back and explained ones last, causes before symptoms, then score."""
-    return (bool(f.held_back), bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
+def rank_key(f: Finding) -> tuple[bool, bool, bool, bool, float, str]:
+    """Findings most important first: a finding that invalidates the run (critical validity: the verdict says
+    "run invalid" whatever else fired), then held-back and explained ones last, causes before symptoms, then
+    score."""
+    invalidates = f.family == "validity" and f.severity == "critical"
+    return (not invalidates, bool(f.held_back), bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
 
 
 def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
@@ -181,7 +188,11 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
     sources = tuple(s for s in SOURCE_RANK if any(e.source == s for e in evidence))
     confidence = min(1.0, spec.confidence + 0.1 * max(0, len(sources) - 1))
     impact = _impact(spec, signals, thresholds)
-    score = SEVERITY_WEIGHT.get(spec.severity, 1.0) * confidence * (0.5 + impact)
+    causes = _causes(spec, signals, thresholds)
+    share = _share(spec, signals)
+    fit = round(confidence * cause_fit(causes), 3)
+    explained = share["share"] if share else impact
+    score = SEVERITY_WEIGHT.get(spec.severity, 1.0) * fit * min(1.0, max(EXPLAINED_FLOOR, explained))
     title = render_text(spec.title, signals, thresholds, extra)
     if phase_label:
         title = f"{title} [{phase_label}]"
@@ -196,12 +207,22 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
         impact=round(impact, 3),
         score=round(score, 4),
         evidence=evidence,
-        causes=_causes(spec, signals, thresholds),
+        causes=causes,
         sources=sources,
         runbook=spec.runbook,
         kind=spec.kind,
-        **_share(spec, signals),
+        fit=fit,
+        **share,
     )
+
+
+def cause_fit(causes: Sequence[Cause]) -> float:
+    """How well the evidence fits the finding's best candidate cause: one the bundle supports (or a finding
+    without candidates), else one still open, else every candidate ruled out by the bundle's evidence."""
+    statuses = {c.status for c in causes}
+    if not causes or "supported" in statuses:
+        return FIT_SUPPORTED
+    return FIT_OPEN if "open" in statuses else FIT_ALL_RULED_OUT
 
 
 def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> dict[str, Any]:
