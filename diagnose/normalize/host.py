@@ -11,7 +11,8 @@ Tables (t_s = seconds since the clock anchor):
 * ``host_foreign``: the busiest processes outside the engine, one row per process per scan interval:
   ``t0_s, t_s, pid, name, cpu_s, cpu_ratio, core, own`` (own: this capture's own processes).
 * ``host_foreign_scans``: ``t0_s, t_s, processes`` (one row per scan; present when the probe scanned).
-* ``host_system``: ``t0_s, t_s, steal_ratio, busy_ratio`` (whole machine, from /proc/stat).
+* ``host_system``: ``t0_s, t_s, steal_ratio, busy_ratio, ncpu`` (whole machine, from /proc/stat; ``ncpu``: its
+  cores as the probe's host counted them).
 * ``host_stacks``: ``t0_s, t_s`` (the py-spy window), ``pid, tid, role, thread, stack`` (frames
   ";"-joined, root first), ``leaf, category, samples`` (py-spy active samples in that window).
 * ``host_dumps``: ``t_s, pid, tid, name, active, gil`` (py-spy dump snapshots).
@@ -64,7 +65,7 @@ _COLS = {
                      "cpu_s", "run_s", "wait_s", "core"],
     "host_foreign": ["t0_s", "t_s", "pid", "name", "cpu_s", "cpu_ratio", "core", "own"],
     "host_foreign_scans": ["t0_s", "t_s", "processes"],
-    "host_system": ["t0_s", "t_s", "steal_ratio", "busy_ratio"],
+    "host_system": ["t0_s", "t_s", "steal_ratio", "busy_ratio", "ncpu"],
     "host_stacks": ["t0_s", "t_s", "pid", "tid", "role", "thread", "stack", "leaf", "category", "samples"],
     "host_dumps": ["t_s", "pid", "tid", "name", "active", "gil"],
     "host_pyspy_cost": ["pid", "mode", "cpu_s", "wall_s", "samples", "rate_hz", "nonblocking"],
@@ -121,7 +122,8 @@ def _system_rows(sysc: list[dict[str, Any]], anchor: int) -> list[dict[str, Any]
             continue
         rows.append({"t0_s": (p["t_ns"] - anchor) / 1e9, "t_s": (r["t_ns"] - anchor) / 1e9,
                      "steal_ratio": d["steal"] / total,
-                     "busy_ratio": 1.0 - (d["idle"] + d["iowait"]) / total})
+                     "busy_ratio": 1.0 - (d["idle"] + d["iowait"]) / total,
+                     "ncpu": float(r["ncpu"]) if isinstance(r.get("ncpu"), int) and r["ncpu"] > 0 else math.nan})
     return rows
 
 
@@ -432,6 +434,10 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
                           "CPU time stolen by the hypervisor, share of all CPU time"))
         out.append(Signal("host_cpu_busy_ratio", float(sysdf["busy_ratio"].mean()), "ratio", SOURCE,
                           "whole machine CPU busy share (all processes)"))
+        ncpu = sysdf["ncpu"].dropna() if "ncpu" in sysdf.columns else pd.Series(dtype=float)
+        if len(ncpu):
+            out.append(Signal("host_cores", float(ncpu.max()), "cores", SOURCE,
+                              "cores of the server's machine (the host probe's count, beside /proc/stat)"))
     if ratio is not None or steal is not None:
         val = max(v for v in (ratio, steal) if v is not None)
         out.append(Signal("host_cpu_steal_or_contention_ratio", val, "ratio", SOURCE,
