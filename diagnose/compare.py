@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Analysis
+from diagnose.cost import COST_BASE, parse_price, per_unit, recorded_price
 from diagnose.errors import InputError
 from diagnose.experiments import describe
 from diagnose.model import Cause, Finding, Phase, Signal, Window
@@ -77,8 +78,7 @@ COST_METRICS: tuple[MetricDef, ...] = (
     MetricDef("cost_per_request", "$/req", "lower", "time blocks", ""),
     MetricDef("cost_per_good_request", "$/req", "lower", "time blocks", ""),
 )
-_COST_BASE = {"cost_per_mtok": ("output_tps", 1e6), "cost_per_request": ("request_rps", 1.0),
-              "cost_per_good_request": ("goodput_rps", 1.0)}
+_COST_BASE = COST_BASE  # one definition with the report's (diagnose/cost.py)
 METRIC_BY_NAME = {m.name: m for m in (*METRICS, *COST_METRICS)}
 _PCT = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
@@ -244,9 +244,9 @@ def point(s: LevelSample, m: MetricDef) -> float:
     if m.name in _COST_BASE:
         base_name, scale = _COST_BASE[m.name]
         rate = point(s, METRIC_BY_NAME[base_name])
-        if s.cost_per_hour is None or not (rate > 0):
+        if s.cost_per_hour is None:
             return math.nan
-        return s.cost_per_hour / (rate * 3600.0) * scale
+        return per_unit(s.cost_per_hour, rate, scale)
     if m.name == "output_tps":
         return float(s.tokens.sum()) / s.span_s
     if m.name == "request_rps":
@@ -831,15 +831,23 @@ def trace_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
 
 
 def parse_cost(spec: str) -> tuple[float, float]:
-    """``2.5`` (both runs) or ``2.5,4`` (A, B) -> prices per hour."""
+    """``2.5`` (both runs) or ``2.5,4`` (A, B) -> prices per hour; each may be per device-hour x devices
+    (``4.1x8``, diagnose.cost.parse_price)."""
     parts = [p.strip() for p in spec.split(",")]
+    if len(parts) not in (1, 2):
+        raise InputError(f"--cost-per-hour {spec!r}: use one or two positive prices (PRICE or PRICE_A,PRICE_B)")
     try:
-        prices = [float(p) for p in parts]
-    except ValueError as e:
-        raise InputError(f"--cost-per-hour {spec!r}: use PRICE or PRICE_A,PRICE_B (numbers)") from e
-    if len(prices) not in (1, 2) or not all(math.isfinite(p) and p > 0 for p in prices):
-        raise InputError(f"--cost-per-hour {spec!r}: use one or two positive prices")
+        prices = [parse_price(p) for p in parts]
+    except InputError:
+        raise InputError(f"--cost-per-hour {spec!r}: use one or two positive prices (PRICE or PRICE_A,PRICE_B, "
+                         "each PRICE or PRICExDEVICES)") from None
     return (prices[0], prices[-1])
+
+
+def recorded_prices(a: Analysis, b: Analysis) -> tuple[float, float] | None:
+    """The prices per hour both captures recorded (``attach --cost-per-hour``); None unless both did."""
+    pa, pb = recorded_price(a.manifest or {}), recorded_price(b.manifest or {})
+    return (pa, pb) if pa is not None and pb is not None else None
 
 
 # -- the CI gate --------------------------------------------------------------------------------------------

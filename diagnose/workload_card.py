@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diagnose.cost import COST_BASE, per_unit, recorded_price
+
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis
 
@@ -123,6 +125,13 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:
             card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
+    price = recorded_price(a.manifest)
+    if price is not None:  # what the run cost (diagnose/cost.py): one definition, compare's too
+        slo = (a.manifest.get("options") or {}).get("slo") or {}
+        per = {name: per_unit(price, s(base) or 0.0, scale) for name, (base, scale) in COST_BASE.items()}
+        card["cost"] = {"price_per_hour": price, "per_mtok": _num(per["cost_per_mtok"]),
+                        "per_request": _num(per["cost_per_request"]),
+                        "per_good_request": _num(per["cost_per_good_request"]) if slo else None}
     if mode == "observe" or card["requests"] is None:  # the server's counters, where there are no client rows
         card["server"] = {"output_tps": s("server_output_tps"), "running_mean": s("running_requests_mean"),
                           "prefix_cache_hit_ratio": s("prefix_cache_hit_ratio")}

@@ -40,6 +40,7 @@ EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/
 EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
 EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
 EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/probe-cost.md)
+EXPECTED |= {"--cost-per-hour"}  # the deployment's price, recorded: the report and compare price the run (docs/workload.md)
 EXPECTED |= {"--slots", "--no-slots"}  # llama.cpp's /slots (probes/slots.py)
 
 

@@ -138,6 +138,10 @@ def _trace_json(a: Analysis) -> dict[str, Any]:
                    "report (trace_python_functions; slower). vLLM V1 step frames are kept without it.")
 @click.option("--fail-on", type=click.Choice(list(SEVERITY_WEIGHT)),
               help=f"Exit with status {exits.FAIL_ON} when a finding of this severity or worse fires (for CI).")
+@click.option("--cost-per-hour", "cost", metavar="PRICE[xDEVICES]",
+              help="Price of an hour of the deployment (or per device-hour x devices, e.g. 4.1x8): the workload "
+                   "card adds cost per million output tokens, per request and per request within the SLO. "
+                   "Default: the price `attach --cost-per-hour` recorded.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("--scheduler", metavar="ADDRESS",
               help="Trace sets: analyse the ranks on this running Dask scheduler (tcp://host:8786); its workers "
@@ -147,7 +151,8 @@ def _trace_json(a: Analysis) -> dict[str, Any]:
                    "of 8 or more ranks on 4 or more cores, else 1; 1: analyse in this process).")
 def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
             threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
-            fail_on: str | None, quiet: bool, scheduler: str | None = None, workers: int | None = None) -> None:
+            fail_on: str | None, quiet: bool, scheduler: str | None = None, workers: int | None = None,
+            cost: str | None = None) -> None:
     """Analyse a capture bundle (or a profiler trace, or an OTLP JSON span file) into an HTML report.
 
     SOURCE is a bundle directory written by `diagnose attach`, a torch.profiler / Kineto trace
@@ -161,12 +166,18 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     from diagnose.reports.render import write_report
 
     overrides = parse_threshold_overrides(threshold_values)
+    from diagnose.cost import parse_price
     from diagnose.trace.distributed import ScaleOut, scale_out
+
+    price = parse_price(cost) if cost is not None else None  # a bad price fails before any work
 
     if scheduler and workers:
         raise click.UsageError("--workers sizes a local cluster; with --scheduler the scheduler's workers run")
     with scale_out(ScaleOut(scheduler=scheduler, workers=workers)):  # trace sets fan out on Dask (trace-analysis.md)
         analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python)
+    if price is not None and isinstance(analysis.manifest, dict):
+        options = analysis.manifest.get("options")
+        analysis.manifest["options"] = {**(options if isinstance(options, dict) else {}), "cost_per_hour": price}
     try:
         write_report(analysis, output)
         if json_out is not None:

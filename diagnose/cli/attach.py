@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from diagnose.bundle import BundleWriter
+from diagnose.cost import parse_price
 from diagnose.errors import InputError
 from diagnose.model import ProbeStatus
 from diagnose.overhead import parse_budget
@@ -209,6 +210,10 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
               help="Keep what the probes cost the server under this share of one core (e.g. 0.5%, or off): the "
                    "Prometheus interval and py-spy's rate grow coarser when needed, and the report says so "
                    "and states the measured cost (docs/probe-cost.md).")
+@click.option("--cost-per-hour", "cost_per_hour", metavar="PRICE[xDEVICES]",
+              help="Price of an hour of the deployment (or per device-hour x devices, e.g. 4.1x8), recorded in the "
+                   "bundle: the report prices the run per million output tokens, per request and per request "
+                   "within the SLO, and compare uses it (docs/workload.md).")
 @click.option("--report", type=click.Path(path_type=Path), help="Also analyse the bundle into this HTML report.")
 @click.option("--prometheus", metavar="URL", help="Diagnose a fleet instead of one server: read every replica's "
               "engine metrics from this Prometheus query API (Prometheus, Thanos, Mimir; docs/fleet.md). No --url.")
@@ -248,6 +253,8 @@ def attach(**o: Any) -> None:
     if not o["url"]:
         raise click.UsageError("Missing option '--url' (or --prometheus URL to diagnose a fleet).")
     parse_budget(o["overhead_budget"])  # a bad value fails here, before anything is set up or connects
+    if o["cost_per_hour"] is not None:
+        parse_price(o["cost_per_hour"])
     _event_loop_policy()
     url, basic_auth = _split_url(str(o["url"]))
     target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
@@ -328,6 +335,8 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
         raise InputError(f"{target.safe_url}/v1/models lists no model: pass --model")
     options: dict[str, Any] = {"slo": slo, "store_text": bool(o["store_text"]), "observe": bool(o["observe"]),
                                "overhead_budget": parse_budget(o["overhead_budget"])}
+    if o["cost_per_hour"] is not None:
+        options["cost_per_hour"] = parse_price(o["cost_per_hour"])
     for spec in probe_specs():
         if spec.record is not None:
             options.update(spec.record(o))

@@ -101,8 +101,9 @@ def comparison_lines(c: Comparison) -> list[str]:
               help=f"Exit with status {exits.REGRESSION} when a metric is significantly worse by more than PCT "
                    "(latency: up, throughput: down), e.g. ttft_p99=5%,output_tps=-3%.")
 @click.option("--cost-per-hour", "cost", metavar="PRICE[,PRICE_B]",
-              help="Price of an hour of the deployment (A's, and B's when it differs): adds cost per million "
-                   "output tokens, per request and per request within the SLO, with intervals.")
+              help="Price of an hour of the deployment (A's, and B's when it differs; each PRICE or PRICExDEVICES): adds "
+                   "cost per million output tokens, per request and per request within the SLO, with intervals. "
+                   "Default: the prices the two captures recorded (attach --cost-per-hour), when both did.")
 @click.option("--noise", type=float, default=0.10, show_default=True, metavar="SHARE",
               help="Run-to-run noise band: better/worse only when the whole interval of the relative change lies "
                    "beyond +-SHARE (0: any significant change counts). The CI gate uses its own allowances.")
@@ -121,8 +122,10 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     cmp.check_noise(noise)
     rules = cmp.parse_gate(gate) if gate else None
     prices = cmp.parse_cost(cost) if cost else None
-    c = cmp.compare(_analyze(a), _analyze(b), confidence=confidence, resamples=resamples, seed=seed,
-                    resample=resample, cost_per_hour=prices, noise=noise)
+    an_a, an_b = _analyze(a), _analyze(b)
+    recorded = cmp.recorded_prices(an_a, an_b) if prices is None else None
+    c = cmp.compare(an_a, an_b, confidence=confidence, resamples=resamples, seed=seed,
+                    resample=resample, cost_per_hour=prices or recorded, noise=noise)
     if rules:
         cmp.apply_gate(c, rules)
     _write(json_out, _json(c.to_json()))
@@ -133,6 +136,8 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     if not quiet:
         for line in comparison_lines(c):
             click.echo(line)
+        if recorded is not None:
+            click.echo(f"cost: at the prices recorded by the captures (A ${recorded[0]:.3g}/h, B ${recorded[1]:.3g}/h)")
         outs = [str(p) for p in (output, json_out) if p is not None]
         if outs:
             click.echo("written: " + ", ".join(outs))
