@@ -60,6 +60,10 @@ class Request(_Rec):
     finish_reason: str | None = None
     trace_id: str | None = None
     span_id: str | None = None
+    session: str | int | None = None  # its task (attach --turns) or a replayed file's session
+    turn: Count | None = None
+    turns: Count | None = None
+    attempt: Count | None = None
 
     def __post_init__(self) -> None:
         if self.sent_ns is not None:

@@ -37,6 +37,7 @@ TRACE = "diagnose.trace.signals"  # normalize/trace.py passes these through for 
 FLEET = "diagnose.normalize.fleet"
 SLOTS = "diagnose.normalize.slots"
 ATTRIBUTION = "diagnose.normalize.attribution"
+TASKS = "diagnose.normalize.tasks"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -405,13 +406,26 @@ _ATTRIBUTION_DECODE: list[_Entry] = [
 ]
 
 
+_TASKS: list[_Entry] = [
+    ("tasks_started", "tasks", "tasks (attach --turns: a conversation or an agent's chain) started in the window"),
+    ("tasks_completed", "tasks", "tasks whose every planned turn was answered"),
+    ("tasks_abandoned_ratio", "ratio", "share of the started tasks abandoned: a turn failed on every attempt"),
+    *[(f"task_latency_{p}_ms", "ms", f"task latency {p.upper() if p != 'max' else 'max'}: first request sent to "
+       "the last answer's end, think time included (complete tasks)") for p in ("p50", "p90", "p99", "max")],
+    ("task_rps", "task/s", "complete tasks per second"),
+    ("task_goodput_rps", "task/s", "complete tasks per second whose every answered request met each SLO term"),
+    ("task_goodput_ratio", "ratio", "share of the started tasks complete and within the SLO"),
+    ("task_retries_total", "requests", "turns sent again after a failed attempt (--retries)"),
+]
+
+
 def _build() -> dict[str, SignalSpec]:
     out: dict[str, SignalSpec] = {}
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
         (CLIENT, "client", _CLIENT), (DERIVED, "derived", _DERIVED), (PROMETHEUS, "server", _PROMETHEUS),
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
         (FLEET, "server", _FLEET), (SLOTS, "server", _SLOTS), (ATTRIBUTION, "server", _ATTRIBUTION_SERVER),
-        (ATTRIBUTION, "derived", _ATTRIBUTION_DECODE),
+        (ATTRIBUTION, "derived", _ATTRIBUTION_DECODE), (TASKS, "client", _TASKS),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:

@@ -129,6 +129,10 @@ class WorkloadSpec:
     store_text: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     replay: Replay | None = None  # mode "replay": the file's requests replace arrivals and lengths
+    # tasks (probes/sessions.py): requests a task, the pause between an answer and the next turn, retries a turn
+    turns: int = 1
+    think_time_s: float = 0.0
+    retries: int = 0
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "replay"}

@@ -47,7 +47,8 @@ from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
-from diagnose.probes.prompts import PromptFactory
+from diagnose.probes.prompts import Prompt, PromptFactory
+from diagnose.probes.sessions import Conversation, TaskPlan, Turn, run_task
 from diagnose.probes.sse import StreamResult, now_ns
 from diagnose.redact import Redactor, excerpt, scrub_text
 from diagnose.workload import (
@@ -260,11 +261,12 @@ class _LoadRun:
         return ProbeStatus("load", "ok", reason, detail)
 
     # -- request ------------------------------------------------------------------------------------
-    def _body(self, text: str, max_tokens: int | None = None) -> bytes:
+    def _body(self, text: str, max_tokens: int | None = None,
+              messages: tuple[dict[str, str], ...] = ()) -> bytes:
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens or self.spec.output_tokens,
                                 "stream": True, **self.options}
         if self.spec.api == "chat":
-            body["messages"] = [{"role": "user", "content": text}]
+            body["messages"] = list(messages) or [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
         return orjson.dumps(body)
@@ -305,7 +307,7 @@ class _LoadRun:
             self._arm_turn()
 
     async def _one(self, phase: int, warmup: bool, intended_ns: int | None, capped: bool = False,
-                   item: ReplayItem | None = None) -> StreamResult:
+                   item: ReplayItem | None = None, turn: Turn | None = None) -> StreamResult:
         gate = self._send_gate()
         if gate is not None:
             await gate
@@ -317,6 +319,8 @@ class _LoadRun:
             req = item[2]
             prompt = self.prompts.make_replay(seq, req.input_tokens, req.prefix, self.spec.replay.block_tokens)
             max_tokens = req.output_tokens
+        elif turn is not None:  # a task's turn: the conversation so far (probes/sessions.py)
+            prompt = turn.prompt
         else:
             prompt = self.prompts.make(seq)
         # ids come from the OS, not the seeded workload RNG: two captures with the same --seed must not
@@ -326,7 +330,8 @@ class _LoadRun:
         headers = {"x-request-id": rid, "traceparent": f"00-{trace_id}-{span_id}-01"}
         res = StreamResult()
         try:
-            await self.client.stream(self.path, self._body(prompt.text, max_tokens), res, headers)
+            await self.client.stream(self.path, self._body(prompt.text, max_tokens,
+                                                           turn.messages if turn is not None else ()), res, headers)
         except asyncio.CancelledError:
             res.error, res.error_detail = "incomplete", "capture stopped while the request was in flight"
             res.end_ns = now_ns()
@@ -335,7 +340,7 @@ class _LoadRun:
             raise
         finally:
             self._record(rid, phase, warmup, intended_ns, capped, prompt.text, prompt.tokens, prompt.source,
-                         trace_id, span_id, res, max_tokens, item)
+                         trace_id, span_id, res, max_tokens, item, turn)
         return res
 
     def _clean_detail(self, detail: str, prompt: str, min_words: int = 3) -> str:
@@ -348,7 +353,7 @@ class _LoadRun:
 
     def _record(self, rid: str, phase: int, warmup: bool, intended_ns: int | None, capped: bool, text: str,
                 ptok: int, psource: str, trace_id: str, span_id: str, res: StreamResult, max_tokens: int,
-                item: ReplayItem | None = None) -> None:
+                item: ReplayItem | None = None, turn: Turn | None = None) -> None:
         if res.error_detail:
             res.error_detail = self._clean_detail(res.error_detail, text)
         usage = res.usage or {}
@@ -370,6 +375,8 @@ class _LoadRun:
             rec["replay_index"] = index
             rec["replay_loop"] = loop
             rec.update(req.structure())
+        if turn is not None:  # its task, turn, planned turns and attempt (probes/sessions.py)
+            rec.update(turn.structure())
         if self.spec.store_text:
             rec["prompt_text"] = text
             rec["output_text"] = "".join(res.text or [])
@@ -469,6 +476,9 @@ class _LoadRun:
         return ph.num_requests if ph.num_requests is not None else self.spec.num_requests
 
     async def _closed(self, ph: Phase, deadline: int | None) -> None:
+        if self.spec.turns > 1 and ph.role != "baseline":
+            await self._tasks(ph, deadline)
+            return
         warm_left = self.spec.warmup_requests
         measured_left = self._num_requests(ph)
 
@@ -491,6 +501,45 @@ class _LoadRun:
                         return
                 res = await self._one(ph.index, warm, prev)
                 prev = res.end_ns or now_ns()
+
+        await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
+
+    async def _tasks(self, ph: Phase, deadline: int | None) -> None:
+        """A closed loop of tasks (``--turns``; probes/sessions.py): each worker runs one task at a time, its
+        next task when the last answer of the previous one arrives. ``--warmup`` and ``--num-requests`` count
+        tasks here."""
+        plan = TaskPlan(self.spec.turns, self.spec.think_time_s, self.spec.retries)
+        warm_left, left = self.spec.warmup_requests, self._num_requests(ph)
+        n_task = 0
+
+        def over() -> bool:
+            return self.stopping or (deadline is not None and now_ns() >= deadline)
+
+        def new_prompt() -> Prompt:
+            self.seq += 1  # the new user text's number (kept apart from the request numbers _one takes)
+            return self.prompts.make(1_000_000 + self.seq)
+
+        async def send(warm: bool, due: int | None, turn: Turn) -> StreamResult:
+            if await self._hold():
+                due = None  # a pause the server asked for is no schedule lag of the client
+            return await self._one(ph.index, warm, due, turn=turn)
+
+        async def worker() -> None:
+            nonlocal warm_left, left, n_task
+            due: int | None = None
+            while not over():
+                if warm_left > 0:
+                    warm_left, warm = warm_left - 1, True
+                elif left is None or left > 0:
+                    left = None if left is None else left - 1
+                    warm = False
+                else:
+                    return
+                n_task += 1
+                conv = Conversation(self.prompts, f"{self.token}-t{ph.index}-{n_task}", plan.turns, self.spec.seed)
+                due = await run_task(plan, conv, warm, due, send, new_prompt, over, now_ns)
+                if due is None:
+                    return
 
         await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
 
@@ -727,7 +776,24 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
         shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
         request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
+        **_tasks_from_options(o, mode),
     )
+
+
+def _tasks_from_options(o: Options, mode: str) -> dict[str, Any]:
+    """``--turns``, ``--think-time``, ``--retries``: tasks of several requests (probes/sessions.py)."""
+    turns = int(o["turns"]) if o.get("turns") is not None else 1
+    retries = int(o["retries"]) if o.get("retries") is not None else 0
+    think = parse_duration(o["think_time"]) if o.get("think_time") else 0.0
+    if turns < 1 or turns > 10_000:
+        raise InputError(f"--turns {turns}: use 1 to 10000 requests a task")
+    if retries < 0 or retries > 100:
+        raise InputError(f"--retries {retries}: use 0 to 100")
+    if turns == 1 and (think or retries):
+        raise InputError("--think-time and --retries shape tasks of several turns: give --turns N (N > 1)")
+    if turns > 1 and mode != "concurrency":
+        raise InputError("--turns runs a closed loop of tasks: use --concurrency (not --rate or --workload)")
+    return {"turns": turns, "think_time_s": think, "retries": retries}
 
 
 def _replay_from_options(o: Options) -> Replay | None:
@@ -788,6 +854,15 @@ SPEC = ProbeSpec(
                     help="Warm-up requests per level, excluded from statistics."),
         ProbeOption("--baseline", type=int, default=8, show_default=True,
                     help="Sequential requests at concurrency 1 first, as the run's own reference (0: none)."),
+        ProbeOption("--turns", type=int, default=1, show_default=True,
+                    help="Requests a task: each closed-loop worker runs tasks of N turns, a turn sent when the "
+                         "previous answer arrived (plus --think-time), its prompt the conversation so far "
+                         "(multi-turn chat, agent chains; docs/workload.md). Task latency is reported beside "
+                         "the requests'."),
+        ProbeOption("--think-time", metavar="DURATION",
+                    help="With --turns: pause between an answer and the next turn (a user reading, a tool call)."),
+        ProbeOption("--retries", type=int, default=0, show_default=True,
+                    help="With --turns: send a failed turn again up to N times before the task is abandoned."),
         ProbeOption("--input-tokens", type=int, default=128, show_default=True),
         ProbeOption("--output-tokens", type=int, default=64, show_default=True),
         ProbeOption("--ignore-eos/--no-ignore-eos", flag=True, default=True, show_default=True,

@@ -34,6 +34,11 @@ THROUGHPUT = (("output_tps", "output throughput", "tok/s"), ("request_rps", "req
               ("goodput_rps", "goodput (requests meeting the SLO)", "req/s"),
               ("goodput_ratio", "share of requests meeting the SLO", "ratio"),
               ("error_rate_ratio", "error rate", "ratio"), ("requests_measured", "requests measured", "requests"))
+TASK_ROW = ("task_latency", "task latency", "a whole task (attach --turns): first request sent to the last answer's "
+            "end, think time included; complete tasks")
+TASK_THROUGHPUT = (("task_rps", "tasks per second (complete)", "task/s"),
+                   ("task_goodput_rps", "task goodput (tasks whose every answer met the SLO)", "task/s"),
+                   ("tasks_abandoned_ratio", "tasks abandoned (a turn failed on every attempt)", "ratio"))
 ARROWS = {"down": "↓", "up": "↑", "flat": "→"}
 GROUP_ORDER = ("latency", "server", "host", "gpu", "trace", "details")
 GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "host": "Host CPU and stacks",
@@ -226,7 +231,7 @@ def _sig(signals: dict[str, Signal], name: str) -> float | None:
 KEY_NUMBERS = (("ttft_p50_ms", "TTFT P50", "ms"), ("ttft_p99_ms", "TTFT P99", "ms"), ("itl_p50_ms", "ITL P50", "ms"),
                ("itl_p99_ms", "ITL P99", "ms"), ("output_tps", "output", "tok/s"), ("request_rps", "requests", "req/s"),
                ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
-NOT_JUDGED = {"goodput_ratio", "goodput_rps"}  # judged against the SLO: not shown as a result on an invalid run
+NOT_JUDGED = {"goodput_ratio", "goodput_rps", "task_goodput_rps"}  # judged against the SLO: not shown as a result on an invalid run
 
 
 def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[dict[str, Any]]:
@@ -433,8 +438,13 @@ def _window_table(signals: dict[str, Signal], judged: bool = True) -> dict[str, 
     for key, label, desc in METRICS:
         vals: dict[str, float | None] = {p: _sig(signals, f"{key}_{p}_ms") for p in PCTS}
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
+    if "task_latency_p50_ms" in signals:  # tasks (attach --turns): the unit of work beside its requests
+        key, label, desc = TASK_ROW
+        rows.append({"metric": label, "key": key, "description": desc, "unit": "ms",
+                     "values": {p: _sig(signals, f"{key}_{p}_ms") if p != "p95" else None for p in PCTS}})
     thr = [{"signal": n, "label": lab, "value": v, "unit": u}
-           for n, lab, u in THROUGHPUT if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
+           for n, lab, u in (*THROUGHPUT, *TASK_THROUGHPUT)
+           if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
     if not judged and any(n in signals for n in NOT_JUDGED):
         thr.append({"signal": "", "label": "goodput: not judged (run invalid)", "value": None, "unit": ""})
     note = profiler_note(signals)

@@ -166,6 +166,15 @@ def synthetic_fleet(tmp: Path) -> Path:
     return recorded_bundle(tmp / "fleet")
 
 
+def synthetic_tasks(tmp: Path) -> Path:
+    """Tasks of several turns with retries and an SLO (attach --turns; no shipped sample has them)."""
+    from tests.test_client_metrics import make_bundle
+    from tests.test_tasks import TASKS
+
+    make_bundle(tmp, TASKS, [], slo={"e2e_p99_ms": 35.0})
+    return tmp / "b"
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -174,7 +183,7 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
         out.extend(from_trace(t))
     for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
                               synthetic_nvml_with_nvlink, synthetic_short_client_stall,
-                              synthetic_host_with_foreign_scan, synthetic_fleet)):
+                              synthetic_host_with_foreign_scan, synthetic_fleet, synthetic_tasks)):
         d = tmp / f"s{i}"
         d.mkdir()
         out.extend(from_bundle(make(d)))

@@ -41,6 +41,7 @@ EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes
 EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
 EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/probe-cost.md)
 EXPECTED |= {"--cost-per-hour"}  # the deployment's price, recorded: the report and compare price the run (docs/workload.md)
+EXPECTED |= {"--turns", "--think-time", "--retries"}  # tasks: conversations and agent chains (probes/sessions.py)
 EXPECTED |= {"--slots", "--no-slots"}  # llama.cpp's /slots (probes/slots.py)
 
 

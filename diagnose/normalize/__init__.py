@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from diagnose.model import Window
 
-NORMALIZERS: tuple[str, ...] = ("client", "prometheus", "slots", "otel", "attribution", "host", "gpu", "trace", "fleet")
+NORMALIZERS: tuple[str, ...] = ("client", "prometheus", "slots", "otel", "attribution", "tasks", "host", "gpu", "trace", "fleet")
 
 
 def load_normalizers() -> list[ModuleType]:

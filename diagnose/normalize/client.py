@@ -42,7 +42,8 @@ REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "htt
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
                    "output_tokens_chunks", "n_chunks", "prompt_tokens", "prompt_tokens_planned",
                    "prompt_tokens_source", "output_tps_req", "schedule_lag_ms", "capped", "cached_tokens",
-                   "finish_reason", "max_tokens", "trace_id", "span_id", "profiled"]
+                   "finish_reason", "max_tokens", "trace_id", "span_id", "profiled",
+                   "session", "turn", "turns", "attempt"]
 CUT_BELOW = 0.9  # an output ended for length under this share of its max_tokens was cut short by the server
 EXCLUDED_COLUMNS = ["reason", "start_s", "end_s"]
 
@@ -109,6 +110,9 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             "finish_reason": r.get("finish_reason"), "max_tokens": _f(r.get("max_tokens")),
             "trace_id": r.get("trace_id"), "span_id": r.get("span_id"),
             "profiled": overlaps(sent, end, windows),
+            # a task's request (attach --turns, probes/sessions.py; a replayed file's session): which task, turn
+            "session": None if r.get("session") is None else str(r.get("session")), "turn": _f(r.get("turn")),
+            "turns": _f(r.get("turns")), "attempt": _f(r.get("attempt")),
         })
     if dups:
         shown = ", ".join(map(str, dups[:3])) + (", ..." if len(dups) > 3 else "")
