@@ -49,7 +49,7 @@ from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.prompts import Prompt, PromptFactory
 from diagnose.probes.sessions import Conversation, TaskPlan, Turn, run_task
-from diagnose.probes.sse import StreamResult, now_ns
+from diagnose.probes.sse import StreamResult, now_ns, sleep_until
 from diagnose.redact import Redactor, excerpt, scrub_text
 from diagnose.workload import (
     Mode,
@@ -570,11 +570,8 @@ class _LoadRun:
                     if self.stopping:
                         break
                     continue
-                delay = (t_next - now_ns()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                    if self.stopping:
-                        break
+                if await sleep_until(int(t_next), lambda: self.stopping):
+                    break
                 warm = i < self.spec.warmup_requests
                 coro = capped_one(warm, int(t_next)) if sem else self._one(ph.index, warm, int(t_next))
                 _spawn(tasks, coro)
@@ -614,11 +611,8 @@ class _LoadRun:
                     await self._hold()
                     if self.stopping:
                         break
-                delay = (t - now_ns()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                    if self.stopping:
-                        break
+                if await sleep_until(t, lambda: self.stopping):
+                    break
                 warm = i < self.spec.warmup_requests
                 coro = capped_one(warm, t, item) if sem else self._one(ph.index, warm, t, False, item)
                 _spawn(tasks, coro)

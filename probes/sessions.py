@@ -14,13 +14,13 @@ Every request record of a task carries ``session`` (the task), ``turn`` (0-based
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from diagnose.probes.prompts import Prompt, PromptFactory
+from diagnose.probes.sse import sleep_until
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,6 @@ async def run_task(plan: TaskPlan, conv: Conversation, warm: bool, intended_ns: 
         conv.answered(asked, served if isinstance(served, int) and served > 0 else max(1, sum(res.tok)))
         if turn + 1 < plan.turns and plan.think_time_s > 0:
             due = end + int(plan.think_time_s * 1e9)
-            while (left := due - now_ns()) > 0:  # uvloop's timers wake up to 1 ms early: sleep the rest
-                await asyncio.sleep(left / 1e9)
-            if stopping():
+            if await sleep_until(due, stopping, now_ns):
                 return None
     return end

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,19 @@ if TYPE_CHECKING:
     from diagnose.probes.http_client import HttpClient
 
 now_ns = time.monotonic_ns
+
+
+async def sleep_until(t_ns: int, stopping: Callable[[], bool] = lambda: False,
+                      clock: Callable[[], int] = time.monotonic_ns) -> bool:
+    """Sleep until ``t_ns`` (``clock``: ``now_ns``'s); True when ``stopping()`` became true meanwhile. uvloop's
+    timers have 1 ms resolution and wake up to a millisecond early: the rest is slept again, so nothing
+    scheduled for ``t_ns`` starts before it (a replayed request's schedule lag is never negative, a think time
+    is whole)."""
+    while (left := t_ns - clock()) > 0:
+        await asyncio.sleep(left / 1e9)
+        if stopping():
+            return True
+    return False
 
 _TEXT = b'"text":"'
 _CONTENT = b'"content":"'

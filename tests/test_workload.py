@@ -235,6 +235,20 @@ def test_replay_concurrency_cap(tmp_path: Path) -> None:
     assert any(r["capped"] for r in b.records("requests"))
 
 
+def test_replay_under_uvloop_never_sends_early(tmp_path: Path) -> None:
+    """attach runs on uvloop, whose timers have 1 ms resolution and wake up to a millisecond early: a replayed
+    request was sent about 0.3 ms before its intended time (a negative schedule lag) until the sleep took the
+    rest (probes/sse.py sleep_until)."""
+    import uvloop
+
+    rp = read_workload(DATA / "mooncake_sample.jsonl", speed=4)
+    srv = StampServer()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        status, b = runner.run(run_probe(srv, replay_spec(rp), tmp_path / "b"))
+    assert status is not None and status.detail["requests_ok"] == 12
+    check_schedule(b, srv, [r.offset_s for r in rp.requests], 4.0)
+
+
 @pytest.mark.parametrize("name", ["mooncake_sample.jsonl", "azure_sample.csv"])
 def test_replay_public_formats(tmp_path: Path, name: str) -> None:
     rp = read_workload(DATA / name, speed=4)

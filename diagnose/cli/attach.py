@@ -255,7 +255,6 @@ def attach(**o: Any) -> None:
     parse_budget(o["overhead_budget"])  # a bad value fails here, before anything is set up or connects
     if o["cost_per_hour"] is not None:
         parse_price(o["cost_per_hour"])
-    _event_loop_policy()
     url, basic_auth = _split_url(str(o["url"]))
     target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
     slo = parse_slo(o["slo"])
@@ -265,6 +264,7 @@ def attach(**o: Any) -> None:
 
         workload = workload_from_options(o)
     probes = build_probes(o, ProbeSetup(target=target, workload=workload))  # bad values fail here, unconnected
+    _event_loop_policy()  # after every check: a refused option leaves the process's asyncio policy as it was
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
     # set on this thread before the loop starts, so every thread and process the capture starts inherits it
     rt = RealtimePriority() if o["realtime"] else None
