@@ -86,6 +86,8 @@ async def run_task(plan: TaskPlan, conv: Conversation, warm: bool, intended_ns: 
     due = intended_ns
     end: int | None = None
     for turn in range(plan.turns):
+        if turn and stopping():  # the phase ended (or the capture stops): the task is cut, not finished late
+            return None
         new = new_prompt()
         for attempt in range(plan.retries + 1):
             asked = conv.prompt(new, turn, attempt)

@@ -168,3 +168,19 @@ def test_tasks_against_the_truth_server(tmp_path: Path) -> None:
     assert lat >= 2 * 20  # two think times at least
     html = (tmp_path / "r.html").read_text()
     assert "task latency" in html and "tasks per second" in html
+
+
+def test_a_task_is_cut_at_the_end_of_its_phase() -> None:
+    """No turn of a task starts once the phase is over (its earlier turns stay; the task counts as cut)."""
+    f = PromptFactory(16, seed=0)
+    sent: list[int] = []
+
+    async def send(warm: bool, due: int | None, turn: Turn) -> _Res:
+        sent.append(turn.turn)
+        return _Res(True, 10)
+
+    over = iter([False, True])
+    end = asyncio.run(run_task(TaskPlan(4, 0.0, 0), Conversation(f, "c", 4, 0), False, None, send,
+                               lambda: f.make(3), lambda: next(over, True), lambda: 10))
+    assert sent == [0, 1] and end is None
+
