@@ -78,7 +78,6 @@ COST_METRICS: tuple[MetricDef, ...] = (
     MetricDef("cost_per_request", "$/req", "lower", "time blocks", ""),
     MetricDef("cost_per_good_request", "$/req", "lower", "time blocks", ""),
 )
-_COST_BASE = COST_BASE  # one definition with the report's (diagnose/cost.py)
 METRIC_BY_NAME = {m.name: m for m in (*METRICS, *COST_METRICS)}
 _PCT = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
@@ -241,8 +240,8 @@ def point(s: LevelSample, m: MetricDef) -> float:
         return percentiles(s.itl, ((pct, _PCT[pct]),)).get(pct, math.nan)
     if not (s.span_s > 0) or s.n == 0:
         return math.nan
-    if m.name in _COST_BASE:
-        base_name, scale = _COST_BASE[m.name]
+    if m.name in COST_BASE:
+        base_name, scale = COST_BASE[m.name]
         rate = point(s, METRIC_BY_NAME[base_name])
         if s.cost_per_hour is None:
             return math.nan
@@ -386,8 +385,8 @@ def bootstrap(s: LevelSample, m: MetricDef, resamples: int, rng: np.random.Gener
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.asarray(est * (w @ s.good.astype(float)) / s.good.sum() * s.n / tot
                               if s.good.sum() else np.zeros(resamples), dtype=float)
-    if m.name in _COST_BASE:  # price / throughput: the throughput's resamples, transformed
-        base_name, scale = _COST_BASE[m.name]
+    if m.name in COST_BASE:  # price / throughput: the throughput's resamples, transformed
+        base_name, scale = COST_BASE[m.name]
         rate = bootstrap(s, METRIC_BY_NAME[base_name], resamples, rng, resample)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.asarray(np.where(rate > 0, (s.cost_per_hour or 0.0) / (rate * 3600.0) * scale, np.nan),

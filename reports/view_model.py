@@ -128,17 +128,20 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
             ("Prefix share (planned)", share(card["prefix_share_planned"])),
             ("Cached tokens (server usage)", share(card["cached_token_share"])),
             ("Cold and warm", _cold_warm(card.get("warmth") or {})),
-            *_cost_row(card.get("cost")),
+            *_cost_row(card.get("cost"), a.run_valid),
             ("Note", card.get("note"))]
     # the measured rate, the server's prefix-cache hit ratio and the schedule lag are left out here: the
     # report shows each once elsewhere (headline tiles, signals, client self-check); --json's card has them
     return [{"label": k, "value": redact_value("workload", v)} for k, v in rows if v]
 
 
-def _cost_row(cost: dict[str, Any] | None) -> list[tuple[str, str | None]]:
-    """("Cost at $P/h", "$X per million output tokens, $Y per request, $Z per request within the SLO")."""
+def _cost_row(cost: dict[str, Any] | None, judged: bool = True) -> list[tuple[str, str | None]]:
+    """("Cost at $P/h", "$X per million output tokens, $Y per request, $Z per request within the SLO"); the
+    last is judged against the SLO, so an invalid run does not show it (as its goodput)."""
     if not cost:
         return []
+    if not judged:
+        cost = {**cost, "per_good_request": None}
     parts = [f"${v:.3g} {what}" for key, what in (("per_mtok", "per million output tokens"),
                                                   ("per_request", "per request"),
                                                   ("per_good_request", "per request within the SLO"))

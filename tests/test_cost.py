@@ -124,3 +124,14 @@ def test_a_priced_capture_against_the_truth_server(tmp_path: Path) -> None:
     assert open_bundle(tmp_path / "b").manifest["options"]["cost_per_hour"] == 2.0
     html = (tmp_path / "r.html").read_text()
     assert "Cost at $2/h" in html and "per million output tokens" in html and "per request within" not in html
+
+
+def test_an_invalid_run_shows_no_cost_per_request_within_the_slo(tmp_path: Path) -> None:
+    """Like goodput, the cost per request within the SLO is a judgement: not shown for an invalid run."""
+    from diagnose.reports.view_model import _cost_row
+
+    cost = {"price_per_hour": 2.0, "per_mtok": 1.0, "per_request": 0.01, "per_good_request": 0.02}
+    assert "within the SLO" in _cost_row(cost)[0][1]  # type: ignore[operator]
+    row = _cost_row(cost, judged=False)[0][1]
+    assert row is not None and "within the SLO" not in row and "$0.01 per request" in row
+
