@@ -58,7 +58,7 @@ def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
         think, retries = _num(wl.get("think_time_s")) or 0.0, int(_num(wl.get("retries")) or 0)
         return (f"closed loop of tasks: {int(_num(wl.get('turns')) or 1)} turns each, a turn sent when the "
                 f"previous answer arrived" + (f" + {think:g} s think time" if think else "")
-                + (f", a failed turn retried up to {retries} times" if retries else ""))
+                + (f", a failed turn retried up to {retries} time{'s' if retries > 1 else ''}" if retries else ""))
     if mode == "concurrency":
         return "closed loop (each request sent when one ends)"
     if mode == "rate":
