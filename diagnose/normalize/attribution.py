@@ -25,8 +25,7 @@ import pandas as pd
 
 from diagnose.model import Signal, Window
 from diagnose.normalize.otel import tail_pct
-from diagnose.normalize.prom_hist import TailMean, histogram_tail_mean
-from diagnose.normalize.prometheus import client_ttft_s, counter_increase, hist_mean, hist_window
+from diagnose.normalize.prometheus import client_ttft_s, counter_increase, hist_tail_mean
 from diagnose.requests import select
 from diagnose.signal_catalog import CATALOG, SIGNALS
 
@@ -42,13 +41,6 @@ def _sig(name: str, value: float, note: str) -> Signal:
     return Signal(name, float(value), "ratio", CATALOG[name].source, f"{SIGNALS.get(name, name)}: {note}")
 
 
-def _tail_mean(tables: dict[str, pd.DataFrame], hist: str, q: float, window: Window) -> TailMean | None:
-    les, cum = hist_window(tables, hist, window)
-    mean = hist_mean(tables, hist, window)
-    total_sum = mean[0] * mean[1] if mean is not None and cum and mean[1] == cum[-1] else None
-    return histogram_tail_mean(q, les, cum, total_sum)
-
-
 def ttft_tail_split(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     """The slow requests' TTFT split into queue, prefill and the rest, from the server's histograms."""
     ttft = np.asarray(client_ttft_s(tables, window), dtype=float)
@@ -59,8 +51,8 @@ def ttft_tail_split(tables: dict[str, pd.DataFrame], window: Window) -> list[Sig
     total = float(slow.mean()) if slow.size else 0.0
     if slow.size < TAIL_MIN_REQUESTS or total <= 0:
         return []
-    q = _tail_mean(tables, "queue_time_seconds", pct / 100.0, window)
-    p = _tail_mean(tables, "prefill_time_seconds", pct / 100.0, window)
+    q = hist_tail_mean(tables, "queue_time_seconds", pct / 100.0, window)
+    p = hist_tail_mean(tables, "prefill_time_seconds", pct / 100.0, window)
     if q is None or p is None:
         return []
     qs, ps = q.value / total, p.value / total

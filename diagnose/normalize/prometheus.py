@@ -37,8 +37,10 @@ from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metr
 from diagnose.model import Signal, Source
 from diagnose.normalize.prom_hist import (
     QuantileEstimate,
+    TailMean,
     counter_increments,
     histogram_quantile,
+    histogram_tail_mean,
     parse_le,
 )
 from diagnose.requests import finite, in_flight_mean, select, span_s
@@ -282,12 +284,25 @@ def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) ->
     return [float(x) for x in s.index], [float(x) for x in s.values]
 
 
-def hist_quantile(tables: dict[str, pd.DataFrame], signal: str, q: float, window: Window) -> QuantileEstimate | None:
-    """Quantile of one histogram's observations in the window, its bucket, and the ``_sum`` bound."""
+def _with_sum(tables: dict[str, pd.DataFrame], signal: str,
+              window: Window) -> tuple[list[float], list[float], float | None]:
+    """One histogram's increase over the window: bucket bounds, cumulative counts, and its ``_sum`` when the
+    sum covers the same observations as the buckets (else None)."""
     les, cum = hist_window(tables, signal, window)
     mean = hist_mean(tables, signal, window)
     total_sum = mean[0] * mean[1] if mean is not None and mean[1] == (cum[-1] if cum else None) else None
-    return histogram_quantile(q, les, cum, total_sum)
+    return les, cum, total_sum
+
+
+def hist_quantile(tables: dict[str, pd.DataFrame], signal: str, q: float, window: Window) -> QuantileEstimate | None:
+    """Quantile of one histogram's observations in the window, its bucket, and the ``_sum`` bound."""
+    return histogram_quantile(q, *_with_sum(tables, signal, window))
+
+
+def hist_tail_mean(tables: dict[str, pd.DataFrame], signal: str, q: float, window: Window) -> TailMean | None:
+    """Mean of one histogram's observations above its quantile ``q`` in the window, with the bounds the buckets
+    and the ``_sum`` allow (prom_hist.histogram_tail_mean)."""
+    return histogram_tail_mean(q, *_with_sum(tables, signal, window))
 
 
 def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[float, float] | None:
