@@ -109,6 +109,26 @@ class LoadProbe:
         return await _LoadRun(self.spec, ctx, self.progress).run()
 
 
+@dataclasses.dataclass
+class _Quota:
+    """A closed-loop phase's warm-up and measured sends (requests; tasks with --turns), shared by its workers."""
+
+    warm_left: int
+    measured_left: int | None  # None: as many as the phase's duration allows
+
+    def take(self) -> bool | None:
+        """True: send a warm-up one; False: a measured one; None: the phase has sent all it should."""
+        if self.warm_left > 0:
+            self.warm_left -= 1
+            return True
+        if self.measured_left is None:
+            return False
+        if self.measured_left > 0:
+            self.measured_left -= 1
+            return False
+        return None
+
+
 def _gap_fn(spec: WorkloadSpec, rate: float, rng: random.Random) -> Any:
     if spec.arrival == "constant":
         return lambda: 1.0 / rate
@@ -472,6 +492,10 @@ class _LoadRun:
         return res
 
     # -- phases ---------------------------------------------------------------------------------
+    def _over(self, deadline: int | None) -> bool:
+        """The capture is stopping or the phase's deadline has passed."""
+        return self.stopping or (deadline is not None and now_ns() >= deadline)
+
     def _num_requests(self, ph: Phase) -> int | None:
         return ph.num_requests if ph.num_requests is not None else self.spec.num_requests
 
@@ -479,25 +503,17 @@ class _LoadRun:
         if self.spec.turns > 1 and ph.role != "baseline":
             await self._tasks(ph, deadline)
             return
-        warm_left = self.spec.warmup_requests
-        measured_left = self._num_requests(ph)
+        quota = _Quota(self.spec.warmup_requests, self._num_requests(ph))
 
         async def worker() -> None:
-            nonlocal warm_left, measured_left
             prev: int | None = None  # a worker's first send follows no completion: no schedule lag for it
-            while not self.stopping and (deadline is None or now_ns() < deadline):
-                if warm_left > 0:
-                    warm_left -= 1
-                    warm = True
-                elif measured_left is None or measured_left > 0:
-                    if measured_left is not None:
-                        measured_left -= 1
-                    warm = False
-                else:
+            while not self._over(deadline):
+                warm = quota.take()
+                if warm is None:
                     return
                 if await self._hold():
                     prev = None  # a pause the server asked for is no schedule lag of the client
-                    if self.stopping or (deadline is not None and now_ns() >= deadline):
+                    if self._over(deadline):
                         return
                 res = await self._one(ph.index, warm, prev)
                 prev = res.end_ns or now_ns()
@@ -509,11 +525,11 @@ class _LoadRun:
         next task when the last answer of the previous one arrives. ``--warmup`` and ``--num-requests`` count
         tasks here."""
         plan = TaskPlan(self.spec.turns, self.spec.think_time_s, self.spec.retries)
-        warm_left, left = self.spec.warmup_requests, self._num_requests(ph)
+        quota = _Quota(self.spec.warmup_requests, self._num_requests(ph))
         n_task = 0
 
         def over() -> bool:
-            return self.stopping or (deadline is not None and now_ns() >= deadline)
+            return self._over(deadline)
 
         def new_prompt() -> Prompt:
             self.seq += 1  # the new user text's number (kept apart from the request numbers _one takes)
@@ -525,15 +541,11 @@ class _LoadRun:
             return await self._one(ph.index, warm, due, turn=turn)
 
         async def worker() -> None:
-            nonlocal warm_left, left, n_task
+            nonlocal n_task
             due: int | None = None
             while not over():
-                if warm_left > 0:
-                    warm_left, warm = warm_left - 1, True
-                elif left is None or left > 0:
-                    left = None if left is None else left - 1
-                    warm = False
-                else:
+                warm = quota.take()
+                if warm is None:
                     return
                 n_task += 1
                 conv = Conversation(self.prompts, f"{self.token}-t{ph.index}-{n_task}", plan.turns, self.spec.seed)
