@@ -120,9 +120,9 @@ class LevelSample:
 def _good(ok: pd.DataFrame, gaps: pd.DataFrame, slo: pd.DataFrame | None) -> np.ndarray | None:
     if slo is None or slo.empty:
         return None
-    from diagnose.normalize.client import _good_mask
+    from diagnose.normalize.client import good_mask
 
-    return np.asarray(_good_mask(ok, gaps, slo).to_numpy(), dtype=bool)
+    return np.asarray(good_mask(ok, gaps, slo).to_numpy(), dtype=bool)
 
 
 def level_sample(tables: Mapping[str, pd.DataFrame], window: Window, label: str, kind: str,

@@ -184,3 +184,15 @@ def test_a_task_is_cut_at_the_end_of_its_phase() -> None:
                                lambda: f.make(3), lambda: next(over, True), lambda: 10))
     assert sent == [0, 1] and end is None
 
+
+
+def test_task_goodput_judges_an_itl_term_as_the_request_goodput_does(tmp_path: Path) -> None:
+    """An ITL P99 term: each answer's own chunk-gap P99, as for requests. Task a's turns stream with 2 ms gaps,
+    b's last turn with a 30 ms gap: with itl_p99 at 10 ms only a is within the SLO."""
+    chunks = [{"rid": f"{s}-{t}-{at}", "t": [sent + 5, sent + 7, sent + (35 if (s, t) == ("b", 2) else 9)],
+               "tok": [1, 1, 1]}
+              for s, t, at, sent in (("a", 0, 0, 0), ("a", 1, 0, 40), ("a", 2, 0, 80), ("b", 0, 0, 0),
+                                     ("b", 1, 1, 55), ("b", 2, 0, 110))]
+    t, _ = make_bundle(tmp_path, TASKS, chunks, slo={"itl_p99_ms": 10.0})
+    s = {x.name: x.value for x in tasks.signals(t, WHOLE)}
+    assert s["task_goodput_ratio"] == pytest.approx(1 / 4)

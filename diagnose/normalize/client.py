@@ -183,7 +183,7 @@ def _pct_signals(prefix: str, values: Any, pcts: Sequence[tuple[str, float]] = P
     return [_sig(f"{prefix}_{name}_ms", v, "ms") for name, v in percentiles(values, pcts).items()]
 
 
-def _good_mask(ok: pd.DataFrame, itl: pd.DataFrame, slo: pd.DataFrame) -> pd.Series:
+def good_mask(ok: pd.DataFrame, itl: pd.DataFrame, slo: pd.DataFrame) -> pd.Series:
     """Per request: meets every SLO term (ttft/tpot/e2e: its own value; itl: its own chunk-gap percentile)."""
     good = pd.Series(True, index=ok.index)
     for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
@@ -263,7 +263,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     if slo is not None and not slo.empty and len(done):
         for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
             sigs.append(_sig(f"slo_{key}", float(limit), "ms"))
-        n_good = int(_good_mask(ok, gaps, slo).sum()) if len(ok) else 0
+        n_good = int(good_mask(ok, gaps, slo).sum()) if len(ok) else 0
         sigs.append(_sig("goodput_ratio", n_good / len(done), "ratio"))
         if span > 0:
             sigs.append(_sig("goodput_rps", n_good / span, "req/s"))

@@ -6,8 +6,8 @@ its first request was sent in it (warm-up tasks left out). It is **complete** wh
 has a successful request, **abandoned** when a turn failed on every attempt, and otherwise cut off by the
 end of the phase (not timed). Its latency runs from its first request's send to its last answer's end, think
 time included: what the user or the agent waits for the whole task. With an SLO, a task is within it when
-every request of it that answered met each term (a retried turn's failed attempts do not count against it;
-its time does).
+every request of it that answered met each term, as the request goodput judges a request (a retried turn's
+failed attempts do not count against it; its time does).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.model import Signal, Source, Window
+from diagnose.normalize.client import good_mask
 from diagnose.requests import span_s, window_mask
 from diagnose.signal_catalog import SIGNALS
 
@@ -60,20 +61,15 @@ def task_table(req: pd.DataFrame, window: Window) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def _good(req: pd.DataFrame, tasks: pd.DataFrame, slo: pd.DataFrame | None) -> int | None:
-    """Complete tasks whose every answered request met each SLO term (ttft, tpot, e2e: the request's own
-    value); None without an SLO or with a term that is no per-request latency (itl: a chunk percentile)."""
+def _good(req: pd.DataFrame, itl: pd.DataFrame | None, tasks: pd.DataFrame, slo: pd.DataFrame | None) -> int | None:
+    """Complete tasks whose every answered request met each SLO term, by the request goodput's own definition
+    (client.good_mask: ttft, tpot, e2e its own value; itl its own chunk-gap percentile); None without an SLO."""
     if slo is None or slo.empty:
         return None
     done = tasks[tasks["state"] == "complete"]
     ok = req[req["session"].isin(set(done["session"])) & req["ok"].astype(bool)]
-    good = pd.Series(True, index=ok.index)
-    for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
-        metric = str(key).split("_")[0]
-        if metric not in ("ttft", "tpot", "e2e"):
-            return None
-        good &= ok[f"{metric}_ms"].fillna(np.inf) <= float(limit)
-    bad = set(ok.loc[~good, "session"])
+    gaps = itl if itl is not None else pd.DataFrame(columns=["rid", "itl_ms"])
+    bad = set(ok.loc[~good_mask(ok, gaps, slo), "session"])
     return int((~done["session"].isin(bad)).sum())
 
 
@@ -94,7 +90,7 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         span = span_s(done.rename(columns={"start_s": "sent_s"}), tables.get("client_excluded"))
         if span > 0:
             out.append(_sig("task_rps", len(done) / span, "task/s"))
-            good = _good(req, tasks, tables.get("client_slo"))
+            good = _good(req, tables.get("itl"), tasks, tables.get("client_slo"))
             if good is not None:
                 out.append(_sig("task_goodput_rps", good / span, "task/s"))
                 out.append(_sig("task_goodput_ratio", good / len(tasks), "ratio"))
