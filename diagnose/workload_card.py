@@ -54,9 +54,10 @@ def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
         speed, loop = _num(replay.get("speed")) or 1.0, int(_num(replay.get("loop")) or 1)
         return ("recorded offsets" + (f", {speed:g}x speed" if speed != 1 else "")
                 + (f", looped {loop} times" if loop > 1 else ""))
-    if mode == "concurrency" and int(_num(wl.get("turns")) or 1) > 1:  # tasks (attach --turns)
+    turns = int(_num(wl.get("turns")) or 1)
+    if mode == "concurrency" and turns > 1:  # tasks (attach --turns)
         think, retries = _num(wl.get("think_time_s")) or 0.0, int(_num(wl.get("retries")) or 0)
-        return (f"closed loop of tasks: {int(_num(wl.get('turns')) or 1)} turns each, a turn sent when the "
+        return (f"closed loop of tasks: {turns} turns each, a turn sent when the "
                 f"previous answer arrived" + (f" + {think:g} s think time" if think else "")
                 + (f", a failed turn retried up to {retries} time{'s' if retries > 1 else ''}" if retries else ""))
     if mode == "concurrency":
