@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ async def _serve(handler: Handler, path: str = "/metrics") -> tuple[web.AppRunne
 
 def _run_probe(tmp_path: Path, handler: Handler | None, duration_s: float = 0.35, url: str | None = None,
                api_key: str | None = None, options: dict[str, Any] | None = None,
+               after_freeze: tuple[dict[str, float], float] | None = None,
                **kw: Any) -> tuple[ProbeStatus, Path, list[int]]:
     """Run the probe for ``duration_s`` against ``handler`` (``options``: the capture's, e.g. its overhead
-    budget); returns status, bundle dir, stop time."""
+    budget); returns status, bundle dir, stop time. ``after_freeze`` (a ``_freeze_worker`` record, seconds):
+    run on until that long after the worker was frozen, however late the worker started (a loaded machine)."""
     stop_at: list[int] = []
 
     async def main() -> ProbeStatus:
@@ -51,6 +54,13 @@ def _run_probe(tmp_path: Path, handler: Handler | None, duration_s: float = 0.35
             assert probe.available(ctx) == (True, "")
             task = asyncio.create_task(probe.run(ctx))
             await asyncio.sleep(duration_s)
+            if after_freeze is not None:
+                frozen, tail_s = after_freeze
+                give_up = time.monotonic() + 20
+                while "at" not in frozen and time.monotonic() < give_up and not task.done():
+                    await asyncio.sleep(0.05)
+                assert "at" in frozen, f"the parse worker was never frozen: {frozen}"
+                await asyncio.sleep(max(0.0, frozen["at"] + tail_s - time.monotonic()))
             stop_at.append(ctx.now_ns())
             ctx.stop.set()
             status = await asyncio.wait_for(task, 10)
@@ -204,38 +214,34 @@ def test_a_dead_parse_worker_falls_back_to_a_thread(tmp_path: Path, monkeypatch:
     assert len(open_bundle(bdir).records("metrics")) == status.detail["scrapes_ok"] >= 2
 
 
-def _parse_worker_pid(timeout_s: float = 5.0) -> int:
-    """The pid of this process's parse worker (``python -m diagnose.probes.prometheus_worker``), once it runs."""
-    import os
-    import time
-
-    import psutil
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for c in psutil.Process(os.getpid()).children():
-            try:
-                if "diagnose.probes.prometheus_worker" in " ".join(c.cmdline()):
-                    return c.pid
-            except psutil.Error:
-                continue
-        time.sleep(0.01)
-    raise AssertionError("no parse worker started")
-
-
-def _freeze_worker(after_s: float, for_s: float) -> Any:
-    """A thread that stops the parse worker (SIGSTOP) ``after_s`` into the run and lets it go on after ``for_s``:
-    a parser that gets no CPU, as beside an engine that saturates every core."""
+def _freeze_worker(monkeypatch: Any, after_s: float, for_s: float) -> Any:
+    """A thread that stops the parse worker (SIGSTOP) ``after_s`` after its first parse and lets it go on
+    after ``for_s``: a parser that gets no CPU, as beside an engine that saturates every core. The pid comes
+    from the worker itself: CI once saw a scan of this process's children miss it for a whole run. Anchored
+    on the first parse, since a worker frozen before it answers "ready" is never used."""
     import os
     import signal
     import threading
-    import time
+
+    from diagnose.probes.prometheus_worker import ParseWorker
 
     frozen: dict[str, float] = {}
+    first_parse = threading.Event()
+    real_parse = ParseWorker.parse
+
+    async def parse(self: ParseWorker, text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
+        if not first_parse.is_set() and self._proc is not None:
+            frozen["pid"] = self._proc.pid
+            first_parse.set()
+        return await real_parse(self, text, keep_all, cpu_s)
+
+    monkeypatch.setattr(ParseWorker, "parse", parse)
 
     def run() -> None:
-        pid = _parse_worker_pid()
+        if not first_parse.wait(20):
+            return  # the run's own check says so
         time.sleep(after_s)
+        pid = int(frozen["pid"])
         os.kill(pid, signal.SIGSTOP)
         frozen["at"] = time.monotonic()
         time.sleep(for_s)
@@ -248,13 +254,14 @@ def _freeze_worker(after_s: float, for_s: float) -> Any:
     return t, frozen
 
 
-def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path) -> None:
+def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path, monkeypatch: Any) -> None:
     """CI: beside the saturating CPU engine one parse waited over 5 s for the CPU (it needs ~40 ms of it), the
     wall-clock parse limit read that as a costly scrape and stopped the probe after 1-3 scrapes, and the
     queue-bound runs lost their engine evidence. The limit is now the parse's own CPU time: a parser that gets
     no CPU for longer than that limit delays the scrapes and stops none."""
-    t, frozen = _freeze_worker(after_s=0.5, for_s=1.5)
-    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.0, interval_s=0.1, parse_cpu_s=0.5)
+    t, frozen = _freeze_worker(monkeypatch, after_s=0.5, for_s=1.5)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.0, interval_s=0.1, parse_cpu_s=0.5,
+                                 after_freeze=(frozen, 2.5))
     t.join(5)
     assert frozen.get("until", 0) - frozen.get("at", 0) >= 1.5  # frozen three times as long as the CPU limit
     assert status.state == "ok", status
@@ -268,12 +275,13 @@ def test_a_parser_starved_of_cpu_does_not_stop_the_scraping(tmp_path: Path) -> N
     assert sum(1 for t in t_ns if t > recs[0]["t_ns"] / 1e9 + 2.2) >= 3, t_ns
 
 
-def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path) -> None:
+def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path, monkeypatch: Any) -> None:
     """Held-back scenarios beside a saturating engine (load average 4-8) got a scrape every few seconds: the
     next fetch waited for the previous parse, which waited up to 8.9 s for the CPU, and the queue-bound run
     lost its queue evidence. Fetches now keep their ticks while the parser is frozen; it catches up after."""
-    t, frozen = _freeze_worker(after_s=1.0, for_s=1.5)  # after the worker is ready (see the backlog test)
-    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.5, interval_s=0.1)
+    t, frozen = _freeze_worker(monkeypatch, after_s=1.0, for_s=1.5)
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=3.5, interval_s=0.1,
+                                 after_freeze=(frozen, 2.5))
     t.join(5)
     assert frozen.get("until", 0) - frozen.get("at", 0) >= 1.5
     assert status.state == "ok" and status.detail.get("scrapes_unparsed", 0) == 0, status
@@ -286,14 +294,12 @@ def test_a_starved_parser_delays_the_writing_not_the_sampling(tmp_path: Path) ->
     assert "kept their ticks" in status.reason
 
 
-def test_the_backlog_of_unparsed_scrapes_is_bounded(tmp_path: Path) -> None:
+def test_the_backlog_of_unparsed_scrapes_is_bounded(tmp_path: Path, monkeypatch: Any) -> None:
     """A parser that never catches up must not hold every scrape in memory: past the bound a tick is not
     sampled, counted and said; the scrapes fetched before are all parsed once it resumes."""
-    # frozen 1 s in: a worker frozen before it answered "ready" is never used (parses go to a thread), which
-    # CI met once at 0.3 s on a loaded machine
-    t, _ = _freeze_worker(after_s=1.0, for_s=1.2)
+    t, frozen = _freeze_worker(monkeypatch, after_s=1.0, for_s=1.2)
     status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.7, interval_s=0.1,
-                                 backlog_bytes=3 * len(VLLM_SCRAPE))
+                                 backlog_bytes=3 * len(VLLM_SCRAPE), after_freeze=(frozen, 1.7))
     t.join(5)
     assert status.state == "ok", status
     assert status.detail["parse_backlog_max"] <= 4 and status.detail["ticks_skipped_backlog"] >= 3, status.detail
@@ -343,9 +349,10 @@ def test_the_worker_ends_a_parse_at_its_cpu_limit() -> None:
     assert after["samples"] == cheap["samples"]
 
 
-def test_a_wedged_parser_is_killed_at_the_wall_clock_backstop(tmp_path: Path) -> None:
-    t, _ = _freeze_worker(after_s=0.3, for_s=2.5)
-    status, _, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.0, interval_s=0.1, parse_wall_s=0.5)
+def test_a_wedged_parser_is_killed_at_the_wall_clock_backstop(tmp_path: Path, monkeypatch: Any) -> None:
+    t, frozen = _freeze_worker(monkeypatch, after_s=0.3, for_s=2.5)
+    status, _, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=2.0, interval_s=0.1, parse_wall_s=0.5,
+                              after_freeze=(frozen, 1.7))
     t.join(5)
     assert status.state == "ok" and status.detail["failures"] == {"parse_timeout": 1}, status
     assert "no answer within 0.5 s" in status.detail["stopped"] and "scraping stopped" in status.reason
