@@ -129,6 +129,7 @@ class WorkloadSpec:
     store_text: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     replay: Replay | None = None  # mode "replay": the file's requests replace arrivals and lengths
+    session_wait: bool = True  # replay: a session's turn waits for the previous turn's answer
     # tasks (probes/sessions.py): requests a task, the pause between an answer and the next turn, retries a turn
     turns: int = 1
     think_time_s: float = 0.0

@@ -178,6 +178,14 @@ class _LoadRun:
         self._turn_armed = False
         self._gate_waiters: deque[asyncio.Future[None]] = deque()
         self.notes: dict[str, Any] = {}
+        # a replayed session's turns in the file: its requests' planned "turns", so a conversation replayed
+        # is measured as a task (diagnose/normalize/tasks.py) as a synthetic one is
+        self.session_turns: Counter[str] = Counter()
+        self.turn_of: dict[int, int] = {}  # file index -> its turn in its session (file order), where not given
+        for i, r in enumerate(spec.replay.requests if spec.replay else ()):
+            if r.session is not None:
+                self.turn_of[i] = r.turn if r.turn is not None else self.session_turns[r.session]
+                self.session_turns[r.session] += 1
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -395,6 +403,11 @@ class _LoadRun:
             rec["replay_index"] = index
             rec["replay_loop"] = loop
             rec.update(req.structure())
+            if req.session is not None:
+                # a session replayed per loop: one task a loop, its turns those of the file
+                rec["session"] = f"{req.session}" if loop == 0 else f"{req.session}#{loop}"
+                rec["turn"] = self.turn_of[index]
+                rec["turns"] = self.session_turns[req.session]
         if turn is not None:  # its task, turn, planned turns and attempt (probes/sessions.py)
             rec.update(turn.structure())
         if self.spec.store_text:
@@ -597,17 +610,43 @@ class _LoadRun:
         """Sends each request of the workload file at its recorded offset (divided by ``speed``), ``loop``
         times over (a loop starts one period after the previous one, ``Replay.period_s``), optionally capped
         at ``max_concurrency`` in flight (a request that waits for the cap is marked ``capped``). A
-        Retry-After pause delays the requests it covers (their schedule lag shows it); none is dropped."""
+        Retry-After pause delays the requests it covers (their schedule lag shows it); none is dropped. With
+        ``session_wait`` a session's turn is not sent before the previous turn of its session has ended."""
         sem = asyncio.Semaphore(ph.max_concurrency) if ph.max_concurrency else None
         tasks: set[asyncio.Task[Any]] = set()
         cap = self._num_requests(ph)
         period = rp.period_s()
+        # a conversation: a session's turn is sent at its offset, but never before the previous turn's answer
+        # has ended (--no-session-wait: at its offset regardless). Each turn's answer is an event its next
+        # turn waits on; a turn that waited is due when that answer ended (its schedule lag starts there).
+        answered: dict[tuple[int, str], tuple[asyncio.Event, list[int]]] = {}
 
         async def capped_one(warm: bool, intended: int, item: ReplayItem) -> None:
             assert sem is not None
             capped = sem.locked()
             async with sem:
                 await self._one(ph.index, warm, intended, capped, item)
+
+        async def one(warm: bool, intended: int, item: ReplayItem) -> None:
+            if sem:
+                await capped_one(warm, intended, item)
+            else:
+                await self._one(ph.index, warm, intended, False, item)
+
+        async def turn(warm: bool, intended: int, item: ReplayItem,
+                       prev: tuple[asyncio.Event, list[int]] | None, mine: tuple[asyncio.Event, list[int]]) -> None:
+            try:
+                if prev is not None:
+                    await prev[0].wait()
+                    if prev[1] and prev[1][0] > intended:
+                        intended = prev[1][0]
+                        if (deadline is not None and intended >= deadline) or await sleep_until(
+                                intended, lambda: self.stopping):
+                            return
+                await one(warm, intended, item)
+            finally:
+                mine[1].append(now_ns())
+                mine[0].set()
 
         def plan() -> Iterator[tuple[ReplayItem, int]]:  # (the request, when it is due: ns, monotonic)
             for lp in range(rp.loop):
@@ -626,8 +665,15 @@ class _LoadRun:
                 if await sleep_until(t, lambda: self.stopping):
                     break
                 warm = i < self.spec.warmup_requests
-                coro = capped_one(warm, t, item) if sem else self._one(ph.index, warm, t, False, item)
-                _spawn(tasks, coro)
+                session = item[2].session
+                if session is not None and self.spec.session_wait:
+                    key = (item[1], session)
+                    prev = answered.get(key)
+                    mine: tuple[asyncio.Event, list[int]] = (asyncio.Event(), [])
+                    answered[key] = mine
+                    _spawn(tasks, turn(warm, t, item, prev, mine))
+                else:
+                    _spawn(tasks, one(warm, t, item))
                 i += 1
             if tasks:
                 await asyncio.gather(*tasks)
@@ -782,7 +828,7 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
         shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
         request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
-        **_tasks_from_options(o, mode),
+        session_wait=bool(o.get("session_wait", True)), **_tasks_from_options(o, mode),
     )
 
 
@@ -852,6 +898,10 @@ SPEC = ProbeSpec(
                     help="With --workload: time scale (2 = twice as fast)."),
         ProbeOption("--loop", type=int, default=1, show_default=True,
                     help="With --workload: replay the file this many times."),
+        ProbeOption("--session-wait/--no-session-wait", flag=True, default=True, show_default=True,
+                    help="With --workload: a session's turn waits for the previous turn's answer (a "
+                         "conversation), then its recorded offset; --no-session-wait sends every request at "
+                         "its offset."),
         ProbeOption("--num-requests", short="-n", type=int, help="Per load level, instead of a duration."),
         ProbeOption("--repeat", type=int, default=1, show_default=True,
                     help="Run each load level this many times, interleaved (c=1 r1, c=8 r1, c=1 r2, ...): "

@@ -37,6 +37,7 @@ EXPECTED = {
 }
 EXPECTED |= {"--prometheus", "--selector", "--since"}  # the fleet capture's own (docs/fleet.md)
 EXPECTED |= {"--workload", "--speed", "--loop"}  # replay a workload file (docs/workload.md)
+EXPECTED |= {"--session-wait", "--no-session-wait"}  # a replayed session's turn waits for the previous answer
 EXPECTED |= {"--host", "--no-host"}  # the /proc counters without py-spy (probes/host_cpu.py)
 EXPECTED |= {"--repeat", "--find-max-goodput", "--search-steps", "--launch", "--verify"}  # docs/compare.md
 EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/probe-cost.md)
