@@ -112,6 +112,10 @@ METRIC_MAPS: dict[str, tuple[MetricRef, ...]] = {
         _h("e2e_seconds", "vllm:e2e_request_latency_seconds", "s"),
         _h("batch_tokens_per_step", "vllm:iteration_tokens_total", "tokens",
            note="prompt + generation tokens per engine step"),
+        # the lengths of finished requests: an observed workload's length distributions (diagnose/observed.py)
+        _h("request_prompt_tokens", "vllm:request_prompt_tokens", "tokens", note="prompt tokens per finished request"),
+        _h("request_output_tokens", "vllm:request_generation_tokens", "tokens",
+           note="generated tokens per finished request"),
         *_PROCESS,
     ),
     "sglang": (
@@ -141,6 +145,8 @@ METRIC_MAPS: dict[str, tuple[MetricRef, ...]] = {
         _h("queue_time_seconds", "tgi_request_queue_duration", "s"),
         _h("tpot_seconds", "tgi_request_mean_time_per_token_duration", "s", note="includes prefill"),
         _h("e2e_seconds", "tgi_request_duration", "s"),
+        _h("request_prompt_tokens", "tgi_request_input_length", "tokens", note="input tokens per request"),
+        _h("request_output_tokens", "tgi_request_generated_tokens", "tokens", note="generated tokens per request"),
         *_PROCESS,
     ),
     "llamacpp": (

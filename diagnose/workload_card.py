@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from diagnose.cost import COST_BASE, per_unit, recorded_price
+from diagnose.observed import observed_workload
 
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis
@@ -52,8 +53,12 @@ def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
     mode = wl.get("mode")
     if mode == "replay" and replay is not None:
         speed, loop = _num(replay.get("speed")) or 1.0, int(_num(replay.get("loop")) or 1)
+        sessions = int(_num(replay.get("sessions")) or 0)
         return ("recorded offsets" + (f", {speed:g}x speed" if speed != 1 else "")
-                + (f", looped {loop} times" if loop > 1 else ""))
+                + (f", looped {loop} times" if loop > 1 else "")
+                + ((f"; {sessions} sessions, each turn sent after the previous turn's answer" if
+                    wl.get("session_wait", True) else f"; {sessions} sessions, turns sent at their offsets")
+                   if sessions else ""))
     turns = int(_num(wl.get("turns")) or 1)
     if mode == "concurrency" and turns > 1:  # tasks (attach --turns)
         think, retries = _num(wl.get("think_time_s")) or 0.0, int(_num(wl.get("retries")) or 0)
@@ -124,9 +129,15 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         # the server counted over those planned (1.0: as asked; only where the server reports usage)
         planned, served = col("prompt_tokens_planned"), col("prompt_tokens")
         both = np.isfinite(planned) & np.isfinite(served) & (planned > 0)
+        asked, got = col("max_tokens"), col("output_tokens")
+        ok = rows["ok"].to_numpy(dtype=bool) if "ok" in rows.columns else np.zeros(len(rows), dtype=bool)
+        out_both = ok & np.isfinite(asked) & np.isfinite(got) & (asked > 0)
         card["fidelity"] = {
             "schedule_lag_p99_ms": s("client_schedule_lag_p99_ms"),
-            "input_served_over_planned_p50": float(np.median(served[both] / planned[both])) if both.any() else None}
+            "input_served_over_planned_p50": float(np.median(served[both] / planned[both])) if both.any() else None,
+            # the output lengths served over those asked (max_tokens), successful requests: 1.0 as recorded
+            "output_served_over_asked_p50": (float(np.median(got[out_both] / asked[out_both]))
+                                             if out_both.any() else None)}
         cached, prompt = col("cached_tokens"), col("prompt_tokens")
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:
@@ -141,7 +152,33 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
     if mode == "observe" or card["requests"] is None:  # the server's counters, where there are no client rows
         card["server"] = {"output_tps": s("server_output_tps"), "running_mean": s("running_requests_mean"),
                           "prefix_cache_hit_ratio": s("prefix_cache_hit_ratio")}
-        card["note"] = "no per-request rows: lengths and prefix groups need request records (see docs/workload.md)"
+        seen = observed_workload(a.tables, a.run_window) if a.run_window is not None else None
+        if seen is not None:
+            _observed(card, seen, s("running_requests_mean"), s("queue_depth_mean"))
+        else:
+            card["note"] = ("no per-request rows and no finished-requests counter: rate and lengths unknown "
+                            "(see docs/workload.md)")
     elif s("prefix_cache_hit_ratio") is not None:
         card["server"] = {"prefix_cache_hit_ratio": s("prefix_cache_hit_ratio")}
     return card
+
+
+def _observed(card: dict[str, Any], seen: dict[str, Any], running: float | None, waiting: float | None) -> None:
+    """Fill an observe-mode card from the server's telemetry (diagnose/observed.py): rate, lengths with the
+    buckets that bound their percentiles, prefix-cache hit ratio as the prefix share's lower bound."""
+    card["requests"] = int(round(seen["requests"]))
+    card["rate_rps"] = seen["rate_rps"]
+    if running is not None:
+        card["concurrency_mean"] = running + (waiting or 0.0)
+    for key in ("input_tokens", "output_tokens"):
+        d = seen.get(key)
+        if d:
+            card[key] = {f"p{p}": d[f"p{p}"] for p in PCTS if f"p{p}" in d}
+            card[f"{key}_mean"] = d["mean"]
+            card[f"{key}_bounds"] = {f"p{p}": d[f"p{p}_bucket"] for p in PCTS if f"p{p}_bucket" in d}
+    card["prefix_share_observed"] = seen.get("prefix_cache_hit_ratio")
+    card["arrival_dispersion"] = seen.get("dispersion")
+    card["observed"] = {k: seen.get(k) for k in ("seconds", "prompt_tps", "output_tps", "interval_s")}
+    card["note"] = ("from the server's counters and histograms: rate exact; length means exact, percentiles "
+                    "interpolated in the buckets shown; prefix share = the prefix-cache hit ratio (a lower bound "
+                    "of the repeated share: evicted prefixes and first requests count as misses)")

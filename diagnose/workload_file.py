@@ -237,14 +237,15 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     phase (diagnose's own reference) is left out. Input tokens: the planned length where /tokenize made it
     exact, else the server's usage count, else the plan; output tokens: what the server produced for a request
     that succeeded, else what was asked. Prefix groups: a replayed bundle's recorded block hashes; a synthetic
-    run's shared prefix (the same for every request) as whole blocks of ``DEFAULT_BLOCK_TOKENS``."""
+    run's shared prefix (the same for every request) as whole blocks of ``DEFAULT_BLOCK_TOKENS``. An
+    observe-mode bundle has no request records: its workload comes from the server's telemetry
+    (diagnose/observed.py)."""
     recs = bundle.records("requests") if bundle.has_stream("requests") else []
     if not recs:
-        mode = (bundle.manifest.get("workload") or {}).get("mode")
-        why = ("an observe-mode capture keeps only server counters, no per-request rows" if mode == "observe"
-               else "the capture recorded no request")
-        raise DiagnoseError(f"{bundle.path}: no request records to derive a workload from ({why}); "
-                            "`diagnose workload` needs a bundle captured with load (attach without --observe)")
+        if (bundle.manifest.get("workload") or {}).get("mode") == "observe":
+            return _from_observed(bundle)
+        raise DiagnoseError(f"{bundle.path}: no request records to derive a workload from (the capture recorded "
+                            "no request)")
     wl = bundle.manifest.get("workload") or {}
     baseline = {p.get("phase") for p in bundle.records("phases") if p.get("role") == "baseline"} \
         if bundle.has_stream("phases") else set()
@@ -289,4 +290,28 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     mode = wl.get("mode")
     note = ("from a concurrency run: closed-loop sends (each when a request ended) become fixed offsets"
             if mode == "concurrency" else f"from a {mode} run" if mode else "from a load run")
+    return reqs, block, note
+
+
+def _from_observed(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
+    """The workload of an observe-mode bundle, from the server's counters and length histograms over the
+    capture (diagnose/observed.py), in blocks of the server's KV block size where it stated one."""
+    from diagnose.analysis import Window
+    from diagnose.normalize import prometheus
+    from diagnose.observed import observed_requests
+
+    tables = prometheus.tables(bundle) if bundle.has_stream("metrics") else {}
+    scrapes = tables.get("metrics_scrapes")
+    if scrapes is None or len(scrapes) < 2:
+        raise DiagnoseError(f"{bundle.path}: an observe-mode capture with fewer than two metrics scrapes; "
+                            "nothing to derive a workload from")
+    cfg = tables.get("server_config")
+    block = DEFAULT_BLOCK_TOKENS
+    if cfg is not None and "kv_block_size_tokens" in set(cfg["key"]):
+        block = max(1, int(cfg.loc[cfg["key"] == "kv_block_size_tokens", "value"].iloc[0]))
+    window = Window(float(scrapes["t_s"].min()), float(scrapes["t_s"].max()))
+    try:
+        reqs, note = observed_requests(tables, window, block)
+    except ValueError as e:
+        raise DiagnoseError(f"{bundle.path}: cannot derive a workload from observed traffic: {e}") from e
     return reqs, block, note

@@ -25,6 +25,7 @@ from diagnose.signal_catalog import SIGNALS
 from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
+from .workload_charts import arrivals, lengths
 
 VIEW_SCHEMA = 1
 PCTS = ("p50", "p90", "p95", "p99", "max")
@@ -78,6 +79,9 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
             "curve": _guard("Throughput vs latency", lambda: _curve(a)),
             "timeline": _guard("Load vs latency vs queue depth over time",
                                lambda: timeline_chart(a.tables, a.phases)),
+            "input_lengths": _guard("Input lengths", lambda: lengths(a, "input")),
+            "output_lengths": _guard("Output lengths", lambda: lengths(a, "output")),
+            "arrivals": _guard("Arrivals over time", lambda: arrivals(a)),
         },
         "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
                             "sections": [s for s in sections if s["group"] == g]}
@@ -120,19 +124,57 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
     def share(v: Any) -> str | None:
         return None if v is None else f"{float(v):.0%}"
 
+    def observed_pct(key: str) -> str | None:
+        """An observed length: its exact mean and each percentile with the bucket that bounds it."""
+        d, mean, bounds = card.get(key), card.get(f"{key}_mean"), card.get(f"{key}_bounds") or {}
+        if mean is None:
+            return pct(d)
+        parts = [f"mean {mean:.0f}"]
+        for k in ("p50", "p90", "p99"):
+            if d and k in d:
+                lo, hi = (bounds.get(k) or [None, None])[:2]
+                where = f" in ({lo:.0f}, {hi:.0f}]" if lo is not None and hi is not None else ""
+                parts.append(f"{k.upper()} ~{d[k]:.0f}{where}")
+        return ", ".join(parts) + " (server histograms)"
+
+    def arrivals() -> str:
+        disp, every = card.get("arrival_dispersion"), (card.get("observed") or {}).get("interval_s")
+        if disp is None:
+            return str(card["arrival"])
+        kind = "bursty" if disp > 1.5 else "Poisson-like" if disp > 0.5 else "evenly spaced"
+        return (f"{card['arrival']}; finished requests per {every or 0:.2g} s interval: variance/mean "
+                f"{disp:.2f} ({kind})")
+
     server = card.get("server") or {}
-    rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", str(card["arrival"])),
+    observed = card.get("observed") is not None
+    rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", arrivals()),
             ("Levels", ", ".join(card["levels"]) or None), ("Requests", num(card["requests"], digits=9)),
+            ("Rate (server counter)", num(card["rate_rps"], " req/s") if observed else None),
             ("Mean in flight", num(card["concurrency_mean"] or server.get("running_mean"))),
-            ("Input tokens", pct(card["input_tokens"])), ("Output tokens", pct(card["output_tokens"])),
+            ("Input tokens", observed_pct("input_tokens")), ("Output tokens", observed_pct("output_tokens")),
+            ("Prefix share (observed: prefix-cache hit ratio, a lower bound)",
+             share(card.get("prefix_share_observed"))),
             ("Prefix share (planned)", share(card["prefix_share_planned"])),
             ("Cached tokens (server usage)", share(card["cached_token_share"])),
+            ("Replay fidelity", _fidelity(card) if card["mode"] == "replay" else None),
             ("Cold and warm", _cold_warm(card.get("warmth") or {})),
             *_cost_row(card.get("cost"), a.run_valid),
             ("Note", card.get("note"))]
     # the measured rate, the server's prefix-cache hit ratio and the schedule lag are left out here: the
     # report shows each once elsewhere (headline tiles, signals, client self-check); --json's card has them
     return [{"label": k, "value": redact_value("workload", v)} for k, v in rows if v]
+
+
+def _fidelity(card: dict[str, Any]) -> str | None:
+    """How faithfully a replay was sent: lengths served against the file's (medians of the ratios); the sends
+    against their schedule are the arrivals chart and the self-check's send lag (each figure once a page)."""
+    f = card.get("fidelity") or {}
+    parts = [f"{what} {v:.2f}" for key, what in (("input_served_over_planned_p50", "input tokens served / recorded"),
+                                                 ("output_served_over_asked_p50", "output tokens served / recorded"))
+             if (v := f.get(key)) is not None]
+    if not parts:
+        return None
+    return ", ".join(parts) + " (medians; 1.00 = as recorded); sends against their schedule: the arrivals chart"
 
 
 def _cost_row(cost: dict[str, Any] | None, judged: bool = True) -> list[tuple[str, str | None]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -210,6 +211,54 @@ def test_replay_sends_recorded_offsets_lengths_and_prefix_groups(tmp_path: Path)
     assert b.records("phases")[0]["mode"] == "replay"
 
 
+CONVERSATION = [  # two sessions of three turns recorded 0.1 s apart; each answer takes ~0.25 s (20 x 12 ms)
+    {"offset_s": 0.0, "input_tokens": 20, "output_tokens": 20, "session": "a", "turn": 0},
+    {"offset_s": 0.02, "input_tokens": 20, "output_tokens": 20, "session": "b", "turn": 0},
+    {"offset_s": 0.10, "input_tokens": 40, "output_tokens": 20, "session": "a", "turn": 1},
+    {"offset_s": 0.12, "input_tokens": 40, "output_tokens": 20, "session": "b", "turn": 1},
+    {"offset_s": 0.20, "input_tokens": 60, "output_tokens": 20, "session": "a", "turn": 2},
+    {"offset_s": 0.22, "input_tokens": 60, "output_tokens": 20, "session": "b", "turn": 2},
+    {"offset_s": 0.05, "input_tokens": 10, "output_tokens": 2},  # no session: at its offset
+]
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_replayed_session_turn_waits_for_the_previous_answer(tmp_path: Path, wait: bool) -> None:
+    rp = read_workload(write_diag(tmp_path / "w.jsonl", CONVERSATION))
+    srv = StampServer(itl_s=0.012)
+    spec = dataclasses.replace(replay_spec(rp), session_wait=wait)
+    b = asyncio.run(run_with_manifest(srv, spec, tmp_path / "b"))
+    status = next(p for p in b.meta.probes if p.name == "load")
+    assert status.detail["requests_ok"] == len(CONVERSATION)
+    recs = b.records("requests")
+    by = {(r.get("session"), r.get("turn")): r for r in recs}
+    for s in ("a", "b"):
+        for t in (1, 2):
+            prev, cur = by[(s, t - 1)], by[(s, t)]
+            if wait:  # sent once the previous answer ended, and due then (no schedule lag from the wait)
+                assert cur["sent_ns"] >= prev["end_ns"] and cur["intended_ns"] >= prev["end_ns"]
+                assert cur["sent_ns"] - cur["intended_ns"] < 50e6
+            else:  # at its offset, while the previous answer still streams
+                assert cur["sent_ns"] < prev["end_ns"]
+    lone = by[(None, None)]
+    assert abs((lone["intended_ns"] - by[("a", 0)]["intended_ns"]) / 1e9 - 0.05) < 1e-6  # not held back
+    from diagnose.pipeline import analyze
+    from diagnose.workload_card import workload_card
+
+    a = analyze(b.path)
+    card = workload_card(a)
+    assert card is not None
+    # each session is a task of three turns (planned from the file), measured end to end
+    assert a.signals["tasks_completed"].value == 2 and a.signals["tasks_abandoned_ratio"].value == 0
+    e2e = [(r["end_ns"] - r["sent_ns"]) / 1e6 for r in recs if r.get("session")]
+    if wait:  # three answers one after another
+        assert a.signals["task_latency_p50_ms"].value >= 3 * min(e2e)
+    else:  # the turns overlap: the task ends with its last turn, 0.2 s after its first was sent
+        assert a.signals["task_latency_p50_ms"].value < 200 + 1.5 * max(e2e)
+    assert ("each turn sent after the previous turn's answer" if wait else "turns sent at their offsets") in (
+        card["arrival"]) and "2 sessions" in card["arrival"]
+
+
 def test_speed_2_halves_the_span_and_loop_repeats(tmp_path: Path) -> None:
     rp = read_workload(write_diag(tmp_path / "w.jsonl", ROWS), speed=2, loop=2)
     srv = StampServer()
@@ -306,7 +355,7 @@ def test_round_trip_bundle_workload_replay(tmp_path: Path) -> None:
 def test_workload_of_an_observe_bundle_is_one_line(tmp_path: Path) -> None:
     bw = BundleWriter(tmp_path / "obs", workload={"mode": "observe"})
     bw.finish()
-    with pytest.raises(DiagnoseError, match="observe-mode capture keeps only server counters"):
+    with pytest.raises(DiagnoseError, match="observe-mode capture with fewer than two metrics scrapes"):
         from_bundle(open_bundle(tmp_path / "obs"))
     p = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl")],
                        capture_output=True, text=True, timeout=120)
@@ -359,6 +408,7 @@ def test_workload_card_of_a_replay_and_of_a_synthetic_run(tmp_path: Path) -> Non
     # the test server's usage says 7 prompt tokens whatever it got: served / planned shows the mismatch
     assert card["fidelity"]["input_served_over_planned_p50"] == pytest.approx(
         float(np.median([7 / n for n in ins])))
+    assert card["fidelity"]["output_served_over_asked_p50"] == 1.0  # every output as long as recorded
     spec = spec_for(None, rate="30", num_requests=8, arrival="gamma", burstiness=0.5, shared_prefix_fraction=0.25)
     asyncio.run(run_with_manifest(TestServer(), spec, tmp_path / "s"))
     card = analysis_json(run_analysis(tmp_path / "s"))["workload_card"]
@@ -389,6 +439,10 @@ def test_attach_workload_end_to_end_with_card_in_json_and_report(tmp_path: Path)
     html = (tmp_path / "r.html").read_text()
     assert 'id="workload"' in html and "recorded offsets, 3x speed" in html
     assert html.index('id="workload"') < html.index('id="verdict"')
+    # the replay's fidelity: lengths served against the file's, and the arrivals chart's two curves
+    assert card["fidelity"]["output_served_over_asked_p50"] == 1.0
+    assert "Replay fidelity" in html and "output tokens served / recorded 1.00" in html
+    assert "Arrivals over time (requests sent per second" in html and ">scheduled<" in html
 
 
 def test_replay_options_are_checked_before_connecting(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ def workload(bundle: Path, output: Path, quiet: bool) -> None:
     """Write a bundle's workload as a replayable file: per request its arrival offset, input and output
     token counts and prefix-group hashes (which requests share a prefix), never prompt text.
 
-    Needs a bundle captured with load (`attach` without --observe): an observe-mode bundle has server
-    counters only, no per-request rows (exit status 1). Replay it with `diagnose attach --workload FILE`.
+    From a bundle captured with load, its own requests. From an observe-mode bundle (`attach --observe`),
+    the server's telemetry: arrivals at its finished counts per scrape interval, lengths drawn from its length
+    histograms (token totals exact), one prefix group as large as its prefix-cache hit ratio. Replay it with
+    `diagnose attach --workload FILE`.
     """
     from diagnose.bundle import open_bundle
     from diagnose.cli.analyze import write_atomic

@@ -38,7 +38,7 @@ def parse_le(le: str) -> float:
     return math.inf if le in ("+Inf", "Inf", "inf") else float(le)
 
 
-def _monotone(cum: Sequence[float]) -> list[float]:
+def monotone(cum: Sequence[float]) -> list[float]:
     """Cumulative bucket counts made non-decreasing: scrapes can tear between buckets."""
     counts = list(cum)
     for i in range(1, len(counts)):
@@ -63,7 +63,7 @@ def histogram_quantile(q: float, les: Sequence[float], cum: Sequence[float],
     """
     if not les or len(les) != len(cum) or not (0.0 <= q <= 1.0):
         return None
-    counts = _monotone(cum)
+    counts = monotone(cum)
     total = counts[-1]
     if not total or total <= 0 or not math.isinf(les[-1]):
         return None
@@ -187,7 +187,7 @@ def histogram_tail_mean(q: float, les: Sequence[float], cum: Sequence[float],
     none (or its bounds do not end at +Inf). Bounds as in :class:`TailMean`."""
     if not les or len(les) != len(cum) or not (0.0 <= q < 1.0) or not math.isinf(les[-1]):
         return None
-    counts = _monotone(cum)
+    counts = monotone(cum)
     total = counts[-1]
     if not total or total <= 0:
         return None

@@ -272,6 +272,17 @@ def counter_increase(tables: dict[str, pd.DataFrame], signal: str, window: Windo
     return float(d.sum()) if len(d) else None
 
 
+def counter_intervals(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> pd.DataFrame:
+    """One counter's increase per scrape interval overlapping the window (data-parallel series added):
+    columns ``t0_s, t_s, delta``, in time order."""
+    df = tables.get("metrics")
+    if df is None or df.empty:
+        return pd.DataFrame(columns=["t0_s", "t_s", "delta"])
+    c = _overlapping(_rows(df, signal), window)
+    c = c[c["kind"] == "counter"].dropna(subset=["delta", "t0_s"])
+    return c.groupby(["t0_s", "t_s"], as_index=False)["delta"].sum().sort_values("t_s")
+
+
 def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[list[float], list[float]]:
     """Bucket upper bounds and cumulative counts of one histogram's increase over the window."""
     df = tables.get("metrics_hist")

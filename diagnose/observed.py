@@ -1,0 +1,173 @@
+"""The workload of traffic diagnose did not send (``attach --observe``), from the server's own telemetry
+(issue 16, item 2; docs/workload.md "Observed traffic").
+
+An observe-mode bundle has no request rows: what the traffic was comes from the server's counters and
+histograms over the capture, never from prompt text:
+
+* rate: the finished-requests counter's increase over the time its scrapes cover (exact);
+* input and output lengths: the per-request token histograms (vLLM ``request_prompt_tokens`` and
+  ``request_generation_tokens``; TGI's input-length and generated-tokens histograms). Their means are exact
+  (``_sum / _count``); percentiles lie in the bucket named with them (vLLM's buckets run 1-2-5 per decade, so a
+  128-token P50 is only known to lie in (100, 200]) and the value given is interpolated in it;
+* prefix sharing: the prefix-cache hit ratio (hit tokens / queried tokens). It equals the share of each prompt
+  that repeats only when every repeated prefix stays cached; an evicted prefix or a first request counts as a
+  miss, so it is a lower bound of the repeated share;
+* requests in the server: waiting + running, time-weighted (Little's law) where the histograms allow;
+* arrival pattern: the index of dispersion of the finished requests per scrape interval (variance / mean: 1 for
+  Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts), at the scrape interval's resolution.
+
+:func:`observed_requests` turns the same figures into a replayable workload (diagnose's JSONL): arrivals at the
+scrape intervals' finished counts, spread evenly in each interval; lengths drawn from the histograms at evenly
+spaced quantiles and scaled so their totals equal the ``_sum`` (so the replay sends the token rates the server
+saw); input and output lengths paired at random (the histograms do not say which went together); one prefix
+group whose blocks cover the hit ratio's share of each prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analysis import Window
+from diagnose.normalize.prom_hist import monotone
+from diagnose.normalize.prometheus import (
+    counter_increase,
+    counter_intervals,
+    hist_mean,
+    hist_quantile,
+    hist_window,
+)
+from diagnose.workload import ReplayRequest
+
+LENGTHS = {"input_tokens": "request_prompt_tokens", "output_tokens": "request_output_tokens"}
+PCTS = (50, 90, 99)
+
+
+def _rate(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[float, float] | None:
+    """(increase, seconds its scrape intervals cover) of one counter over the window; None without two scrapes."""
+    c = counter_intervals(tables, signal, window)
+    span = float((c["t_s"] - c["t0_s"]).sum()) if len(c) else 0.0
+    return (float(c["delta"].sum()), span) if span > 0 else None
+
+
+def _lengths(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> dict[str, Any] | None:
+    mean = hist_mean(tables, signal, window)
+    if mean is None:
+        return None
+    out: dict[str, Any] = {"mean": mean[0], "count": mean[1]}
+    for p in PCTS:
+        est = hist_quantile(tables, signal, p / 100, window)
+        if est is not None:
+            out[f"p{p}"] = est.value
+            out[f"p{p}_bucket"] = [est.lo, est.bound if math.isfinite(est.bound) else None]
+    return out
+
+
+def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[str, Any] | None:
+    """The observed traffic's figures over ``window`` (see the module text); None without the server's
+    finished-requests counter (llama.cpp has none)."""
+    finished = _rate(tables, "finished_requests", window)
+    if finished is None:
+        return None
+    n, span = finished
+    out: dict[str, Any] = {"requests": n, "seconds": span, "rate_rps": n / span}
+    for key, sig in LENGTHS.items():
+        out[key] = _lengths(tables, sig, window)
+    for key, sig in (("prompt_tps", "prompt_tokens"), ("output_tps", "generation_tokens")):
+        r = _rate(tables, sig, window)
+        out[key] = r[0] / r[1] if r else None
+    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
+    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
+    out["prefix_cache_hit_ratio"] = hits / queries if queries and hits is not None else None
+    per = counter_intervals(tables, "finished_requests", window)
+    counts = per["delta"].to_numpy(dtype=float)
+    out["dispersion"] = (float(counts.var(ddof=1) / counts.mean())
+                         if len(counts) >= 3 and counts.mean() > 0 else None)
+    out["interval_s"] = float((per["t_s"] - per["t0_s"]).median()) if len(per) else None
+    return out
+
+
+def _draw(tables: dict[str, pd.DataFrame], signal: str, window: Window, n: int) -> list[int] | None:
+    """``n`` integer lengths with the histogram's distribution (evenly spaced quantiles, each in its bucket)
+    whose total is the histogram's ``_sum`` scaled to ``n`` (the exact token count when ``n`` is its count).
+    The lengths are moved within their buckets to meet the total: the true lengths do, so a solution exists."""
+    les, cum = hist_window(tables, signal, window)
+    mean = hist_mean(tables, signal, window)
+    if not les or not cum or cum[-1] <= 0 or mean is None or n < 1:
+        return None
+    counts = np.asarray(monotone(cum), dtype=float)
+    uppers = np.asarray(les, dtype=float)
+    lowers = np.concatenate([[0.0], uppers[:-1]])
+    prev = np.concatenate([[0.0], counts[:-1]])
+    ranks = (np.arange(n) + 0.5) / n * counts[-1]
+    idx = np.minimum(np.searchsorted(counts, ranks, side="left"), len(counts) - 1)
+    width = counts[idx] - prev[idx]
+    frac = np.where(width > 0, (ranks - prev[idx]) / np.where(width > 0, width, 1.0), 1.0)
+    lo, hi = lowers[idx], uppers[idx]
+    span = np.where(np.isinf(hi), np.maximum(lo, 1.0), hi - lo)  # the +Inf bucket: as wide as its lower bound
+    vals = lo + span * frac
+    # integer bounds of each bucket (lo, hi]; lengths are at least 1 token
+    a = np.maximum(1, np.floor(lo).astype(np.int64) + 1)
+    b = np.where(np.isinf(hi), np.iinfo(np.int64).max // 4, np.floor(np.where(np.isinf(hi), 0, hi))).astype(np.int64)
+    b = np.maximum(a, b)
+    ints = np.clip(np.rint(vals).astype(np.int64), a, b)
+    residue = int(round(mean[0] * n)) - int(ints.sum())
+    for _ in range(4):  # proportional to the room each length has in its bucket, then one token at a time
+        if residue == 0:
+            break
+        room = (b - ints) if residue > 0 else (ints - a)
+        total_room = int(room.sum())
+        if total_room <= 0:
+            break
+        step = np.floor(abs(residue) * room / total_room).astype(np.int64)
+        step = np.minimum(step, room)
+        ints += step if residue > 0 else -step
+        residue -= int(step.sum()) if residue > 0 else -int(step.sum())
+        order = np.argsort(-room)
+        for j in order[:abs(residue)]:
+            if room[j] > step[j]:
+                ints[j] += 1 if residue > 0 else -1
+        residue = int(round(mean[0] * n)) - int(ints.sum())
+    return [int(v) for v in ints]
+
+
+def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tokens: int,
+                      seed: int = 0) -> tuple[list[ReplayRequest], str]:
+    """A replayable workload of the observed traffic (see the module text) and a note saying how it was made.
+    Raises ValueError, naming what is missing, when the server's telemetry cannot give one."""
+    per = counter_intervals(tables, "finished_requests", window)
+    if per.empty or per["delta"].sum() < 1:
+        raise ValueError("the server's finished-requests counter did not move during the capture (no traffic "
+                         "seen, or an engine without that counter)")
+    times: list[float] = []
+    for t0, t1, d in zip(per["t0_s"], per["t_s"], per["delta"], strict=True):
+        k = int(round(d))
+        times.extend(t0 + (t1 - t0) * (i + 0.5) / k for i in range(k))
+    n = len(times)
+    lengths = {key: _draw(tables, sig, window, n) for key, sig in LENGTHS.items()}
+    missing = [key for key, v in lengths.items() if v is None]
+    if missing:
+        raise ValueError(f"the server exposes no per-request length histogram for {' and '.join(missing)} "
+                         "(vLLM: vllm:request_prompt_tokens / vllm:request_generation_tokens)")
+    inp, out = lengths["input_tokens"] or [], lengths["output_tokens"] or []
+    rng = random.Random(seed)
+    rng.shuffle(inp)
+    rng.shuffle(out)
+    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
+    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
+    hit = min(1.0, max(0.0, hits / queries)) if queries and hits is not None else 0.0
+    group = f"observed-{seed}"
+    t_first = times[0]
+    # each prompt's shared part in whole blocks, rounded (not cut) so the shares average the hit ratio
+    reqs = [ReplayRequest(offset_s=t - t_first, input_tokens=i, output_tokens=o,
+                          prefix=tuple(f"{group}:{j}" for j in range(min(round(hit * i / block_tokens),
+                                                                          i // block_tokens))))
+            for t, i, o in zip(times, inp, out, strict=True)]
+    note = (f"from observed traffic: {n} requests at the server's finished counts per scrape interval, lengths "
+            f"drawn from its length histograms (totals exact), prefix share {hit:.0%} from its prefix-cache hit "
+            "ratio; inputs and outputs paired at random")
+    return reqs, note

@@ -1,0 +1,125 @@
+"""Observed traffic against the real vLLM CPU engine (issue 16, item 2 and its first "done when"): a known
+workload drives the server while `attach --observe` watches it. The observed workload card must match the
+driver, and a replay of the workload derived from the observation alone must reproduce the server-side token
+rates and prefix-cache hit ratio within 10%."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from diagnose.bundle import open_bundle
+from diagnose.model import Window
+from diagnose.normalize import prometheus
+from diagnose.observed import observed_workload
+from tests.engine.test_attach_vllm import DIAG, _analyze
+
+pytestmark = pytest.mark.engine
+
+N, EVERY = 120, 0.25  # the driver: 4 requests a second for 30 s
+
+
+def _driver(path: Path) -> list[dict[str, Any]]:
+    """Inputs 64-400 tokens, outputs 16-96, half of each prompt (whole 16-token blocks) a prefix all share."""
+    rng = random.Random(3)
+    rows: list[dict[str, Any]] = []
+    for i in range(N):
+        inp = rng.randint(64, 400)
+        rows.append({"offset_s": round(i * EVERY, 3), "input_tokens": inp, "output_tokens": rng.randint(16, 96),
+                     "prefix": [f"drv:{j}" for j in range(round(inp / 2 / 16))]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in [{"diagnose_workload": 1, "block_tokens": 16}, *rows]))
+    return rows
+
+
+def _attach(url: str, out: Path, *args: str) -> list[str]:
+    return [*DIAG, "attach", "--url", url, "--no-nvml", "--realtime", "--metrics-interval", "500ms", "-o", str(out),
+            *args]
+
+
+def _scrape_window(bundle: Path) -> tuple[dict[str, Any], Window, list[int]]:
+    b = open_bundle(bundle)
+    tables = prometheus.tables(b)
+    t = tables["metrics_scrapes"]["t_s"]
+    t_ns = sorted(int(r["t_ns"]) for r in b.iter_records("metrics"))
+    return tables, Window(float(t.min()), float(t.max())), t_ns
+
+
+@pytest.mark.timeout(600)
+def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_rates(
+        vllm_server: object, tmp_path: Path) -> None:
+    url = vllm_server.url  # type: ignore[attr-defined]
+    _driver(tmp_path / "drive.jsonl")
+    drv = subprocess.Popen(_attach(url, tmp_path / "drv", "--workload", str(tmp_path / "drive.jsonl"),
+                                   "--baseline", "0", "--warmup", "0", "--duration", "120s"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # observe once the driver sends (its first seconds: start-up), for 16 of its 30 s
+        deadline = time.monotonic() + 90
+        reqs_file = tmp_path / "drv" / "requests.jsonl"
+        while time.monotonic() < deadline and (not reqs_file.exists() or reqs_file.read_text().count("\n") < 8):
+            time.sleep(0.2)
+        assert reqs_file.exists(), "the driver never sent"
+        obs = subprocess.run(_attach(url, tmp_path / "obs", "--observe", "--duration", "16s"),
+                             capture_output=True, text=True, timeout=120)
+        assert obs.returncode == 0, obs.stderr
+        out, err = drv.communicate(timeout=180)
+        assert drv.returncode == 0, err
+    finally:
+        if drv.poll() is None:
+            drv.kill()
+
+    # the truth: the driver's requests that ended between the observation's first and last scrape
+    tables, window, t_ns = _scrape_window(tmp_path / "obs")
+    sent = [r for r in open_bundle(tmp_path / "drv").iter_records("requests") if r.get("ok")]
+    assert len(sent) == N
+    seen = [r for r in sent if t_ns[0] < r["end_ns"] <= t_ns[-1]]
+    true_rate = len(seen) / ((t_ns[-1] - t_ns[0]) / 1e9)
+    inp = np.array([r["prompt_tokens_usage"] for r in seen], dtype=float)
+    outp = np.array([r["output_tokens_usage"] for r in seen], dtype=float)
+
+    card = _analyze(tmp_path / "obs", tmp_path)["workload_card"]
+    assert card["source"] == "observed traffic"
+    # requests and rate: the server counted those the client saw end in the window (a request finishing
+    # within a scrape of the window's edge can fall either side)
+    assert abs(card["requests"] - len(seen)) <= 2, (card["requests"], len(seen))
+    assert card["rate_rps"] == pytest.approx(true_rate, rel=0.1)
+    # lengths: the means exact (histogram sums) up to the edge requests; each percentile in its bucket
+    assert card["input_tokens_mean"] == pytest.approx(inp.mean(), rel=0.05)
+    assert card["output_tokens_mean"] == pytest.approx(outp.mean(), rel=0.05)
+    for key, truth in (("input_tokens", inp), ("output_tokens", outp)):
+        for p in (50, 90):
+            lo, hi = card[f"{key}_bounds"][f"p{p}"]
+            assert lo < np.percentile(truth, p) <= hi + 1, (key, p, lo, hi)
+    # prefix share: the driver shares half of each prompt; the hit ratio counts whole cached blocks
+    planned = sum(16 * round(i / 2 / 16) for i in inp) / inp.sum()
+    assert card["prefix_share_observed"] == pytest.approx(planned, abs=0.08), (card["prefix_share_observed"], planned)
+
+    # the replay of what was observed, on the same server
+    w = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "observed.jsonl")],
+                       capture_output=True, text=True, timeout=120)
+    assert w.returncode == 0, w.stderr
+    rep = subprocess.run(_attach(url, tmp_path / "rep", "--workload", str(tmp_path / "observed.jsonl"),
+                                 "--baseline", "0", "--warmup", "0", "--duration", "120s"),
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    phases = [p for p in open_bundle(tmp_path / "rep").phases if not p.is_baseline]
+    rep_tables = prometheus.tables(open_bundle(tmp_path / "rep"))
+    replayed = observed_workload(rep_tables, Window(phases[0].start_s, phases[-1].end_s))
+    observed = observed_workload(tables, window)
+    assert replayed is not None and observed is not None
+    # the replay's counters over its own phase (the scrape intervals around it carry nothing else), per
+    # second of the phase; the observation's over its scrapes (traffic throughout)
+    dur = phases[-1].end_s - phases[0].start_s
+    rep = {"rate_rps": replayed["requests"] / dur, "prompt_tps": replayed["prompt_tps"] * replayed["seconds"] / dur,
+           "output_tps": replayed["output_tps"] * replayed["seconds"] / dur,
+           "prefix_cache_hit_ratio": replayed["prefix_cache_hit_ratio"]}
+    print({k: (round(rep[k], 3), round(observed[k], 3)) for k in rep})  # the figures the closing note quotes
+    for key in rep:
+        assert rep[key] == pytest.approx(observed[key], rel=0.1), (key, rep[key], observed[key])

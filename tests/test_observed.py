@@ -1,0 +1,158 @@
+"""Observed traffic (issue 16, item 2): the workload card and a replayable workload of an observe-mode bundle,
+from the server's counters and length histograms alone (diagnose/observed.py). The bundles here are written
+scrape by scrape from a known list of requests, in vLLM's metric names and its 1-2-5 length buckets."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from diagnose.analysis import Window
+from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.errors import DiagnoseError
+from diagnose.normalize import prometheus
+from diagnose.observed import observed_requests, observed_workload
+from diagnose.workload_file import from_bundle, read_workload
+
+DIAG = [sys.executable, "-m", "diagnose"]
+BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # vLLM's request_prompt_tokens buckets to 2048
+
+
+def _hist(name: str, values: list[int]) -> list[list[object]]:
+    v = np.asarray(values, dtype=float)
+    out: list[list[object]] = [[f"{name}_bucket", {"le": f"{b:.1f}", "engine": "0"}, float((v <= b).sum())]
+                               for b in BUCKETS]
+    out.append([f"{name}_bucket", {"le": "+Inf", "engine": "0"}, float(len(v))])
+    out.append([f"{name}_sum", {"engine": "0"}, float(v.sum())])
+    out.append([f"{name}_count", {"engine": "0"}, float(len(v))])
+    return out
+
+
+def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: float = 0.4, interval: float = 0.5,
+                         lengths: bool = True) -> BundleWriter:
+    """An observe-mode bundle whose scrapes (every ``interval`` s) count ``reqs`` (finish time, input, output
+    tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens."""
+    bw = BundleWriter(path, target={"url": "http://x", "engine": "vllm"}, workload={"mode": "observe"})
+    w = bw.stream("metrics", "test scrapes")
+    end = max(t for t, _, _ in reqs) + interval
+    for k in range(int(end / interval) + 2):
+        t = k * interval
+        done = [r for r in reqs if r[0] <= t]
+        prompt = sum(r[1] for r in done)
+        samples: list[list[object]] = [
+            ["vllm:request_success_total", {"engine": "0", "finished_reason": "length"}, float(len(done))],
+            ["vllm:prompt_tokens_total", {"engine": "0"}, float(prompt)],
+            ["vllm:generation_tokens_total", {"engine": "0"}, float(sum(r[2] for r in done))],
+            ["vllm:prefix_cache_queries_total", {"engine": "0"}, float(prompt)],
+            ["vllm:prefix_cache_hits_total", {"engine": "0"}, float(round(prompt * hit))],
+            ["vllm:num_requests_running", {"engine": "0"}, 3.0],
+            ["vllm:num_requests_waiting", {"engine": "0"}, 0.0],
+        ]
+        if lengths:
+            samples += _hist("vllm:request_prompt_tokens", [r[1] for r in done])
+            samples += _hist("vllm:request_generation_tokens", [r[2] for r in done])
+        w.write({"t_ns": bw.anchor_mono_ns + int(t * 1e9), "scrape_ms": 1.0, "samples": samples})
+    bw.finish()
+    # the capture lasted as long as its scrapes say (written here in an instant)
+    manifest = orjson.loads((path / "manifest.json").read_bytes())
+    manifest["capture"]["ended_unix_ns"] = bw.anchor_unix_ns + int((k * interval + 0.1) * 1e9)
+    (path / "manifest.json").write_bytes(orjson.dumps(manifest))
+    return bw
+
+
+def _known(n: int = 120, rate: float = 4.0, seed: int = 1) -> list[tuple[float, int, int]]:
+    rng = random.Random(seed)
+    return [(0.3 + i / rate, rng.randint(64, 400), rng.randint(16, 96)) for i in range(n)]
+
+
+def _window(path: Path) -> tuple[dict[str, object], Window]:
+    tables = prometheus.tables(open_bundle(path))
+    s = tables["metrics_scrapes"]["t_s"]
+    return tables, Window(float(s.min()), float(s.max()))
+
+
+def test_the_observed_card_matches_the_traffic(tmp_path: Path) -> None:
+    reqs = _known()
+    write_observe_bundle(tmp_path / "obs", reqs)
+    tables, window = _window(tmp_path / "obs")
+    seen = observed_workload(tables, window)  # type: ignore[arg-type]
+    assert seen is not None
+    assert seen["requests"] == 120
+    span = seen["seconds"]
+    assert seen["rate_rps"] == pytest.approx(120 / span)
+    assert 3.4 < seen["rate_rps"] < 4.1  # 120 requests over the scrapes' 30.5 s (4/s while they ran)
+    inp = np.array([r[1] for r in reqs])
+    assert seen["input_tokens"]["mean"] == pytest.approx(inp.mean())  # exact: _sum / _count
+    assert seen["output_tokens"]["mean"] == pytest.approx(np.mean([r[2] for r in reqs]))
+    for p in (50, 90, 99):  # each percentile lies in the bucket the card names with it
+        lo, hi = seen["input_tokens"][f"p{p}_bucket"]
+        assert lo < np.percentile(inp, p) <= hi, (p, lo, hi)
+    assert seen["prefix_cache_hit_ratio"] == pytest.approx(0.4, abs=0.01)
+    assert seen["dispersion"] < 0.5  # evenly spaced arrivals: 2 per interval, every interval
+
+
+def test_the_report_card_of_an_observe_bundle(tmp_path: Path) -> None:
+    write_observe_bundle(tmp_path / "obs", _known())
+    p = subprocess.run([*DIAG, "analyze", str(tmp_path / "obs"), "-o", str(tmp_path / "r.html"), "--json",
+                        str(tmp_path / "a.json"), "-q"], capture_output=True, text=True, timeout=180)
+    assert p.returncode in (0, 5), p.stderr
+    card = orjson.loads((tmp_path / "a.json").read_bytes())["workload_card"]
+    assert card["source"] == "observed traffic" and card["requests"] == 120
+    assert card["input_tokens_bounds"]["p50"] == [200.0, 500.0] or card["input_tokens_bounds"]["p50"][0] >= 200
+    assert card["prefix_share_observed"] == pytest.approx(0.4, abs=0.01)
+    html = (tmp_path / "r.html").read_text()
+    assert "Rate (server counter)" in html and "(server histograms)" in html and "a lower bound" in html
+
+
+def test_a_workload_derived_from_observed_traffic(tmp_path: Path) -> None:
+    reqs = _known()
+    write_observe_bundle(tmp_path / "obs", reqs, hit=0.5)
+    got, block, note = from_bundle(open_bundle(tmp_path / "obs"))
+    assert block == 16 and "observed traffic" in note
+    assert len(got) == 120
+    # the token totals are the server's exactly: a replay sends the token rates it saw
+    assert sum(r.input_tokens for r in got) == sum(r[1] for r in reqs)
+    assert sum(r.output_tokens for r in got) == sum(r[2] for r in reqs)
+    # the distribution is the histogram's: each drawn length's bucket count matches the server's
+    for key, truth in (("input", [r[1] for r in reqs]), ("output", [r[2] for r in reqs])):
+        drawn = [r.input_tokens if key == "input" else r.output_tokens for r in got]
+        for lo, hi in zip([0, *BUCKETS], BUCKETS, strict=False):
+            n_true = sum(lo < v <= hi for v in truth)
+            n_drawn = sum(lo < v <= hi for v in drawn)
+            assert abs(n_true - n_drawn) <= max(2, 0.1 * n_true), (key, lo, hi, n_true, n_drawn)
+    # arrivals: the finished counts per scrape interval (2 per 0.5 s), so the rate is the server's
+    span = got[-1].offset_s - got[0].offset_s
+    assert (len(got) - 1) / span == pytest.approx(4.0, rel=0.05)
+    # one prefix group covering the hit ratio's share of each prompt, in whole blocks
+    longest = max((r.prefix for r in got), key=len)
+    assert len(longest) >= 6 and all(r.prefix == longest[: len(r.prefix)] for r in got)
+    share = sum(len(r.prefix) * block for r in got) / sum(r.input_tokens for r in got)
+    assert share == pytest.approx(0.5, abs=0.02)
+    assert all(abs(len(r.prefix) - 0.5 * r.input_tokens / 16) <= 0.501 for r in got)  # rounded to blocks
+
+
+def test_diagnose_workload_writes_the_observed_workload(tmp_path: Path) -> None:
+    write_observe_bundle(tmp_path / "obs", _known())
+    p = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "120 requests" in p.stdout
+    rp = read_workload(tmp_path / "w.jsonl")
+    assert len(rp.requests) == 120 and rp.format == "diagnose"
+
+
+def test_observed_traffic_without_length_histograms_is_one_line(tmp_path: Path) -> None:
+    write_observe_bundle(tmp_path / "obs", _known(20), lengths=False)
+    with pytest.raises(DiagnoseError, match="no per-request length histogram for input_tokens and output_tokens"):
+        from_bundle(open_bundle(tmp_path / "obs"))
+    tables, window = _window(tmp_path / "obs")
+    seen = observed_workload(tables, window)  # type: ignore[arg-type]
+    assert seen is not None and seen["input_tokens"] is None and seen["requests"] == 20
+    with pytest.raises(ValueError, match="length histogram"):
+        observed_requests(tables, window, 16)  # type: ignore[arg-type]
