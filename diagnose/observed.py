@@ -20,7 +20,7 @@ histograms over the capture, never from prompt text:
 scrape intervals' finished counts, spread evenly in each interval; lengths drawn from the histograms at evenly
 spaced quantiles and scaled so their totals equal the ``_sum`` (so the replay sends the token rates the server
 saw); input and output lengths paired at random (the histograms do not say which went together); one prefix
-group whose blocks cover the hit ratio's share of each prompt.
+group whose blocks (of the server's KV block size) cover the hit ratio's share of the input tokens.
 """
 
 from __future__ import annotations
@@ -135,6 +135,20 @@ def _draw(tables: dict[str, pd.DataFrame], signal: str, window: Window, n: int) 
     return [int(v) for v in ints]
 
 
+def _shared_blocks(inputs: list[int], hit: float, block_tokens: int) -> list[int]:
+    """Each prompt's shared blocks, so that together they cover ``hit`` of the input tokens: a prompt's share
+    in blocks, the rounding error carried on to the next prompt (with blocks as large as a CPU engine's 128
+    tokens, rounding each prompt alone would miss the ratio by a whole block's worth). A prompt keeps at least
+    one token of its own."""
+    out, carry = [], 0.0
+    for i in inputs:
+        want = hit * i / block_tokens + carry
+        k = max(0, min(int(want + 0.5), (i - 1) // block_tokens))
+        carry = want - k
+        out.append(k)
+    return out
+
+
 def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tokens: int,
                       seed: int = 0) -> tuple[list[ReplayRequest], str]:
     """A replayable workload of the observed traffic (see the module text) and a note saying how it was made.
@@ -162,11 +176,9 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
     hit = min(1.0, max(0.0, hits / queries)) if queries and hits is not None else 0.0
     group = f"observed-{seed}"
     t_first = times[0]
-    # each prompt's shared part in whole blocks, rounded (not cut) so the shares average the hit ratio
     reqs = [ReplayRequest(offset_s=t - t_first, input_tokens=i, output_tokens=o,
-                          prefix=tuple(f"{group}:{j}" for j in range(min(round(hit * i / block_tokens),
-                                                                          i // block_tokens))))
-            for t, i, o in zip(times, inp, out, strict=True)]
+                          prefix=tuple(f"{group}:{j}" for j in range(k)))
+            for t, i, o, k in zip(times, inp, out, _shared_blocks(inp, hit, block_tokens), strict=True)]
     note = (f"from observed traffic: {n} requests at the server's finished counts per scrape interval, lengths "
             f"drawn from its length histograms (totals exact), prefix share {hit:.0%} from its prefix-cache hit "
             "ratio; inputs and outputs paired at random")
