@@ -14,13 +14,17 @@ histograms over the capture, never from prompt text:
   miss, so it is a lower bound of the repeated share;
 * requests in the server: waiting + running, time-weighted (Little's law) where the histograms allow;
 * arrival pattern: the index of dispersion of the finished requests per scrape interval (variance / mean: 1 for
-  Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts), at the scrape interval's resolution.
+  Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts), at the scrape interval's resolution;
+* with the engine's request spans (``attach --observe --otlp``; vLLM's ``llm_request`` carries
+  ``gen_ai.usage.prompt_tokens`` and ``completion_tokens``) covering at least ``SPAN_COVERAGE_MIN`` of the
+  requests the counter saw: each request's lengths exactly, and its arrival time.
 
 :func:`observed_requests` turns the same figures into a replayable workload (diagnose's JSONL): arrivals at the
 scrape intervals' finished counts, spread evenly in each interval; lengths drawn from the histograms at evenly
 spaced quantiles and scaled so their totals equal the ``_sum`` (so the replay sends the token rates the server
 saw); input and output lengths paired at random (the histograms do not say which went together); one prefix
-group whose blocks (of the server's KV block size) cover the hit ratio's share of the input tokens.
+group whose blocks (of the server's KV block size) cover the hit ratio's share of the input tokens. With the
+engine's spans, arrivals and paired lengths are the spans' own.
 """
 
 from __future__ import annotations
@@ -45,6 +49,36 @@ from diagnose.workload import ReplayRequest
 
 LENGTHS = {"input_tokens": "request_prompt_tokens", "output_tokens": "request_output_tokens"}
 PCTS = (50, 90, 99)
+# the engine's request spans (attach --observe --otlp) stand for the traffic when they cover this share of the
+# requests its counter saw finish: then lengths are exact per request and arrivals are the spans' own
+SPAN_COVERAGE_MIN = 0.9
+
+
+def span_requests(tables: dict[str, pd.DataFrame], window: Window) -> pd.DataFrame:
+    """The engine's request spans that arrived in ``window`` with both token counts, in arrival order:
+    columns ``start_s`` (the engine's arrival time), ``prompt_tokens``, ``completion_tokens``."""
+    cols = ["start_s", "prompt_tokens", "completion_tokens"]
+    rb = tables.get("request_breakdown")
+    if rb is None or rb.empty or not {"server_start_s", "prompt_tokens", "completion_tokens"} <= set(rb.columns):
+        return pd.DataFrame(columns=cols)
+    t = pd.to_numeric(rb["server_start_s"], errors="coerce")
+    inp = pd.to_numeric(rb["prompt_tokens"], errors="coerce")
+    out = pd.to_numeric(rb["completion_tokens"], errors="coerce")
+    keep = t.between(window.start_s, window.end_s) & (inp >= 1) & (out >= 1)
+    df = pd.DataFrame({"start_s": t[keep], "prompt_tokens": inp[keep], "completion_tokens": out[keep]})
+    return df.sort_values("start_s").reset_index(drop=True)
+
+
+def _scraped(window: Window, per: pd.DataFrame) -> Window:
+    """The part of ``window`` the counters cover (from the first to the last scrape of the intervals in
+    ``per``): spans are taken over the same time as the requests the counter counted."""
+    if per.empty:
+        return window
+    return Window(max(window.start_s, float(per["t0_s"].min())), min(window.end_s, float(per["t_s"].max())))
+
+
+def _exact(values: np.ndarray) -> dict[str, float]:
+    return {"mean": float(values.mean()), **{f"p{p}": float(np.percentile(values, p)) for p in PCTS}}
 
 
 def _rate(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[float, float] | None:
@@ -88,6 +122,10 @@ def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[s
     out["dispersion"] = (float(counts.var(ddof=1) / counts.mean())
                          if len(counts) >= 3 and counts.mean() > 0 else None)
     out["interval_s"] = float((per["t_s"] - per["t0_s"]).median()) if len(per) else None
+    sp = span_requests(tables, _scraped(window, per))
+    if n > 0 and len(sp) >= SPAN_COVERAGE_MIN * n:
+        out["spans"] = {"requests": len(sp), "input_tokens": _exact(sp["prompt_tokens"].to_numpy(dtype=float)),
+                        "output_tokens": _exact(sp["completion_tokens"].to_numpy(dtype=float))}
     return out
 
 
@@ -157,6 +195,21 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
     if per.empty or per["delta"].sum() < 1:
         raise ValueError("the server's finished-requests counter did not move during the capture (no traffic "
                          "seen, or an engine without that counter)")
+    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
+    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
+    hit = min(1.0, max(0.0, hits / queries)) if queries and hits is not None else 0.0
+    group = f"observed-{seed}"
+    sp = span_requests(tables, _scraped(window, per))
+    if len(sp) >= SPAN_COVERAGE_MIN * float(per["delta"].sum()):
+        # the engine's own spans: each request's arrival and lengths as they were, paired
+        inp = [int(v) for v in sp["prompt_tokens"]]
+        t0 = float(sp["start_s"].iloc[0])
+        reqs = [ReplayRequest(offset_s=float(t) - t0, input_tokens=i, output_tokens=int(o),
+                              prefix=tuple(f"{group}:{j}" for j in range(k)))
+                for t, i, o, k in zip(sp["start_s"], inp, sp["completion_tokens"],
+                                      _shared_blocks(inp, hit, block_tokens), strict=True)]
+        return reqs, (f"from observed traffic: {len(reqs)} requests at the arrival times and with the lengths of "
+                      f"the engine's request spans, prefix share {hit:.0%} from its prefix-cache hit ratio")
     times: list[float] = []
     for t0, t1, d in zip(per["t0_s"], per["t_s"], per["delta"], strict=True):
         k = int(round(d))
@@ -171,10 +224,6 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
     rng = random.Random(seed)
     rng.shuffle(inp)
     rng.shuffle(out)
-    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
-    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
-    hit = min(1.0, max(0.0, hits / queries)) if queries and hits is not None else 0.0
-    group = f"observed-{seed}"
     t_first = times[0]
     reqs = [ReplayRequest(offset_s=t - t_first, input_tokens=i, output_tokens=o,
                           prefix=tuple(f"{group}:{j}" for j in range(k)))

@@ -170,15 +170,20 @@ def _observed(card: dict[str, Any], seen: dict[str, Any], running: float | None,
     card["rate_rps"] = seen["rate_rps"]
     if running is not None:
         card["concurrency_mean"] = running + (waiting or 0.0)
+    spans = seen.get("spans")
+    card["lengths_from"] = f"engine spans ({spans['requests']} requests)" if spans else "server histograms"
     for key in ("input_tokens", "output_tokens"):
-        d = seen.get(key)
+        d = (spans or seen).get(key)
         if d:
             card[key] = {f"p{p}": d[f"p{p}"] for p in PCTS if f"p{p}" in d}
             card[f"{key}_mean"] = d["mean"]
-            card[f"{key}_bounds"] = {f"p{p}": d[f"p{p}_bucket"] for p in PCTS if f"p{p}_bucket" in d}
+            if not spans:  # exact from spans; from buckets, each percentile with the bucket it lies in
+                card[f"{key}_bounds"] = {f"p{p}": d[f"p{p}_bucket"] for p in PCTS if f"p{p}_bucket" in d}
     card["prefix_share_observed"] = seen.get("prefix_cache_hit_ratio")
     card["arrival_dispersion"] = seen.get("dispersion")
     card["observed"] = {k: seen.get(k) for k in ("seconds", "prompt_tps", "output_tps", "interval_s")}
-    card["note"] = ("from the server's counters and histograms: rate exact; length means exact, percentiles "
-                    "interpolated in the buckets shown; prefix share = the prefix-cache hit ratio (a lower bound "
-                    "of the repeated share: evicted prefixes and first requests count as misses)")
+    card["note"] = ("from the server's counters and " + (
+        "the engine's request spans: rate exact; lengths exact per request" if spans else
+        "histograms: rate exact; length means exact, percentiles interpolated in the buckets shown") +
+        "; prefix share = the prefix-cache hit ratio (a lower bound of the repeated share: evicted prefixes and "
+        "first requests count as misses)")

@@ -295,12 +295,15 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
 
 def _from_observed(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     """The workload of an observe-mode bundle, from the server's counters and length histograms over the
-    capture (diagnose/observed.py), in blocks of the server's KV block size where it stated one."""
+    capture, or its request spans where they cover the traffic (diagnose/observed.py), in blocks of the
+    server's KV block size where it stated one."""
     from diagnose.analysis import Window
-    from diagnose.normalize import prometheus
+    from diagnose.normalize import otel, prometheus
     from diagnose.observed import observed_requests
 
     tables = prometheus.tables(bundle) if bundle.has_stream("metrics") else {}
+    if tables and bundle.has_stream("spans"):  # the engine's request spans (attach --observe --otlp)
+        tables.update(otel.tables(bundle))
     scrapes = tables.get("metrics_scrapes")
     if scrapes is None or len(scrapes) < 2:
         raise DiagnoseError(f"{bundle.path}: an observe-mode capture with fewer than two metrics scrapes; "

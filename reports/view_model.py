@@ -134,8 +134,8 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
             if d and k in d:
                 lo, hi = (bounds.get(k) or [None, None])[:2]
                 where = f" in ({lo:.0f}, {hi:.0f}]" if lo is not None and hi is not None else ""
-                parts.append(f"{k.upper()} ~{d[k]:.0f}{where}")
-        return ", ".join(parts) + " (server histograms)"
+                parts.append(f"{k.upper()} {'~' if bounds else ''}{d[k]:.0f}{where}")
+        return ", ".join(parts) + f" ({card.get('lengths_from') or 'server histograms'})"
 
     def arrivals() -> str:
         disp, every = card.get("arrival_dispersion"), (card.get("observed") or {}).get("interval_s")

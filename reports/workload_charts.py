@@ -67,6 +67,14 @@ def lengths(a: Analysis, key: str) -> dict[str, Any]:
         return {"kind": "histogram", "title": f"{what} (n={b['n']}; {note})",
                 "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests",
                 **b, "markers": []}
+    from diagnose.observed import span_requests
+
+    spans = span_requests(a.tables, _window(a))
+    if len(spans):  # the engine's request spans: each request's own length
+        b = bin_values(num(spans["prompt_tokens" if key == "input" else "completion_tokens"]))
+        return {"kind": "histogram", "title": f"{what} (n={b['n']}; the engine's request spans)",
+                "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests",
+                **b, "markers": []}
     signal = {"input": "request_prompt_tokens", "output": "request_output_tokens"}[key]
     bins = _server_bins(a, signal)
     if not bins:

@@ -35,10 +35,19 @@ def _hist(name: str, values: list[int]) -> list[list[object]]:
 
 
 def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: float = 0.4, interval: float = 0.5,
-                         lengths: bool = True) -> BundleWriter:
+                         lengths: bool = True, spans: int = 0) -> BundleWriter:
     """An observe-mode bundle whose scrapes (every ``interval`` s) count ``reqs`` (finish time, input, output
-    tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens."""
+    tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens; with ``spans``, the engine's
+    ``llm_request`` spans of that many requests (the first ones), each arriving 0.2 s before it finished."""
     bw = BundleWriter(path, target={"url": "http://x", "engine": "vllm"}, workload={"mode": "observe"})
+    if spans:
+        sw = bw.stream("spans", "test spans")
+        for n, (t, i, o) in enumerate(reqs[:spans]):
+            sw.write({"trace_id": f"{n + 1:032x}", "span_id": f"{n + 1:016x}", "name": "llm_request",
+                      "kind": "SERVER", "source": "grpc", "start_unix_ns": bw.anchor_unix_ns + int((t - 0.2) * 1e9),
+                      "end_unix_ns": bw.anchor_unix_ns + int(t * 1e9),
+                      "attributes": {"gen_ai.usage.prompt_tokens": i, "gen_ai.usage.completion_tokens": o,
+                                     "gen_ai.latency.time_to_first_token": 0.02, "gen_ai.latency.e2e": 0.2}})
     w = bw.stream("metrics", "test scrapes")
     end = max(t for t, _, _ in reqs) + interval
     for k in range(int(end / interval) + 2):
@@ -171,3 +180,34 @@ def test_observed_traffic_without_length_histograms_is_one_line(tmp_path: Path) 
     assert seen is not None and seen["input_tokens"] is None and seen["requests"] == 20
     with pytest.raises(ValueError, match="length histogram"):
         observed_requests(tables, window, 16)  # type: ignore[arg-type]
+
+
+def test_the_engines_spans_give_exact_lengths_and_arrivals(tmp_path: Path) -> None:
+    reqs = _known()
+    write_observe_bundle(tmp_path / "obs", reqs, hit=0.5, spans=len(reqs))
+    from diagnose.pipeline import analyze
+    from diagnose.workload_card import workload_card
+
+    card = workload_card(analyze(tmp_path / "obs"))
+    assert card is not None and card["lengths_from"] == "engine spans (120 requests)"
+    inp = np.array([r[1] for r in reqs], dtype=float)
+    assert card["input_tokens"] == {f"p{p}": pytest.approx(float(np.percentile(inp, p))) for p in (50, 90, 99)}
+    assert card["input_tokens_mean"] == pytest.approx(inp.mean()) and "input_tokens_bounds" not in card
+    got, _, note = from_bundle(open_bundle(tmp_path / "obs"))
+    assert "the engine's request spans" in note
+    # each request as it was: lengths paired, arrivals 0.25 s apart
+    assert [(r.input_tokens, r.output_tokens) for r in got] == [(i, o) for _, i, o in reqs]
+    assert [r.offset_s for r in got] == pytest.approx([t - reqs[0][0] for t, _, _ in reqs], abs=1e-6)
+    share = sum(len(r.prefix) * 16 for r in got) / sum(r.input_tokens for r in got)
+    assert share == pytest.approx(0.5, abs=0.01)
+
+
+def test_spans_of_too_few_requests_leave_the_histograms(tmp_path: Path) -> None:
+    write_observe_bundle(tmp_path / "obs", _known(), spans=60)  # half the requests exported spans
+    from diagnose.pipeline import analyze
+    from diagnose.workload_card import workload_card
+
+    card = workload_card(analyze(tmp_path / "obs"))
+    assert card is not None and card["lengths_from"] == "server histograms" and "input_tokens_bounds" in card
+    _, _, note = from_bundle(open_bundle(tmp_path / "obs"))
+    assert "length histograms" in note

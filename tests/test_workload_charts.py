@@ -61,3 +61,11 @@ def test_no_rows_and_no_histograms_says_why(tmp_path: Path) -> None:
     a = analyze(tmp_path / "obs")
     assert lengths(a, "input") == {"kind": "unavailable", "title": "Input lengths",
                                    "reason": "no request rows and no server length histogram"}
+
+
+def test_an_observe_bundle_with_the_engines_spans_charts_their_lengths(tmp_path: Path) -> None:
+    reqs = _known()
+    write_observe_bundle(tmp_path / "obs", reqs, spans=len(reqs))
+    inp = lengths(analyze(tmp_path / "obs"), "input")
+    assert "the engine's request spans" in inp["title"] and inp["n"] == 120
+    assert sum(b[2] for b in inp["bins"]) == 120 and inp["bins"][0][0] == min(r[1] for r in reqs)

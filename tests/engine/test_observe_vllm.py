@@ -1,7 +1,9 @@
 """Observed traffic against the real vLLM CPU engine (issue 16, item 2 and its first "done when"): a known
-workload drives the server while `attach --observe` watches it. The observed workload card must match the
-driver, and a replay of the workload derived from the observation alone must reproduce the server-side token
-rates and prefix-cache hit ratio within 10%."""
+workload drives the server while `attach --observe --otlp` watches it. The figures from the server's counters
+and histograms alone must match the driver (rate, length means, each percentile in its bucket, the prefix-cache
+hit ratio its prefixes give); the card, with the engine's request spans, must give each request's lengths; and
+a replay of the workload derived from the observation (from the spans, and from the histograms alone) must
+reproduce the server-side token rates and prefix-cache hit ratio within 10%."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import random
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ import pytest
 from diagnose.bundle import open_bundle
 from diagnose.model import Window
 from diagnose.normalize import prometheus
-from diagnose.observed import observed_workload
+from diagnose.observed import observed_requests, observed_workload
+from diagnose.workload_file import encode_workload
+from harness.engine import free_port
 from tests.engine.test_attach_vllm import DIAG, _analyze
 
 pytestmark = pytest.mark.engine
@@ -51,10 +56,30 @@ def _scrape_window(bundle: Path) -> tuple[dict[str, Any], Window, list[int]]:
     return tables, Window(float(t.min()), float(t.max())), t_ns
 
 
+def _replay_rates(url: str, workload: Path, out: Path, seed: int) -> dict[str, float]:
+    """Replay ``workload`` on the server; its counters over its own phase (the scrape intervals around it
+    carry nothing else), per second of the phase. Each capture on the server gets its own ``--seed``: the
+    same seed writes the same prompt text for the same request number, and the server's prefix cache would
+    hit across captures (a second replay measured 0.39 against 0.27)."""
+    rep = subprocess.run(_attach(url, out, "--workload", str(workload), "--baseline", "0", "--warmup", "0",
+                                 "--duration", "120s", "--seed", str(seed)), capture_output=True, text=True,
+                         timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    phases = [p for p in open_bundle(out).phases() if not p.is_baseline]
+    replayed = observed_workload(prometheus.tables(open_bundle(out)), Window(phases[0].start_s, phases[-1].end_s))
+    assert replayed is not None
+    dur = phases[-1].end_s - phases[0].start_s
+    return {"rate_rps": replayed["requests"] / dur, "prompt_tps": replayed["prompt_tps"] * replayed["seconds"] / dur,
+            "output_tps": replayed["output_tps"] * replayed["seconds"] / dur,
+            "prefix_cache_hit_ratio": replayed["prefix_cache_hit_ratio"]}
+
+
 @pytest.mark.timeout(600)
 def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_rates(
-        vllm_server: object, tmp_path: Path) -> None:
-    url = vllm_server.url  # type: ignore[attr-defined]
+        start_vllm: Callable[..., object], tmp_path: Path) -> None:
+    # the engine exports its request spans to where the observation's OTLP receiver will listen
+    grpc_port, http_port = free_port(), free_port()
+    url = start_vllm(otlp_traces_endpoint=f"http://127.0.0.1:{grpc_port}").url  # type: ignore[attr-defined]
     _driver(tmp_path / "drive.jsonl")
     drv = subprocess.Popen(_attach(url, tmp_path / "drv", "--workload", str(tmp_path / "drive.jsonl"),
                                    "--baseline", "0", "--warmup", "0", "--duration", "120s"),
@@ -66,7 +91,8 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
         while time.monotonic() < deadline and (not reqs_file.exists() or reqs_file.read_text().count("\n") < 8):
             time.sleep(0.2)
         assert reqs_file.exists(), "the driver never sent"
-        obs = subprocess.run(_attach(url, tmp_path / "obs", "--observe", "--duration", "16s"),
+        obs = subprocess.run(_attach(url, tmp_path / "obs", "--observe", "--duration", "16s", "--otlp",
+                                     "--otlp-grpc-port", str(grpc_port), "--otlp-http-port", str(http_port)),
                              capture_output=True, text=True, timeout=120)
         assert obs.returncode == 0, obs.stderr
         out, err = drv.communicate(timeout=180)
@@ -75,7 +101,8 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
         if drv.poll() is None:
             drv.kill()
 
-    # the truth: the driver's requests that ended between the observation's first and last scrape
+    # the truth: the driver's requests that ended between the observation's first and last scrape (what the
+    # counters and histograms count), and those sent between them (what the spans, by arrival, hold)
     tables, window, t_ns = _scrape_window(tmp_path / "obs")
     sent = [r for r in open_bundle(tmp_path / "drv").iter_records("requests") if r.get("ok")]
     assert len(sent) == N
@@ -83,23 +110,26 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     true_rate = len(seen) / ((t_ns[-1] - t_ns[0]) / 1e9)
     inp = np.array([r["prompt_tokens_usage"] for r in seen], dtype=float)
     outp = np.array([r["output_tokens_usage"] for r in seen], dtype=float)
+    arrived = [r for r in sent if t_ns[0] < r["sent_ns"] <= t_ns[-1]]
 
-    card = _analyze(tmp_path / "obs", tmp_path)["workload_card"]
-    print("card vs driver:", {"requests": (card["requests"], len(seen)), "rate": (card["rate_rps"], true_rate),
-                              "input mean": (card["input_tokens_mean"], inp.mean()),
-                              "output mean": (card["output_tokens_mean"], outp.mean()),
-                              "input P50/P90 bounds": (card["input_tokens_bounds"], np.percentile(inp, [50, 90]))})
-    assert card["source"] == "observed traffic"
+    # 1. from the counters and histograms alone (what an engine without spans gives)
+    hist = observed_workload(tables, window)
+    assert hist is not None
+    print("histograms vs driver:", {"requests": (hist["requests"], len(seen)), "rate": (hist["rate_rps"], true_rate),
+                                    "input mean": (hist["input_tokens"]["mean"], inp.mean()),
+                                    "output mean": (hist["output_tokens"]["mean"], outp.mean()),
+                                    "input P50/P90": ([hist["input_tokens"][f"p{p}_bucket"] for p in (50, 90)],
+                                                      np.percentile(inp, [50, 90]))})
     # requests and rate: the server counted those the client saw end in the window (a request finishing
     # within a scrape of the window's edge can fall either side)
-    assert abs(card["requests"] - len(seen)) <= 2, (card["requests"], len(seen))
-    assert card["rate_rps"] == pytest.approx(true_rate, rel=0.1)
+    assert abs(hist["requests"] - len(seen)) <= 2, (hist["requests"], len(seen))
+    assert hist["rate_rps"] == pytest.approx(true_rate, rel=0.1)
     # lengths: the means exact (histogram sums) up to the edge requests; each percentile in its bucket
-    assert card["input_tokens_mean"] == pytest.approx(inp.mean(), rel=0.05)
-    assert card["output_tokens_mean"] == pytest.approx(outp.mean(), rel=0.05)
+    assert hist["input_tokens"]["mean"] == pytest.approx(inp.mean(), rel=0.05)
+    assert hist["output_tokens"]["mean"] == pytest.approx(outp.mean(), rel=0.05)
     for key, truth in (("input_tokens", inp), ("output_tokens", outp)):
         for p in (50, 90):
-            lo, hi = card[f"{key}_bounds"][f"p{p}"]
+            lo, hi = hist[key][f"p{p}_bucket"]
             assert lo < np.percentile(truth, p) <= hi + 1, (key, p, lo, hi)
     # prefix share: the driver shares half of each prompt in 16-token blocks, but the server caches blocks of
     # its own size (the CPU engine: 128 tokens), so what it can hit is each request's shared tokens (the BOS
@@ -113,27 +143,35 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
         longest = max(longest, shared)
     hit_seen = [expect[r["replay_index"]] for r in seen]
     hit_true = sum(h for h, _ in hit_seen) / sum(q for _, q in hit_seen)
-    assert card["prefix_share_observed"] == pytest.approx(hit_true, abs=0.03), (card["prefix_share_observed"], hit_true)
+    assert hist["prefix_cache_hit_ratio"] == pytest.approx(hit_true, abs=0.03), (hist["prefix_cache_hit_ratio"], hit_true)
 
-    # the replay of what was observed, on the same server
+    # 2. the card, with the engine's request spans: each request's lengths exactly
+    card = _analyze(tmp_path / "obs", tmp_path)["workload_card"]
+    assert card["source"] == "observed traffic" and card["lengths_from"].startswith("engine spans")
+    assert card["requests"] == round(hist["requests"]) and card["prefix_share_observed"] == hist["prefix_cache_hit_ratio"]
+    a_in = np.array([r["prompt_tokens_usage"] for r in arrived], dtype=float)
+    a_out = np.array([r["output_tokens_usage"] for r in arrived], dtype=float)
+    print("spans vs driver:", card["lengths_from"], len(arrived), {
+        k: (card[k], {f"p{p}": float(np.percentile(v, p)) for p in (50, 90, 99)})
+        for k, v in (("input_tokens", a_in), ("output_tokens", a_out))})
+    assert abs(int(card["lengths_from"].split("(")[1].split()[0]) - len(arrived)) <= 2
+    for key, truth in (("input_tokens", a_in), ("output_tokens", a_out)):
+        assert card[f"{key}_mean"] == pytest.approx(truth.mean(), rel=0.02)
+        for p in (50, 90):
+            assert card[key][f"p{p}"] == pytest.approx(float(np.percentile(truth, p)), rel=0.05), (key, p)
+
+    # 3. replays of what was observed, on the same server: the file `diagnose workload` writes (from the
+    # spans), and the one the counters and histograms alone give
     w = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "observed.jsonl")],
                        capture_output=True, text=True, timeout=120)
-    assert w.returncode == 0, w.stderr
-    rep = subprocess.run(_attach(url, tmp_path / "rep", "--workload", str(tmp_path / "observed.jsonl"),
-                                 "--baseline", "0", "--warmup", "0", "--duration", "120s"),
-                         capture_output=True, text=True, timeout=300)
-    assert rep.returncode == 0, rep.stderr
-    phases = [p for p in open_bundle(tmp_path / "rep").phases() if not p.is_baseline]
-    rep_tables = prometheus.tables(open_bundle(tmp_path / "rep"))
-    replayed = observed_workload(rep_tables, Window(phases[0].start_s, phases[-1].end_s))
-    observed = observed_workload(tables, window)
-    assert replayed is not None and observed is not None
-    # the replay's counters over its own phase (the scrape intervals around it carry nothing else), per
-    # second of the phase; the observation's over its scrapes (traffic throughout)
-    dur = phases[-1].end_s - phases[0].start_s
-    rep = {"rate_rps": replayed["requests"] / dur, "prompt_tps": replayed["prompt_tps"] * replayed["seconds"] / dur,
-           "output_tps": replayed["output_tps"] * replayed["seconds"] / dur,
-           "prefix_cache_hit_ratio": replayed["prefix_cache_hit_ratio"]}
-    print({k: (round(rep[k], 3), round(observed[k], 3)) for k in rep})  # the figures the closing note quotes
-    for key in rep:
-        assert rep[key] == pytest.approx(observed[key], rel=0.1), (key, rep[key], observed[key])
+    assert w.returncode == 0 and "spans" in (tmp_path / "observed.jsonl").read_text().splitlines()[0], w.stderr
+    tables_no_spans = {k: v for k, v in tables.items() if k != "request_breakdown"}
+    reqs, _ = observed_requests(tables_no_spans, window, block)
+    (tmp_path / "histograms.jsonl").write_bytes(encode_workload(reqs, block_tokens=block, source="histograms"))
+    observed = {"rate_rps": hist["rate_rps"], "prompt_tps": hist["prompt_tps"], "output_tps": hist["output_tps"],
+                "prefix_cache_hit_ratio": hist["prefix_cache_hit_ratio"]}
+    for seed, name in enumerate(("observed", "histograms"), start=1):  # the driver's seed is 0
+        rep = _replay_rates(url, tmp_path / f"{name}.jsonl", tmp_path / f"rep-{name}", seed)
+        print(f"replay of {name}.jsonl vs observed:", {k: (round(rep[k], 3), round(observed[k], 3)) for k in rep})
+        for key in rep:
+            assert rep[key] == pytest.approx(observed[key], rel=0.1), (name, key, rep[key], observed[key])
