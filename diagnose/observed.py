@@ -13,8 +13,9 @@ histograms over the capture, never from prompt text:
   that repeats only when every repeated prefix stays cached; an evicted prefix or a first request counts as a
   miss, so it is a lower bound of the repeated share;
 * requests in the server: waiting + running, time-weighted (Little's law) where the histograms allow;
-* arrival pattern: the index of dispersion of the finished requests per scrape interval (variance / mean: 1 for
-  Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts), at the scrape interval's resolution;
+* arrival pattern: the index of dispersion of the finished requests per scrape interval against the mean rate
+  (1 for Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts; intervals of unequal length
+  allowed for), at the scrape interval's resolution;
 * with the engine's request spans (``attach --observe --otlp``; vLLM's ``llm_request`` carries
   ``gen_ai.usage.prompt_tokens`` and ``completion_tokens``) covering at least ``SPAN_COVERAGE_MIN`` of the
   requests the counter saw: each request's lengths exactly, and its arrival time.
@@ -69,6 +70,19 @@ def span_requests(tables: dict[str, pd.DataFrame], window: Window) -> pd.DataFra
     return df.sort_values("start_s").reset_index(drop=True)
 
 
+def _dispersion(per: pd.DataFrame) -> float | None:
+    """Index of dispersion of the finished requests per scrape interval, for intervals of unequal length
+    (the probe stretches its interval under its overhead budget): sum((count - rate x length)^2) / sum(rate x
+    length), scaled by n / (n - 1). 1 for Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts.
+    The plain variance / mean of the counts would read unequal intervals as bursts."""
+    counts = per["delta"].to_numpy(dtype=float)
+    dt = (per["t_s"] - per["t0_s"]).to_numpy(dtype=float)
+    if len(counts) < 3 or counts.sum() <= 0 or dt.sum() <= 0:
+        return None
+    expected = counts.sum() / dt.sum() * dt
+    return float(((counts - expected) ** 2).sum() / expected.sum() * len(counts) / (len(counts) - 1))
+
+
 def _scraped(window: Window, per: pd.DataFrame) -> Window:
     """The part of ``window`` the counters cover (from the first to the last scrape of the intervals in
     ``per``): spans are taken over the same time as the requests the counter counted."""
@@ -118,9 +132,7 @@ def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[s
     hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
     out["prefix_cache_hit_ratio"] = hits / queries if queries and hits is not None else None
     per = counter_intervals(tables, "finished_requests", window)
-    counts = per["delta"].to_numpy(dtype=float)
-    out["dispersion"] = (float(counts.var(ddof=1) / counts.mean())
-                         if len(counts) >= 3 and counts.mean() > 0 else None)
+    out["dispersion"] = _dispersion(per)
     out["interval_s"] = float((per["t_s"] - per["t0_s"]).median()) if len(per) else None
     sp = span_requests(tables, _scraped(window, per))
     if n > 0 and len(sp) >= SPAN_COVERAGE_MIN * n:

@@ -35,7 +35,7 @@ def _hist(name: str, values: list[int]) -> list[list[object]]:
 
 
 def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: float = 0.4, interval: float = 0.5,
-                         lengths: bool = True, spans: int = 0) -> BundleWriter:
+                         lengths: bool = True, spans: int = 0, jitter: float = 0.0) -> BundleWriter:
     """An observe-mode bundle whose scrapes (every ``interval`` s) count ``reqs`` (finish time, input, output
     tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens; with ``spans``, the engine's
     ``llm_request`` spans of that many requests (the first ones), each arriving 0.2 s before it finished."""
@@ -51,7 +51,7 @@ def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: fl
     w = bw.stream("metrics", "test scrapes")
     end = max(t for t, _, _ in reqs) + interval
     for k in range(int(end / interval) + 2):
-        t = k * interval
+        t = k * interval + (jitter if k % 2 else 0.0)  # scrapes at unequal intervals, as a stretched probe's
         done = [r for r in reqs if r[0] <= t]
         prompt = sum(r[1] for r in done)
         samples: list[list[object]] = [
@@ -211,3 +211,25 @@ def test_spans_of_too_few_requests_leave_the_histograms(tmp_path: Path) -> None:
     assert card is not None and card["lengths_from"] == "server histograms" and "input_tokens_bounds" in card
     _, _, note = from_bundle(open_bundle(tmp_path / "obs"))
     assert "length histograms" in note
+
+
+def test_unequal_scrape_intervals_are_not_read_as_bursts(tmp_path: Path) -> None:
+    """Evenly spaced arrivals (8/s) scraped at intervals of 0.1 s and 0.9 s (a probe stretched by its overhead
+    budget is uneven too): the counts per interval differ by 7x, but against the rate each interval expects
+    they do not (the plain variance / mean of the counts read 1.67, "bursty", on a real evenly spaced run)."""
+    write_observe_bundle(tmp_path / "obs", _known(240, rate=8.0), jitter=-0.4)
+    tables, window = _window(tmp_path / "obs")
+    per = prometheus.counter_intervals(tables, "finished_requests", window)  # type: ignore[arg-type]
+    counts = per["delta"].to_numpy(dtype=float)
+    assert counts.var(ddof=1) / counts.mean() > 1.5  # what the plain ratio says: "bursty"
+    seen = observed_workload(tables, window)  # type: ignore[arg-type]
+    assert seen is not None and seen["dispersion"] < 0.3
+    rng = random.Random(4)  # Poisson arrivals: about 1
+    t, poisson = 0.3, []
+    for _ in range(300):
+        t += rng.expovariate(4.0)
+        poisson.append((t, 100, 20))
+    write_observe_bundle(tmp_path / "poisson", poisson, jitter=-0.2)
+    tables, window = _window(tmp_path / "poisson")
+    seen = observed_workload(tables, window)  # type: ignore[arg-type]
+    assert seen is not None and 0.6 < seen["dispersion"] < 1.5

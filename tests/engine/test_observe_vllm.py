@@ -115,7 +115,8 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     # 1. from the counters and histograms alone (what an engine without spans gives)
     hist = observed_workload(tables, window)
     assert hist is not None
-    print("histograms vs driver:", {"requests": (hist["requests"], len(seen)), "rate": (hist["rate_rps"], true_rate),
+    print("histograms vs driver:", {"dispersion": hist["dispersion"], "interval_s": hist["interval_s"],
+                                    "requests": (hist["requests"], len(seen)), "rate": (hist["rate_rps"], true_rate),
                                     "input mean": (hist["input_tokens"]["mean"], inp.mean()),
                                     "output mean": (hist["output_tokens"]["mean"], outp.mean()),
                                     "input P50/P90": ([hist["input_tokens"][f"p{p}_bucket"] for p in (50, 90)],
@@ -124,6 +125,9 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     # within a scrape of the window's edge can fall either side)
     assert abs(hist["requests"] - len(seen)) <= 2, (hist["requests"], len(seen))
     assert hist["rate_rps"] == pytest.approx(true_rate, rel=0.1)
+    # the driver's arrivals are evenly spaced: not "bursty" (the card's label above 1.5), whatever the
+    # probe's interval (stretched by its overhead budget here); the plain variance / mean of the counts read 1.67
+    assert hist["dispersion"] is not None and hist["dispersion"] < 1.5, hist["dispersion"]
     # lengths: the means exact (histogram sums) up to the edge requests; each percentile in its bucket
     assert hist["input_tokens"]["mean"] == pytest.approx(inp.mean(), rel=0.05)
     assert hist["output_tokens"]["mean"] == pytest.approx(outp.mean(), rel=0.05)
