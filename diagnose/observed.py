@@ -46,6 +46,7 @@ from diagnose.normalize.prometheus import (
     hist_quantile,
     hist_window,
 )
+from diagnose.requests import percentiles
 from diagnose.workload import ReplayRequest
 
 LENGTHS = {"input_tokens": "request_prompt_tokens", "output_tokens": "request_output_tokens"}
@@ -91,13 +92,30 @@ def _scraped(window: Window, per: pd.DataFrame) -> Window:
     return Window(max(window.start_s, float(per["t0_s"].min())), min(window.end_s, float(per["t_s"].max())))
 
 
+def traffic_spans(tables: dict[str, pd.DataFrame], window: Window,
+                  per: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """The engine's request spans, over the time the finished-requests counter covers (``per``: its
+    intervals, read here when not given), when they stand for the traffic: at least ``SPAN_COVERAGE_MIN`` of
+    the requests the counter saw. None otherwise (no spans, or too few exported)."""
+    per = counter_intervals(tables, "finished_requests", window) if per is None else per
+    n = float(per["delta"].sum()) if len(per) else 0.0
+    sp = span_requests(tables, _scraped(window, per))
+    return sp if n > 0 and len(sp) >= SPAN_COVERAGE_MIN * n else None
+
+
+def _hit_ratio(tables: dict[str, pd.DataFrame], window: Window) -> float | None:
+    """Prefix-cache hit tokens over queried tokens in the window; None without queries."""
+    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
+    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
+    return hits / queries if queries and hits is not None else None
+
+
 def _exact(values: np.ndarray) -> dict[str, float]:
-    return {"mean": float(values.mean()), **{f"p{p}": float(np.percentile(values, p)) for p in PCTS}}
+    return {"mean": float(values.mean()), **percentiles(values, tuple((f"p{p}", float(p)) for p in PCTS))}
 
 
-def _rate(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> tuple[float, float] | None:
-    """(increase, seconds its scrape intervals cover) of one counter over the window; None without two scrapes."""
-    c = counter_intervals(tables, signal, window)
+def _rate(c: pd.DataFrame) -> tuple[float, float] | None:
+    """(increase, seconds its scrape intervals cover) of one counter's intervals; None without two scrapes."""
     span = float((c["t_s"] - c["t0_s"]).sum()) if len(c) else 0.0
     return (float(c["delta"].sum()), span) if span > 0 else None
 
@@ -118,7 +136,8 @@ def _lengths(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> di
 def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[str, Any] | None:
     """The observed traffic's figures over ``window`` (see the module text); None without the server's
     finished-requests counter (llama.cpp has none)."""
-    finished = _rate(tables, "finished_requests", window)
+    per = counter_intervals(tables, "finished_requests", window)
+    finished = _rate(per)
     if finished is None:
         return None
     n, span = finished
@@ -126,16 +145,13 @@ def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[s
     for key, sig in LENGTHS.items():
         out[key] = _lengths(tables, sig, window)
     for key, sig in (("prompt_tps", "prompt_tokens"), ("output_tps", "generation_tokens")):
-        r = _rate(tables, sig, window)
+        r = _rate(counter_intervals(tables, sig, window))
         out[key] = r[0] / r[1] if r else None
-    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
-    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
-    out["prefix_cache_hit_ratio"] = hits / queries if queries and hits is not None else None
-    per = counter_intervals(tables, "finished_requests", window)
+    out["prefix_cache_hit_ratio"] = _hit_ratio(tables, window)
     out["dispersion"] = _dispersion(per)
-    out["interval_s"] = float((per["t_s"] - per["t0_s"]).median()) if len(per) else None
-    sp = span_requests(tables, _scraped(window, per))
-    if n > 0 and len(sp) >= SPAN_COVERAGE_MIN * n:
+    out["interval_s"] = float((per["t_s"] - per["t0_s"]).median())
+    sp = traffic_spans(tables, window, per)
+    if sp is not None:
         out["spans"] = {"requests": len(sp), "input_tokens": _exact(sp["prompt_tokens"].to_numpy(dtype=float)),
                         "output_tokens": _exact(sp["completion_tokens"].to_numpy(dtype=float))}
     return out
@@ -207,12 +223,10 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
     if per.empty or per["delta"].sum() < 1:
         raise ValueError("the server's finished-requests counter did not move during the capture (no traffic "
                          "seen, or an engine without that counter)")
-    queries = counter_increase(tables, "prefix_cache_queries_tokens", window)
-    hits = counter_increase(tables, "prefix_cache_hits_tokens", window)
-    hit = min(1.0, max(0.0, hits / queries)) if queries and hits is not None else 0.0
+    hit = min(1.0, max(0.0, _hit_ratio(tables, window) or 0.0))
     group = f"observed-{seed}"
-    sp = span_requests(tables, _scraped(window, per))
-    if len(sp) >= SPAN_COVERAGE_MIN * float(per["delta"].sum()):
+    sp = traffic_spans(tables, window, per)
+    if sp is not None:
         # the engine's own spans: each request's arrival and lengths as they were, paired
         inp = [int(v) for v in sp["prompt_tokens"]]
         t0 = float(sp["start_s"].iloc[0])

@@ -46,6 +46,13 @@ def _server_bins(a: Analysis, signal: str) -> list[list[float]]:
     return bins[nonzero[0]: nonzero[-1] + 1]
 
 
+def _binned(what: str, b: dict[str, Any], source: str) -> dict[str, Any]:
+    """A length histogram of binned values (sections_view.bin_values). No percentile markers: the workload
+    card states the percentiles (each number once a page)."""
+    return {"kind": "histogram", "title": f"{what} (n={b['n']}; {source})",
+            "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests", **b, "markers": []}
+
+
 def lengths(a: Analysis, key: str) -> dict[str, Any]:
     """The input (``key`` "input") or output length distribution of the measured requests."""
     what = {"input": "Input lengths", "output": "Output lengths"}[key]
@@ -63,18 +70,14 @@ def lengths(a: Analysis, key: str) -> dict[str, Any]:
         b = bin_values(num(rows[col]))
         if b["n"] == 0:
             return unavailable(what, "no successful measured request to plot")
-        # no percentile markers: the workload card states the percentiles (each number once a page)
-        return {"kind": "histogram", "title": f"{what} (n={b['n']}; {note})",
-                "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests",
-                **b, "markers": []}
-    from diagnose.observed import span_requests
+        return _binned(what, b, note)
+    from diagnose.observed import traffic_spans
 
-    spans = span_requests(a.tables, _window(a))
-    if len(spans):  # the engine's request spans: each request's own length
-        b = bin_values(num(spans["prompt_tokens" if key == "input" else "completion_tokens"]))
-        return {"kind": "histogram", "title": f"{what} (n={b['n']}; the engine's request spans)",
-                "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests",
-                **b, "markers": []}
+    # the engine's request spans where the workload card takes its lengths from them (the same decision)
+    spans = traffic_spans(a.tables, _window(a))
+    if spans is not None:
+        return _binned(what, bin_values(num(spans["prompt_tokens" if key == "input" else "completion_tokens"])),
+                       "the engine's request spans")
     signal = {"input": "request_prompt_tokens", "output": "request_output_tokens"}[key]
     bins = _server_bins(a, signal)
     if not bins:

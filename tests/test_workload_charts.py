@@ -69,3 +69,11 @@ def test_an_observe_bundle_with_the_engines_spans_charts_their_lengths(tmp_path:
     inp = lengths(analyze(tmp_path / "obs"), "input")
     assert "the engine's request spans" in inp["title"] and inp["n"] == 120
     assert sum(b[2] for b in inp["bins"]) == 120 and inp["bins"][0][0] == min(r[1] for r in reqs)
+
+
+def test_spans_of_too_few_requests_leave_the_charts_on_the_server_histograms(tmp_path: Path) -> None:
+    """The charts take the same source as the workload card: half the requests' spans do not stand for the
+    traffic (observed.traffic_spans), so the buckets are the server's."""
+    write_observe_bundle(tmp_path / "obs", _known(), spans=60)
+    inp = lengths(analyze(tmp_path / "obs"), "input")
+    assert "the server's histogram buckets" in inp["title"] and inp["n"] == 120
