@@ -617,36 +617,31 @@ class _LoadRun:
         cap = self._num_requests(ph)
         period = rp.period_s()
         # a conversation: a session's turn is sent at its offset, but never before the previous turn's answer
-        # has ended (--no-session-wait: at its offset regardless). Each turn's answer is an event its next
-        # turn waits on; a turn that waited is due when that answer ended (its schedule lag starts there).
-        answered: dict[tuple[int, str], tuple[asyncio.Event, list[int]]] = {}
+        # has ended (--no-session-wait: at its offset regardless). Each turn resolves a future with the time
+        # its answer ended, which its next turn awaits; a turn that waited is due then (its schedule lag
+        # starts there).
+        answered: dict[tuple[int, str], asyncio.Future[int]] = {}
 
-        async def capped_one(warm: bool, intended: int, item: ReplayItem) -> None:
-            assert sem is not None
+        async def one(warm: bool, intended: int, item: ReplayItem) -> None:
+            if sem is None:
+                await self._one(ph.index, warm, intended, False, item)
+                return
             capped = sem.locked()
             async with sem:
                 await self._one(ph.index, warm, intended, capped, item)
 
-        async def one(warm: bool, intended: int, item: ReplayItem) -> None:
-            if sem:
-                await capped_one(warm, intended, item)
-            else:
-                await self._one(ph.index, warm, intended, False, item)
-
-        async def turn(warm: bool, intended: int, item: ReplayItem,
-                       prev: tuple[asyncio.Event, list[int]] | None, mine: tuple[asyncio.Event, list[int]]) -> None:
+        async def turn(warm: bool, intended: int, item: ReplayItem, prev: asyncio.Future[int] | None,
+                       mine: asyncio.Future[int]) -> None:
             try:
-                if prev is not None:
-                    await prev[0].wait()
-                    if prev[1] and prev[1][0] > intended:
-                        intended = prev[1][0]
-                        if (deadline is not None and intended >= deadline) or await sleep_until(
-                                intended, lambda: self.stopping):
-                            return
+                if prev is not None and (ended := await asyncio.shield(prev)) > intended:
+                    intended = ended
+                    if (deadline is not None and intended >= deadline) or await sleep_until(
+                            intended, lambda: self.stopping):
+                        return
                 await one(warm, intended, item)
             finally:
-                mine[1].append(now_ns())
-                mine[0].set()
+                if not mine.done():
+                    mine.set_result(now_ns())
 
         def plan() -> Iterator[tuple[ReplayItem, int]]:  # (the request, when it is due: ns, monotonic)
             for lp in range(rp.loop):
@@ -669,8 +664,7 @@ class _LoadRun:
                 if session is not None and self.spec.session_wait:
                     key = (item[1], session)
                     prev = answered.get(key)
-                    mine: tuple[asyncio.Event, list[int]] = (asyncio.Event(), [])
-                    answered[key] = mine
+                    answered[key] = mine = asyncio.get_running_loop().create_future()
                     _spawn(tasks, turn(warm, t, item, prev, mine))
                 else:
                     _spawn(tasks, one(warm, t, item))
