@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TRUTH = ROOT.parent.parent / "shared" / "tools" / "truth_server.py"
+TRUTH = ROOT.parent / "shared" / "tools" / "truth_server.py"  # ../shared beside the checkout
 OLD_REF = "c7ebd27"
 STALL_MS = 5.0
 
@@ -98,6 +99,7 @@ async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: 
     t0 = time.monotonic()
     result = await run_capture(bw, Target(url=url, model=model), [probe, PrometheusProbe(interval_s=1.0)])
     wall = time.monotonic() - t0
+    maxrss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # before reading the bundle back
     w.cancel()
     b = open_bundle(d / "b")
     health = b.records("client_health")
@@ -117,14 +119,17 @@ async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: 
     return {"load": load, "samples": len(lags), "lag_p50_ms": pct(50), "lag_p99_ms": pct(99),
             "lag_max_ms": lags[-1] if lags else float("nan"), "over_5ms": sum(x > STALL_MS for x in lags),
             "max_gap_ms": max(gaps) if gaps else float("nan"), "requests": len(reqs),
+            "health_t0_ns": ts[0] if ts else None,
             "ok": sum(1 for r in reqs if r.get("ok")), "wall_s": wall,
             "backlog_max": max(backlog) if backlog else None, "backlog_samples": len(backlog),
-            "worst": [{k: h.get(k) for k in ("loop_lag_ms", "stall_cause", "gc_pause_ms", "gc_generation",
-                                              "flush_max_ms", "flush_records", "in_flight", "cpu_percent")}
+            "worst": [{"t_s": round((int(h["t_ns"]) - ts[0]) / 1e9, 1),
+                       **{k: h.get(k) for k in ("loop_lag_ms", "stall_cause", "gc_pause_ms", "gc_generation",
+                                                "flush_max_ms", "flush_records", "in_flight", "cpu_percent")}}
                       for h in worst],
             "stalls": (st.detail.get("client_stalls") if st is not None else None),
             "status": st.reason if st is not None else "?",
-            "realtime": os.sched_getscheduler(0) == os.SCHED_RR}
+            "realtime": os.sched_getscheduler(0) == os.SCHED_RR,
+            "maxrss_mb": maxrss_mb}
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -197,14 +202,15 @@ def write_md(results: list[dict[str, Any]], args: argparse.Namespace, out: Path,
              f"{'SCHED_RR 1 (attach --realtime)' if args.realtime else 'normal priority'}; `old` = the load probe "
              f"of {args.old_ref} loaded in place of this tree's, in the same run.", "",
              "Loop lag = how late a 10 ms timer wakes (each 0.1 s health sample keeps the worst of its ten wakes). "
-             "Backlog = finished requests not yet on disk, sampled every second (max).", "",
+             "Backlog = finished requests not yet on disk, sampled every second (max). Max RSS = the client "
+             "process's peak resident memory by the end of the capture.", "",
              "| load | client | samples | lag P50 ms | lag P99 ms | lag MAX ms | samples > 5 ms | max sample gap ms | "
-             "requests ok | backlog max | realtime |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "requests ok | backlog max | max RSS MB | realtime |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['load']} | {r['arm']} | {r['samples']} | {_fmt(r['lag_p50_ms'])} | {_fmt(r['lag_p99_ms'])} "
                      f"| **{_fmt(r['lag_max_ms'])}** | {r['over_5ms']} | {_fmt(r['max_gap_ms'], 1)} | {r['ok']} "
-                     f"| {_fmt(r['backlog_max'])} | {r['realtime']} |")
+                     f"| {_fmt(r['backlog_max'])} | {_fmt(r.get('maxrss_mb'), 0)} | {r['realtime']} |")
     lines += ["", "Ratios (old / new, same run):", ""]
     for load in dict.fromkeys(r["load"] for r in results):
         by = {r["arm"]: r for r in results if r["load"] == load}
@@ -216,7 +222,7 @@ def write_md(results: list[dict[str, Any]], args: argparse.Namespace, out: Path,
                          f"samples > 5 ms {o['over_5ms']} / {n['over_5ms']}")
     lines += ["", "Worst samples and recorded causes (new client: `stall_cause`, GC pause, flush slice):", ""]
     for r in results:
-        w = "; ".join(f"{x['loop_lag_ms']} ms" + (f" ({x['stall_cause']}, gc {x['gc_pause_ms']} ms gen "
+        w = "; ".join(f"{x['loop_lag_ms']} ms" + (f" at {x['t_s']} s" if "t_s" in x else "") + (f" ({x['stall_cause']}, gc {x['gc_pause_ms']} ms gen "
                                                     f"{x['gc_generation']}, flush {x['flush_max_ms']} ms/"
                                                     f"{x['flush_records']} rec)" if "stall_cause" in x and
                                                    x.get("gc_pause_ms") is not None else "")
@@ -257,6 +263,8 @@ def main() -> None:
     url = args.url
     target = f"{url} (a running engine)" if url else f"the truth server (TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms)"
     if url is None:
+        if not Path(args.truth_server).is_file():
+            raise SystemExit(f"truth server not found: {args.truth_server} (give --truth-server PATH)")
         url = f"http://127.0.0.1:{args.port}"
         server = subprocess.Popen(["taskset", "-c", str(args.server_core), sys.executable, args.truth_server,
                                    "--port", str(args.port), "--ttft-ms", str(args.ttft_ms), "--itl-ms",
