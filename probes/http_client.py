@@ -12,6 +12,7 @@ import contextlib
 import errno
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ import orjson
 from diagnose.probes.sse import SseConnection, StreamResult, now_ns
 
 CLIENT_LIMIT = "client limit:"  # how an error detail starts when the client, not the server, ran out
+RX_BUDGET_NS = 1_000_000  # reads parsed per loop turn: until this much time is spent (HttpClient.drain_rx)
 
 
 def client_fd_limit_detail(e: OSError) -> str:
@@ -84,12 +86,33 @@ class HttpClient:
         self.rx_scheduled = True
         self._call_soon(self.drain_rx)
 
-    def drain_rx(self) -> None:
-        """Parses every read stamped since the last turn, in arrival order."""
+    def drain_rx(self, budget: bool = True) -> None:
+        """Parses the reads stamped since the last turn, in arrival order: with ``budget`` until
+        ``RX_BUDGET_NS`` is spent, the rest on the next turn (after the next poll has stamped what arrived
+        meanwhile, and timers have run); without, all of them (a connection closing parses what it sent
+        first).
+
+        After a stall, or in a closed loop's wave, hundreds of reads wait: parsed in one callback they took
+        4 ms and more, a turn in which nothing else ran and every timer was late (issue 18)."""
         self.rx_scheduled = False
         pending, self.rx_pending = self.rx_pending, []
-        for conn, t, data in pending:
+        if not budget:
+            for conn, t, data in pending:
+                conn._on_data(data, t)
+            return
+        deadline = time.perf_counter_ns() + RX_BUDGET_NS
+        n = len(pending)
+        i = 0
+        while i < n:
+            conn, t, data = pending[i]
+            i += 1
             conn._on_data(data, t)
+            if not i & 7 and i < n and time.perf_counter_ns() >= deadline:
+                rest = pending[i:]
+                rest.extend(self.rx_pending)  # nothing is read during a callback, but keep the order regardless
+                self.rx_pending = rest
+                self.schedule_rx()
+                return
 
     # -- pool --------------------------------------------------------------------------------
     async def _connect(self) -> SseConnection:

@@ -16,9 +16,11 @@ during a capture. Every stream write (health samples and phase records too) is q
 (a write() can block for hundreds of ms when the kernel throttles writers or the journal commits), records
 are serialised on the loop a few per turn, more per turn (up to ``FLUSH_BUDGET_MS``) only when a backlog
 builds, and a phase's end drains the rest the same way instead of in one go. At most ``SEND_BATCH``
-requests are set up per turn (a closed loop's wave or a phase's start otherwise sets up hundreds in one).
+requests are set up per turn, fewer when their measured set-up time would exceed ``SEND_BUDGET_MS`` (a closed
+loop's wave or a phase's start otherwise sets up hundreds in one).
 The collector's oldest generation never runs automatically during the capture (set-up objects are frozen
-first); it runs at phase boundaries, when no request is in flight. The health stream names the cause of any stall it sees
+first, and what survives each 0.1 s health tick after them); it runs at phase boundaries, when no request is
+in flight. The health stream names the cause of any stall it sees
 (probes/load_monitor.py).
 """
 
@@ -34,7 +36,7 @@ import secrets
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,8 @@ FLUSH_SLICE = 4  # chunk records serialised per event-loop turn by the periodic 
 FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until FLUSH_BUDGET_MS is spent
 FLUSH_BUDGET_MS = 0.5
 SEND_BATCH = 16  # requests set up and sent per event-loop turn at most (the rest wait a turn: _send_gate)
+SEND_BUDGET_MS = 1.0  # ... and fewer when their measured set-up time would take longer than this in one turn
+SETUP_MS_START = 0.5  # a request's set-up time assumed until one is measured (a new connection's is ~0.3-0.9 ms)
 
 
 def _spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> None:
@@ -84,6 +88,23 @@ def _spawn(tasks: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> Non
     task = asyncio.ensure_future(coro)
     tasks.add(task)
     task.add_done_callback(tasks.discard)
+
+
+async def _run_workers(worker: Callable[[], Coroutine[Any, Any, None]], n: int) -> None:
+    """Runs ``n`` closed-loop workers to their end, started ``SEND_BATCH`` per loop turn: every worker's first
+    step in one turn (256 at a phase's start) held the loop for 10 ms and more before any request was sent."""
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for i in range(n):
+            tasks.append(asyncio.ensure_future(worker()))
+            if i % SEND_BATCH == SEND_BATCH - 1:
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
@@ -169,7 +190,7 @@ class _LoadRun:
         self.w_chunks = ctx.bundle.stream("chunks", "content-chunk arrival times and tokens per request")
         self.w_phases = ctx.bundle.stream("phases", "one record per workload phase (sweep level)")
         self.w_health = ctx.bundle.stream("client_health", "load client self-check samples every 0.1 s")
-        self.monitor = Monitor(self.stats, self.client.in_flight, self._write_health, self.flush_soon, progress)
+        self.monitor = Monitor(self.stats, self.client.in_flight, self._write_health, self._tick, progress)
         self._flush_scheduled = False
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnose-load-io")
         self._io_last: Future[None] | None = None
@@ -177,6 +198,7 @@ class _LoadRun:
         self._turn_sends = 0  # requests sent in this loop turn (_send_gate)
         self._turn_armed = False
         self._gate_waiters: deque[asyncio.Future[None]] = deque()
+        self.setup_ms = SETUP_MS_START  # moving average of a request's set-up time on the loop (_send_gate)
         self.notes: dict[str, Any] = {}
         # a replayed session's turns in the file: its requests' planned "turns", so a conversation replayed
         # is measured as a task (diagnose/normalize/tasks.py) as a synthetic one is
@@ -213,6 +235,17 @@ class _LoadRun:
         except asyncio.CancelledError:
             self.flush()
             raise
+
+    def _tick(self) -> None:
+        """Every health tick (0.1 s): the periodic flush, and during a phase what survived the tick is frozen,
+        so the collector's young generations only ever scan what the last tick allocated. Unfrozen, they
+        scanned every in-flight request's objects again and again: 0.2-4 ms pauses, ~150 a minute at
+        c=256 (benchmarks/results/client_stall.md); frozen, ~30 a minute of at most 0.7 ms. Requests mostly
+        die by reference count, frozen or not; a cycle that becomes garbage after its tick waits for the
+        phase's end, where everything is unfrozen and collected (_phase_end)."""
+        if self._gc_deferred:
+            gc.freeze()
+        self.flush_soon()
 
     def flush_soon(self) -> None:
         """The periodic flush: serialised in slices of ``FLUSH_SLICE`` records per event-loop turn, written
@@ -299,16 +332,22 @@ class _LoadRun:
             body["prompt"] = text
         return orjson.dumps(body)
 
+    def _turn_quota(self) -> int:
+        """Requests that may be set up in one loop turn: as many as fit ``SEND_BUDGET_MS`` at the measured
+        set-up time, at least one, at most ``SEND_BATCH``."""
+        return max(1, min(SEND_BATCH, int(SEND_BUDGET_MS / max(1e-3, self.setup_ms))))
+
     def _send_gate(self) -> asyncio.Future[None] | None:
         """None when this request may be set up and sent in this loop turn, else a future that a later turn
-        resolves (FIFO, ``SEND_BATCH`` per turn).
+        resolves (FIFO, :meth:`_turn_quota` per turn).
 
         A closed loop's wave (hundreds of requests ending in one read, each worker sending its next at once)
         or a phase's start (every worker, each with a new connection) set up hundreds of requests in one
         turn: 10-30 ms during which no socket is polled, so every chunk arriving meanwhile is stamped late.
         A few per turn leave the polls in between; a deferred request waits a turn or two (under a
-        millisecond), which its schedule lag shows."""
-        if self._turn_sends < SEND_BATCH and not self._gate_waiters:
+        millisecond), which its schedule lag shows. How many fit a turn follows the measured set-up time:
+        16 new connections at a phase's start took 6-14 ms in one turn, 16 reused ones ~2 ms."""
+        if self._turn_sends < self._turn_quota() and not self._gate_waiters:
             self._turn_sends += 1
             self._arm_turn()
             return None
@@ -316,6 +355,12 @@ class _LoadRun:
         self._gate_waiters.append(fut)
         self._arm_turn()
         return fut
+
+    def _setup_done(self, passed_ns: int, sent_ns: int) -> None:
+        """A request's set-up time (gate passed -> request written; a new connection's connect included, at
+        most 5 ms counted) into the moving average the gate sizes its turns by."""
+        if sent_ns >= passed_ns:
+            self.setup_ms += 0.1 * (min(5.0, (sent_ns - passed_ns) / 1e6) - self.setup_ms)
 
     def _arm_turn(self) -> None:
         if not self._turn_armed:
@@ -326,7 +371,8 @@ class _LoadRun:
         self._turn_armed = False
         self._turn_sends = 0
         waiters = self._gate_waiters
-        while waiters and self._turn_sends < SEND_BATCH:
+        quota = self._turn_quota()
+        while waiters and self._turn_sends < quota:
             fut = waiters.popleft()
             if not fut.done():  # a cancelled request no longer waits
                 self._turn_sends += 1
@@ -339,6 +385,7 @@ class _LoadRun:
         gate = self._send_gate()
         if gate is not None:
             await gate
+        passed_ns = now_ns()
         seq = self.seq
         self.seq += 1
         rid = f"{self.token}-{seq}"
@@ -367,6 +414,8 @@ class _LoadRun:
                 res.sent_ns = res.end_ns
             raise
         finally:
+            if res.headers_ns is not None or res.t_ns:  # it was sent (a failed connect measured nothing)
+                self._setup_done(passed_ns, res.sent_ns)
             self._record(rid, phase, warmup, intended_ns, capped, prompt.text, prompt.tokens, prompt.source,
                          trace_id, span_id, res, max_tokens, item, turn)
         return res
@@ -531,7 +580,7 @@ class _LoadRun:
                 res = await self._one(ph.index, warm, prev)
                 prev = res.end_ns or now_ns()
 
-        await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
+        await _run_workers(worker, max(1, ph.concurrency or 1))
 
     async def _tasks(self, ph: Phase, deadline: int | None) -> None:
         """A closed loop of tasks (``--turns``; probes/sessions.py): each worker runs one task at a time, its
@@ -566,7 +615,7 @@ class _LoadRun:
                 if due is None:
                     return
 
-        await asyncio.gather(*(worker() for _ in range(max(1, ph.concurrency or 1))))
+        await _run_workers(worker, max(1, ph.concurrency or 1))
 
     async def _open(self, ph: Phase, start: int, deadline: int | None) -> None:
         rate = float(ph.rate or 1.0)

@@ -141,7 +141,7 @@ class SseConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.client.rx_pending:
-            self.client.drain_rx()  # bytes that arrived before the close come first
+            self.client.drain_rx(budget=False)  # bytes that arrived before the close come first
         self.closed = True
         if self.res is not None and self.fut is not None and not self.fut.done():
             if self.head_done and not self.chunked and self.remaining < 0:

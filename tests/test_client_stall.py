@@ -240,3 +240,151 @@ def test_stall_marking_follows_threshold_overrides(tmp_path: Path) -> None:
     assert analyze(path).signals["requests_excluded_client_stall"].value > 0
     strict = analyze(path, threshold_overrides={"client_stall_max_count": 0})
     assert "requests_excluded_client_stall" not in strict.signals  # nothing marked: judged as a whole
+
+
+# -- bounded work per loop turn (issue 18, second round: benchmarks/results/client_stall.md) ---------------
+def test_reads_are_parsed_a_budget_per_loop_turn() -> None:
+    """Reads stamped in one poll are parsed until RX_BUDGET_NS is spent, the rest on later turns, in arrival
+    order; a closing connection's drain (budget=False) parses everything at once. Parsed all in one callback,
+    hundreds of reads held the loop for 4 ms and more."""
+    import time
+
+    from diagnose.probes.http_client import RX_BUDGET_NS, HttpClient
+
+    parsed: list[int] = []
+    per_read_ns = RX_BUDGET_NS // 5  # five reads fill a turn's budget
+
+    class Conn:
+        def _on_data(self, data: bytes, t: int) -> None:
+            end = time.perf_counter_ns() + per_read_ns
+            while time.perf_counter_ns() < end:
+                pass
+            parsed.append(t)
+
+    async def go() -> list[int]:
+        client = HttpClient("http://127.0.0.1:9")
+        conns = [Conn() for _ in range(4)]
+        for i in range(100):
+            client.rx_pending.append((conns[i % 4], i, b"x"))  # type: ignore[arg-type]
+        client.schedule_rx()
+        per_turn = []
+        while len(parsed) < 100:
+            before = len(parsed)
+            await asyncio.sleep(0)  # one loop turn: the scheduled drain runs before this task resumes
+            per_turn.append(len(parsed) - before)
+        for i in range(100, 140):
+            client.rx_pending.append((conns[i % 4], i, b"x"))  # type: ignore[arg-type]
+        client.drain_rx(budget=False)
+        return per_turn
+
+    per_turn = asyncio.run(go())
+    assert per_turn[0] == 8  # the budget is checked every 8 reads: 8 x 0.2 ms is past 1 ms
+    assert len(per_turn) >= 12 and max(per_turn) == 8
+    assert parsed == list(range(140))  # arrival order kept across turns; the unbudgeted drain took all 40
+
+
+def _load_run(tmp_path: Path) -> Any:
+    from diagnose.probes.load import _LoadRun
+
+    bw = BundleWriter(tmp_path / "b")
+    ctx = CaptureContext(bundle=bw, target=Target(url="http://127.0.0.1:9"), stop=asyncio.Event())
+    return _LoadRun(_spec("4"), ctx, False)
+
+
+def test_send_gate_sizes_its_turns_by_the_measured_setup_time(tmp_path: Path) -> None:
+    """As many requests are set up per turn as fit SEND_BUDGET_MS at the measured set-up time (at least one,
+    at most SEND_BATCH): 16 new connections in one turn at a phase's start held the loop for 6-14 ms."""
+    from diagnose.probes.load import SEND_BATCH, SEND_BUDGET_MS, SETUP_MS_START
+
+    run = _load_run(tmp_path)
+    assert run.setup_ms == SETUP_MS_START
+    assert run._turn_quota() == int(SEND_BUDGET_MS / SETUP_MS_START) == 2
+    run.setup_ms = 0.01
+    assert run._turn_quota() == SEND_BATCH
+    run.setup_ms = 3.0
+    assert run._turn_quota() == 1
+    run.setup_ms = 0.5
+    for _ in range(60):  # set-ups measured at 0.08 ms (gate passed -> request written)
+        run._setup_done(1_000_000, 1_080_000)
+    assert abs(run.setup_ms - 0.08) < 0.002 and run._turn_quota() == 12
+    before = run.setup_ms
+    run._setup_done(0, 1_000_000_000)  # a connect that hung for a second counts as 5 ms at most
+    assert abs(run.setup_ms - (before + 0.1 * (5.0 - before))) < 1e-9
+
+    async def go() -> list[int]:
+        run.setup_ms = 0.25  # 4 per turn
+        gates = [run._send_gate() for _ in range(40)]
+        open_now = sum(g is None for g in gates)
+        waiting = [g for g in gates if g is not None]
+        released = [open_now]
+        while any(not g.done() for g in waiting):
+            before = sum(g.done() for g in waiting)
+            await asyncio.sleep(0)
+            released.append(sum(g.done() for g in waiting) - before)
+        return released
+
+    released = asyncio.run(go())
+    assert released[0] == 4 and max(released) == 4 and sum(released) == 40
+    run.client.rx_pending.clear()
+    run._io.shutdown(wait=True)
+
+
+def test_closed_loop_workers_start_a_batch_per_turn() -> None:
+    """A closed loop's workers are started SEND_BATCH per loop turn: each worker's first step (256 at a
+    phase's start at c=256) all in one turn held the loop for 10 ms and more. Every worker still runs to
+    its end, and a cancelled phase cancels those already started."""
+    from diagnose.probes.load import SEND_BATCH, _run_workers
+
+    created = [0]
+    seen_at_first_step: list[int] = []
+
+    async def worker() -> None:
+        seen_at_first_step.append(created[0])
+        await asyncio.sleep(0.01)
+
+    def make() -> Any:
+        created[0] += 1
+        return worker()
+
+    asyncio.run(_run_workers(make, 40))
+    assert len(seen_at_first_step) == 40
+    assert seen_at_first_step[0] == SEND_BATCH  # the first batch ran before the second was created
+    assert max(seen_at_first_step[:SEND_BATCH]) == SEND_BATCH and seen_at_first_step[-1] == 40
+
+    started: list[asyncio.Task[Any]] = []
+
+    async def forever() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        started.append(task)
+        await asyncio.sleep(3600)
+
+    async def cancel_it() -> None:
+        t = asyncio.ensure_future(_run_workers(forever, 40))
+        while len(started) < SEND_BATCH:
+            await asyncio.sleep(0)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+
+    asyncio.run(cancel_it())
+    assert started and all(t.cancelled() for t in started)
+
+
+def test_what_survives_each_health_tick_is_frozen(tmp_path: Path) -> None:
+    """During a phase, what survives each 0.1 s health tick is frozen, so the collector's young generations
+    only scan what the last tick allocated (unfrozen they scanned every in-flight request's objects again:
+    pauses of 0.2-4 ms at c=256). Everything is unfrozen when the capture ends."""
+    seen: dict[str, int] = {}
+
+    async def during() -> None:
+        while gc.get_threshold()[2] < 1_000_000:  # the capture is set up (set-up objects frozen)
+            await asyncio.sleep(0.005)
+        seen["at_start"] = gc.get_freeze_count()
+        await asyncio.sleep(0.6)
+        seen["later"] = gc.get_freeze_count()
+
+    status = asyncio.run(_run(_spec("8", 1.5), tmp_path / "b", during))
+    assert status.state == "ok"
+    assert seen["later"] > seen["at_start"]  # ticks froze the requests' objects
+    assert gc.get_freeze_count() == 0
