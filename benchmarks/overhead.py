@@ -406,6 +406,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
             "measured by the probes (share of a core, median of on blocks) | diagnose's own CPU measured by the "
             "probes (same) | valid pairs |",
             "|---|---|---|---|---|---|---|---|---|---|"]
+    cis: list[tuple[str, tuple[float, float, float], tuple[float, float, float], int]] = []
     for kind in args.probes:
         pairs = []
         for p in range(args.pairs):
@@ -414,10 +415,13 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
                 pairs.append(arm)
         if not pairs:
             continue
-        tps = statistics.median(a[True]["tps"] / a[False]["tps"] for a in pairs)
+        tps_r = [a[True]["tps"] / a[False]["tps"] for a in pairs]
+        ecpu_r = [a[True]["engine_cpu_ms_per_token"] / a[False]["engine_cpu_ms_per_token"] for a in pairs]
+        tps = statistics.median(tps_r)
         itl = statistics.median(a[True]["itl_p99_ms"] / a[False]["itl_p99_ms"] for a in pairs)
         cpu = statistics.median(a[True]["cpu_s"] - a[False]["cpu_s"] for a in pairs)
-        ecpu = statistics.median(a[True]["engine_cpu_ms_per_token"] / a[False]["engine_cpu_ms_per_token"] for a in pairs)
+        ecpu = statistics.median(ecpu_r)
+        cis.append((kind, median_ci(tps_r), median_ci(ecpu_r), len(pairs)))
         ratios = ", ".join(f"{a[True]['tps'] / a[False]['tps']:.3f}" for a in pairs)
         spy = [a[True]["pyspy_cores"] for a in pairs if "pyspy_cores" in a[True]]
         spy_txt = f"{statistics.median(spy):.3f}" if spy else "-"
@@ -427,11 +431,36 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, load0: float, l
         own_txt = f"{statistics.median(owns):.2%}" if owns else "-"
         out.append(f"| {kind} | {tps:.3f} ({(tps - 1) * 100:+.1f}%) | {ratios} | {itl:.3f} | {ecpu:.3f} | {cpu:+.2f} | "
                    f"{spy_txt} | {pc_txt} | {own_txt} | {len(pairs)} of {args.pairs} |")
+    if cis:
+        out += ["", "Confidence intervals of the two medians (distribution-free: order statistics of the per-pair "
+                "ratios, coverage from the binomial distribution; not an assumption of normal noise):", "",
+                "| probe | throughput on/off: CI of the median | coverage | engine CPU per output token on/off: CI of "
+                "the median | coverage | pairs |", "|---|---|---|---|---|---|"]
+        for kind, t_ci, e_ci, n in cis:
+            out.append(f"| {kind} | {(t_ci[0] - 1) * 100:+.1f}% to {(t_ci[1] - 1) * 100:+.1f}% | {t_ci[2]:.1%} | "
+                       f"{(e_ci[0] - 1) * 100:+.1f}% to {(e_ci[1] - 1) * 100:+.1f}% | {e_ci[2]:.1%} | {n} |")
     adapted = sorted({x for r in rows for x in r.get("probe_cost_adapted", [])})
     if adapted:
         out += ["", "What the budget changed (from the probes' statuses, distinct lines):", ""]
         out += [f"- {x}" for x in adapted[:12]]
     return "\n".join(out) + "\n"
+
+
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(low, high, coverage): the narrowest pair of order statistics x(k), x(n-k+1) that holds the median with
+    at least ``level`` probability whatever the noise's distribution (P = 1 - 2 * Binomial(n, 1/2).cdf(k - 1));
+    with too few values for ``level``, the widest there is (min, max) and its coverage."""
+    from scipy.stats import binom
+
+    xs = sorted(values)
+    n = len(xs)
+    best = (xs[0], xs[-1], 1.0 - 2.0 * float(binom.cdf(0, n, 0.5)))
+    for k in range(2, n // 2 + 1):
+        cov = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+        if cov < level:
+            break
+        best = (xs[k - 1], xs[n - k], cov)
+    return best
 
 
 def _valid(r: dict[str, Any]) -> bool:
