@@ -61,7 +61,12 @@ def feed(pieces: list[bytes], cont: bool, reads: str) -> StreamResult:
             parts = [raw[i:i + 37] for i in range(0, len(raw), 37)]
         for p in parts:
             conn.data_received(p)
-        await asyncio.sleep(0)  # bytes are stamped on arrival and parsed on the next loop turn
+        # bytes are stamped on arrival and parsed from the next loop turn on, a budget per turn
+        for _ in range(len(parts) + 1):
+            await asyncio.sleep(0)
+            if not client.rx_pending:
+                break
+        assert not client.rx_pending
         assert conn.fut is None  # the response finished
         return res
 
