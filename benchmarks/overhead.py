@@ -30,6 +30,9 @@ attach's default overhead budget (``--overhead-budget 1%``, diagnose/overhead.py
 
 Per pair the summary also gives what the probes measured they cost (diagnose/overhead.py, the share of one
 core the report states), the median over the "on" blocks, beside the throughput and CPU ratios.
+Each median of pair ratios (throughput, engine CPU per output token) comes with a distribution-free
+confidence interval (``median_ci``: order statistics, coverage from the binomial distribution), so a run
+says whether it can tell a 1% cost from noise at all.
 """
 
 from __future__ import annotations
