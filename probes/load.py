@@ -36,7 +36,7 @@ import secrets
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Collection, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -101,14 +101,13 @@ async def _run_workers(worker: Callable[[], Coroutine[Any, Any, None]], n: int) 
                 await asyncio.sleep(0)
         await asyncio.gather(*tasks)
     except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(tasks)
         raise
 
 
-async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
-    """End an open loop's or replay's requests still running (a stop, an error) and wait for them."""
+async def _cancel_all(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """End the tasks still running (an open loop's or replay's requests, a closed loop's workers: a stop, an
+    error) and wait for them."""
     for task in tasks:
         task.cancel()
     if tasks:

@@ -325,7 +325,6 @@ def test_send_gate_sizes_its_turns_by_the_measured_setup_time(tmp_path: Path) ->
 
     released = asyncio.run(go())
     assert released[0] == 4 and max(released) == 4 and sum(released) == 40
-    run.client.rx_pending.clear()
     run._io.shutdown(wait=True)
 
 
