@@ -106,7 +106,7 @@ async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: 
     lags = sorted(float(h["loop_lag_ms"]) for h in health if isinstance(h.get("loop_lag_ms"), (int, float)))
     ts = [int(h["t_ns"]) for h in health]
     gaps = [(b2 - a2) / 1e6 for a2, b2 in zip(ts, ts[1:], strict=False)]
-    worst = sorted(health, key=lambda h: -(h.get("loop_lag_ms") or 0.0))[:5]
+    worst = sorted(health, key=lambda h: -(h.get("loop_lag_ms") or 0.0))[:8]
     reqs = b.records("requests")
     st = result.statuses.get("load")
     import shutil
@@ -124,7 +124,8 @@ async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: 
             "backlog_max": max(backlog) if backlog else None, "backlog_samples": len(backlog),
             "worst": [{"t_s": round((int(h["t_ns"]) - ts[0]) / 1e9, 1),
                        **{k: h.get(k) for k in ("loop_lag_ms", "stall_cause", "gc_pause_ms", "gc_generation",
-                                                "flush_max_ms", "flush_records", "in_flight", "cpu_percent")}}
+                                                "flush_max_ms", "flush_records", "in_flight", "cpu_percent",
+                                                "off_cpu_ms", "run_wait_ms", "steal_ms")}}
                       for h in worst],
             "stalls": (st.detail.get("client_stalls") if st is not None else None),
             "status": st.reason if st is not None else "?",

@@ -10,10 +10,17 @@ known. :class:`GcWatch` times every garbage collection through ``gc.callbacks`` 
 0.1 s and its generation), the load probe notes its own on-loop work (record serialisation: the longest
 slice and how many records; end-of-phase bookkeeping) with :meth:`Monitor.note`, and a lag above
 ``STALL_MS`` is given a ``stall_cause``: the noted work that can explain it (``gc_gen<N>``, ``flush``,
-``phase_end``); else, from the loop thread's own CPU time in the sample (``loop_cpu_ms``), ``busy`` (at least
-the lag: it may have run callbacks, the client's or another probe's, all along) or ``off_cpu`` (less: the
-thread was off the CPU for part of the stall at least: blocked in a system call or waiting for the GIL, or
-not scheduled, e.g. another real-time task or the kernel's real-time throttling).
+``phase_end``); else where the loop's thread was during it. A timer that is due wakes an idle loop on time,
+so the part of a stall the thread did not run was not idle time: the thread's CPU time over the 10 ms
+interval that ended with the late wake bounds it from below (``off_cpu_ms`` = lag minus that CPU time).
+When at least half the lag was off the CPU, the cause says why where the kernel tells: ``preempted`` (the
+thread waited on the run queue behind another task, over that same interval, for at least half that time:
+/proc/thread-self/schedstat), ``steal`` (the hypervisor ran something else on the client's virtual CPUs in
+the sample: /proc/stat steal, in 10 ms ticks), else ``off_cpu``
+(blocked in a system call or on the GIL, or interrupt work); when less, ``busy`` (the thread ran through
+it: callbacks, the client's or another probe's, and the reads the loop made). Before, a stall was ``busy``
+whenever the thread's CPU time over the whole 0.1 s sample reached the lag, which a client at 60% of a core
+always does: stalls of 8-15 ms in which the thread did not run were called ``busy`` (issue 18).
 
 Progress: one line (rich) on stderr, refreshed twice a second from the event loop itself (no extra
 thread), shown only when stderr is a terminal unless forced.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import os
 import statistics
 import sys
 import time
@@ -83,6 +91,65 @@ class GcWatch:
 
     def summary(self) -> dict[str, Any]:
         return {"collections": list(self.by_gen), "max_pause_ms": [round(x, 3) for x in self.worst_ms]}
+
+
+class HostClock:
+    """Where the loop's thread was, from the kernel's counters. :meth:`thread` gives its CPU time and its
+    run-queue wait so far (ns; the wait from ``/proc/thread-self/schedstat``, read in a µs; elsewhere than
+    Linux the CPU time alone); :meth:`steal_ms` the steal time of the CPUs it may run on since the last call
+    (``/proc/stat``, in clock ticks of 10 ms: coarse, so a sample with steal says only that the hypervisor
+    took those CPUs at some point of it; None where the kernel does not say). Opened on the loop's thread
+    (``thread-self`` is the opener's)."""
+
+    def __init__(self) -> None:
+        self._sched: Any = None
+        self._stat: Any = None
+        self._tick_ms = 10.0
+        try:
+            self._sched = open("/proc/thread-self/schedstat", "rb", buffering=0)  # noqa: SIM115 - kept open
+            self._stat = open("/proc/stat", "rb", buffering=0)  # noqa: SIM115 - kept open, read each tick
+            self._tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            self.close()
+        self._steal = self._read_steal()
+
+    def thread(self) -> tuple[int, int | None]:
+        """(CPU time ns, run-queue wait ns or None) of the calling thread (the opener) so far. The CPU time
+        is the clock's (schedstat's own lags by up to a scheduler tick while the thread runs)."""
+        cpu = time.thread_time_ns()
+        if self._sched is not None:
+            try:
+                self._sched.seek(0)
+                return cpu, int(self._sched.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                self._sched = None
+        return cpu, None
+
+    def _read_steal(self) -> int | None:
+        if self._stat is None:
+            return None
+        try:
+            self._stat.seek(0)
+            cpus = {f"cpu{c}".encode() for c in os.sched_getaffinity(0)}
+            steal = 0
+            for line in self._stat.read().split(b"\n"):
+                f = line.split()
+                if f and f[0] in cpus and len(f) > 8:
+                    steal += int(f[8])
+            return steal
+        except (OSError, ValueError):
+            return None
+
+    def steal_ms(self) -> float | None:
+        now = self._read_steal()
+        before, self._steal = self._steal, now
+        return (now - before) * self._tick_ms if now is not None and before is not None else None
+
+    def close(self) -> None:
+        for f in (self._sched, self._stat):
+            if f is not None:
+                f.close()
+        self._sched = self._stat = None
 
 
 class RunningStats:
@@ -148,13 +215,20 @@ class Monitor:
                 pass
             self._task = None
 
-    def _causes(self, lag: float, loop_cpu_ms: float = math.inf) -> dict[str, Any]:
-        """The health record's cause fields for this tick (and resets the tick's notes)."""
+    def _causes(self, lag: float, wake_cpu_ms: float = math.inf, run_wait_ms: float | None = None,
+                steal_ms: float | None = None) -> dict[str, Any]:
+        """The health record's cause fields for this tick (and resets the tick's notes). ``wake_cpu_ms``: the
+        loop thread's CPU time over the 10 ms interval that ended with the sample's worst wake;
+        ``run_wait_ms``: the thread's run-queue wait over that same interval; ``steal_ms``: its CPUs' steal
+        over the sample (:class:`HostClock`)."""
         gc_ms, gc_gen, _gc_total, gc_n = self.gc.take()
         flush_ms, flush_n = self._notes.get("flush", (0.0, 0))
+        off_ms = max(0.0, lag - wake_cpu_ms)  # at least this much of the stall the thread did not run
         out: dict[str, Any] = {"gc_pause_ms": round(gc_ms, 3), "gc_generation": gc_gen,
                                "gc_collections": gc_n, "flush_max_ms": round(flush_ms, 3), "flush_records": flush_n,
-                               "stall_cause": None}
+                               "off_cpu_ms": round(off_ms, 3),
+                               "run_wait_ms": None if run_wait_ms is None else round(run_wait_ms, 3),
+                               "steal_ms": None if steal_ms is None else round(steal_ms, 1), "stall_cause": None}
         if lag > STALL_MS:
             # the longest noted pause, if it explains at least half of the lag (a timer due during a pause
             # of P ms wakes up to P ms late)
@@ -163,10 +237,16 @@ class Monitor:
             best = max(cands) if cands else (0.0, "unknown")
             cause = best[1] if best[0] >= 0.5 * lag else "unknown"
             if cause == "unknown":
-                # none of the noted work: could the loop's thread have run all along (its CPU time in the
-                # sample is at least the lag: a long run of callbacks, busy), or was it off the CPU for part
-                # of it at least (blocked in a system call or on the GIL, or not scheduled)?
-                cause = "busy" if loop_cpu_ms >= lag else "off_cpu"
+                # none of the noted work: did the thread run through the stall, or was it off the CPU for at
+                # least half of it (and then: taken by the hypervisor, waiting behind another task, or else)?
+                if off_ms < 0.5 * lag:
+                    cause = "busy"
+                elif run_wait_ms is not None and run_wait_ms >= 0.5 * off_ms:  # ns-exact: asked first
+                    cause = "preempted"
+                elif steal_ms:
+                    cause = "steal"
+                else:
+                    cause = "off_cpu"
             out["stall_cause"] = cause
             self.stalls += 1
             self.stall_causes[cause] = self.stall_causes.get(cause, 0) + 1
@@ -187,16 +267,24 @@ class Monitor:
             live = Live(Text(""), console=Console(stderr=True), auto_refresh=False, transient=False)
             live.start()
         wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
+        host = HostClock()  # on the loop's thread: its schedstat is this thread's
         self._thread_cpu0 = time.thread_time_ns()  # this (the loop's) thread
+        wake_cpu, wake_wait = host.thread()
         try:
             n = 0
             sub_ns = int(TICK_S / SUBTICKS * 1e9)
             while True:
                 lag = 0.0
+                lag_cpu_ms, lag_wait_ms = math.inf, None
                 for _ in range(SUBTICKS):  # short stalls hit bursts of chunks: sample often, keep the worst
                     due = time.monotonic_ns() + sub_ns
                     await asyncio.sleep(sub_ns / 1e9)
-                    lag = max(lag, (time.monotonic_ns() - due) / 1e6)
+                    woke = time.monotonic_ns()
+                    c, w = host.thread()
+                    if (woke - due) / 1e6 > lag:  # the worst wake: the thread's CPU time and wait up to it
+                        lag, lag_cpu_ms = (woke - due) / 1e6, (c - wake_cpu) / 1e6
+                        lag_wait_ms = (w - wake_wait) / 1e6 if w is not None and wake_wait is not None else None
+                    wake_cpu, wake_wait = c, w
                 t = time.monotonic_ns()
                 cpu = time.process_time_ns()
                 pct = 100.0 * (cpu - cpu0) / max(1, t - wall0)
@@ -210,12 +298,13 @@ class Monitor:
                 self._thread_cpu0 = tcpu
                 self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
                             "cpu_percent": round(pct, 1), "loop_cpu_ms": round(loop_cpu_ms, 3),
-                            **self._causes(lag, loop_cpu_ms)})
+                            **self._causes(lag, lag_cpu_ms, lag_wait_ms, host.steal_ms())})
                 self.on_tick()
                 n += 1
                 if live is not None and n % 5 == 0:
                     live.update(Text(self.stats.line()), refresh=True)
         finally:
+            host.close()
             # a last sample (CPU since the last tick; no lag measured) so even a short run has one
             t = time.monotonic_ns()
             pct = 100.0 * (time.process_time_ns() - cpu0) / max(1, t - wall0)

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +129,8 @@ def test_full_gc_deferred_during_capture_and_recorded_as_stall_cause(tmp_path: P
 
 def test_stall_cause_is_the_noted_work_that_explains_the_lag() -> None:
     """The cause rule on its own (no timing): noted work of at least half the lag is the cause, the longest
-    wins; else the loop thread's CPU time in the sample tells busy (>= the lag) from off_cpu."""
+    wins; else the loop thread's CPU time up to the late wake tells busy (ran at least half of it) from
+    off_cpu."""
     from diagnose.probes.load_monitor import Monitor, RunningStats
 
     m = Monitor(RunningStats(), lambda: 0, lambda _r: None, lambda: None, progress=False)
@@ -143,6 +148,125 @@ def test_stall_cause_is_the_noted_work_that_explains_the_lag() -> None:
     s = m.summary()
     assert s["stalls"] == 4 and s["stall_causes"] == {"gc_gen2": 1, "flush": 1, "busy": 1, "off_cpu": 1}
     assert s["gc"]["collections"] == [0, 0, 1]
+
+
+def test_off_cpu_stall_says_why_the_thread_did_not_run() -> None:
+    """The rule on its own: off the CPU for at least half the stall, the run-queue wait (ns-exact) names
+    ``preempted`` before the coarse steal ticks name ``steal``; neither: ``off_cpu``. The record carries the
+    three figures either way."""
+    from diagnose.probes.load_monitor import Monitor, RunningStats
+
+    m = Monitor(RunningStats(), lambda: 0, lambda _r: None, lambda: None, progress=False)
+    out = m._causes(12.0, 3.0, run_wait_ms=8.0, steal_ms=10.0)
+    assert out["stall_cause"] == "preempted" and out["off_cpu_ms"] == 9.0 and out["run_wait_ms"] == 8.0
+    assert m._causes(12.0, 3.0, run_wait_ms=0.2, steal_ms=10.0)["stall_cause"] == "steal"
+    assert m._causes(12.0, 3.0, run_wait_ms=0.2, steal_ms=0.0)["stall_cause"] == "off_cpu"
+    assert m._causes(12.0, 3.0)["stall_cause"] == "off_cpu"  # no kernel counters (not Linux)
+    assert m._causes(12.0, 7.0, run_wait_ms=0.0, steal_ms=10.0)["stall_cause"] == "busy"  # ran most of it
+    quiet = m._causes(2.0, 0.5, run_wait_ms=1.0, steal_ms=0.0)
+    assert quiet["stall_cause"] is None and quiet["off_cpu_ms"] == 1.5 and quiet["steal_ms"] == 0.0
+
+
+def _monitor_records(pattern: Any, seconds: float) -> list[dict[str, Any]]:
+    """The health records of a real :class:`Monitor` on an event loop that runs ``pattern(loop)`` (which
+    schedules the loop's work) for ``seconds``."""
+    from diagnose.probes.load_monitor import Monitor, RunningStats
+
+    recs: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        m = Monitor(RunningStats(), lambda: 0, recs.append, lambda: None, progress=False)
+        m.start()
+        pattern(asyncio.get_running_loop())
+        await asyncio.sleep(seconds)
+        await m.stop()
+
+    asyncio.run(main())
+    return [r for r in recs if r.get("loop_lag_ms") is not None]
+
+
+def _spin(ms: float, clock: Any = time.monotonic_ns) -> None:
+    end = clock() + int(ms * 1e6)
+    while clock() < end:
+        pass
+
+
+def test_stall_in_a_blocking_call_is_off_cpu_even_in_a_busy_sample() -> None:
+    """A 20 ms blocking call on the loop, with 3 ms callbacks every 5 ms for 50 ms before and after it (apart
+    from it by more than the 10 ms interval the lag's CPU time is read over): the
+    thread's CPU time over the sample can exceed the lag, so the old rule (CPU over the whole 0.1 s sample)
+    called such a stall ``busy``; the thread did not run during it, and the record now says so (at least half
+    the lag off the CPU; ``off_cpu``, or ``preempted`` on a loaded machine where it then waited to run).
+    Spinning through a stall stays ``busy``."""
+    starts: list[float] = []
+    sleeps = [0.1 + 0.3 * k for k in range(5)]  # five times, 0.3 s apart
+
+    def pattern(loop: asyncio.AbstractEventLoop) -> None:
+        starts.append(time.monotonic())  # the loop's clock: loop.call_later counts from it
+        for s in sleeps:
+            for j in range(10):  # 3 ms busy every 5 ms, [s-75, s-27] and [s+32, s+80] ms
+                loop.call_later(s - 0.075 + 0.005 * j, _spin, 3.0)
+                loop.call_later(s + 0.032 + 0.005 * j, _spin, 3.0)
+            loop.call_later(s, time.sleep, 0.020)
+        loop.call_later(1.8, _spin, 20.0, time.thread_time_ns)  # a stall the thread ran through (20 ms of CPU)
+
+    recs = _monitor_records(pattern, 2.1)
+
+    def covering(t_s: float) -> dict[str, Any]:  # the sample whose wakes include the one at t_s
+        return next(r for r in recs if r["t_ns"] / 1e9 >= starts[0] + t_s)
+
+    blocked = [covering(s + 0.0195) for s in sleeps]
+    for r in blocked:
+        assert r["loop_lag_ms"] > 9.0 and r["off_cpu_ms"] >= 0.5 * r["loop_lag_ms"], r
+        assert r["stall_cause"] in ("off_cpu", "preempted", "steal"), r
+    assert any(r["loop_cpu_ms"] >= r["loop_lag_ms"] for r in blocked)  # the old rule's "busy"
+    spun = covering(1.8195)
+    assert spun["loop_lag_ms"] > 9.0, spun
+    # busy; on a loaded machine the 20 ms of CPU can take twice as long, half of it waiting to run
+    assert (spun["stall_cause"] == "busy" and spun["off_cpu_ms"] < 0.5 * spun["loop_lag_ms"]) or \
+        (spun["stall_cause"] == "preempted" and spun["run_wait_ms"] > 5.0), spun
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="needs Linux schedstat")
+def test_stall_behind_another_task_on_the_cpu_is_preempted() -> None:
+    """The loop's thread at SCHED_IDLE, on the CPU of a process that spins at normal priority for a second:
+    it waits on the run queue, and its stalls say ``preempted`` with the wait measured (no privilege needed
+    to lower one's own priority; scheduling policy and affinity are per thread on Linux)."""
+    from diagnose.probes.load_monitor import Monitor, RunningStats
+
+    cpu = min(os.sched_getaffinity(0))
+    recs: list[dict[str, Any]] = []
+    hog = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
+                            "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
+
+    async def watch() -> None:
+        m = Monitor(RunningStats(), lambda: 0, recs.append, lambda: None, progress=False)
+        m.start()
+        t_end = time.monotonic() + 20.0
+        # the whole time the hog spins, and until two samples are out however little the thread runs
+        while hog.poll() is None or (sum(r.get("loop_lag_ms") is not None for r in recs) < 2
+                                     and time.monotonic() < t_end):
+            await asyncio.sleep(0.05)
+        await m.stop()
+
+    def loop_thread() -> None:
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        asyncio.run(watch())
+
+    try:
+        time.sleep(0.1)  # the hog runs
+        t = threading.Thread(target=loop_thread)
+        t.start()
+        t.join(60)
+    finally:
+        hog.kill()
+        hog.wait()
+    stalls = [r for r in recs if r.get("loop_lag_ms") is not None and r["loop_lag_ms"] > 5.0]
+    assert stalls, recs
+    assert sum(r["stall_cause"] == "preempted" for r in stalls) >= 0.8 * len(stalls), \
+        [(r["loop_lag_ms"], r["off_cpu_ms"], r["run_wait_ms"], r["stall_cause"]) for r in stalls]
+    assert max(r["run_wait_ms"] for r in stalls) > 5.0
 
 
 def test_full_gc_runs_at_each_phase_boundary_only(tmp_path: Path) -> None:
