@@ -15,8 +15,10 @@ so the part of a stall the thread did not run was not idle time: the thread's CP
 interval that ended with the late wake bounds it from below (``off_cpu_ms`` = lag minus that CPU time).
 When at least half the lag was off the CPU, the cause says why where the kernel tells: ``preempted`` (the
 thread waited on the run queue behind another task, over that same interval, for at least half that time:
-/proc/thread-self/schedstat), ``steal`` (the hypervisor ran something else on the client's virtual CPUs in
-the sample: /proc/stat steal, in 10 ms ticks), else ``off_cpu``
+/proc/thread-self/schedstat), ``page_fault`` (the process took a major page fault in that interval: a page
+of code or data read back from disk, during which the faulting thread sleeps, holding the GIL if it is
+Python's), ``steal`` (the hypervisor ran something else on the client's virtual CPUs in the sample:
+/proc/stat steal, in 10 ms ticks), else ``off_cpu``
 (blocked in a system call or on the GIL, or interrupt work); when less, ``busy`` (the thread ran through
 it: callbacks, the client's or another probe's, and the reads the loop made). Before, a stall was ``busy``
 whenever the thread's CPU time over the whole 0.1 s sample reached the lag, which a client at 60% of a core
@@ -32,6 +34,7 @@ import asyncio
 import gc
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -113,17 +116,19 @@ class HostClock:
             self.close()
         self._steal = self._read_steal()
 
-    def thread(self) -> tuple[int, int | None]:
-        """(CPU time ns, run-queue wait ns or None) of the calling thread (the opener) so far. The CPU time
-        is the clock's (schedstat's own lags by up to a scheduler tick while the thread runs)."""
+    def thread(self) -> tuple[int, int | None, int]:
+        """(CPU time ns, run-queue wait ns or None) of the calling thread (the opener) so far, and the
+        process's major page faults (a page read from disk: the faulting thread sleeps on the read). The CPU
+        time is the clock's (schedstat's own lags by up to a scheduler tick while the thread runs)."""
         cpu = time.thread_time_ns()
+        majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         if self._sched is not None:
             try:
                 self._sched.seek(0)
-                return cpu, int(self._sched.read().split()[1])
+                return cpu, int(self._sched.read().split()[1]), majflt
             except (OSError, ValueError, IndexError):
                 self._sched = None
-        return cpu, None
+        return cpu, None, majflt
 
     def _read_steal(self) -> int | None:
         if self._stat is None:
@@ -216,11 +221,11 @@ class Monitor:
             self._task = None
 
     def _causes(self, lag: float, wake_cpu_ms: float = math.inf, run_wait_ms: float | None = None,
-                steal_ms: float | None = None) -> dict[str, Any]:
+                steal_ms: float | None = None, major_faults: int = 0) -> dict[str, Any]:
         """The health record's cause fields for this tick (and resets the tick's notes). ``wake_cpu_ms``: the
         loop thread's CPU time over the 10 ms interval that ended with the sample's worst wake;
-        ``run_wait_ms``: the thread's run-queue wait over that same interval; ``steal_ms``: its CPUs' steal
-        over the sample (:class:`HostClock`)."""
+        ``run_wait_ms`` / ``major_faults``: the thread's run-queue wait and the process's major page faults
+        over that same interval; ``steal_ms``: its CPUs' steal over the sample (:class:`HostClock`)."""
         gc_ms, gc_gen, _gc_total, gc_n = self.gc.take()
         flush_ms, flush_n = self._notes.get("flush", (0.0, 0))
         off_ms = max(0.0, lag - wake_cpu_ms)  # at least this much of the stall the thread did not run
@@ -228,7 +233,8 @@ class Monitor:
                                "gc_collections": gc_n, "flush_max_ms": round(flush_ms, 3), "flush_records": flush_n,
                                "off_cpu_ms": round(off_ms, 3),
                                "run_wait_ms": None if run_wait_ms is None else round(run_wait_ms, 3),
-                               "steal_ms": None if steal_ms is None else round(steal_ms, 1), "stall_cause": None}
+                               "steal_ms": None if steal_ms is None else round(steal_ms, 1),
+                               "major_faults": major_faults, "stall_cause": None}
         if lag > STALL_MS:
             # the longest noted pause, if it explains at least half of the lag (a timer due during a pause
             # of P ms wakes up to P ms late)
@@ -243,6 +249,8 @@ class Monitor:
                     cause = "busy"
                 elif run_wait_ms is not None and run_wait_ms >= 0.5 * off_ms:  # ns-exact: asked first
                     cause = "preempted"
+                elif major_faults:
+                    cause = "page_fault"
                 elif steal_ms:
                     cause = "steal"
                 else:
@@ -269,22 +277,22 @@ class Monitor:
         wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
         host = HostClock()  # on the loop's thread: its schedstat is this thread's
         self._thread_cpu0 = time.thread_time_ns()  # this (the loop's) thread
-        wake_cpu, wake_wait = host.thread()
+        wake_cpu, wake_wait, wake_flt = host.thread()
         try:
             n = 0
             sub_ns = int(TICK_S / SUBTICKS * 1e9)
             while True:
                 lag = 0.0
-                lag_cpu_ms, lag_wait_ms = math.inf, None
+                lag_cpu_ms, lag_wait_ms, lag_flt = math.inf, None, 0
                 for _ in range(SUBTICKS):  # short stalls hit bursts of chunks: sample often, keep the worst
                     due = time.monotonic_ns() + sub_ns
                     await asyncio.sleep(sub_ns / 1e9)
                     woke = time.monotonic_ns()
-                    c, w = host.thread()
-                    if (woke - due) / 1e6 > lag:  # the worst wake: the thread's CPU time and wait up to it
-                        lag, lag_cpu_ms = (woke - due) / 1e6, (c - wake_cpu) / 1e6
+                    c, w, f = host.thread()
+                    if (woke - due) / 1e6 > lag:  # the worst wake: the thread's CPU time, wait, faults up to it
+                        lag, lag_cpu_ms, lag_flt = (woke - due) / 1e6, (c - wake_cpu) / 1e6, f - wake_flt
                         lag_wait_ms = (w - wake_wait) / 1e6 if w is not None and wake_wait is not None else None
-                    wake_cpu, wake_wait = c, w
+                    wake_cpu, wake_wait, wake_flt = c, w, f
                 t = time.monotonic_ns()
                 cpu = time.process_time_ns()
                 pct = 100.0 * (cpu - cpu0) / max(1, t - wall0)
@@ -298,7 +306,7 @@ class Monitor:
                 self._thread_cpu0 = tcpu
                 self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
                             "cpu_percent": round(pct, 1), "loop_cpu_ms": round(loop_cpu_ms, 3),
-                            **self._causes(lag, lag_cpu_ms, lag_wait_ms, host.steal_ms())})
+                            **self._causes(lag, lag_cpu_ms, lag_wait_ms, host.steal_ms(), lag_flt)})
                 self.on_tick()
                 n += 1
                 if live is not None and n % 5 == 0:

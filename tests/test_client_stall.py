@@ -162,9 +162,14 @@ def test_off_cpu_stall_says_why_the_thread_did_not_run() -> None:
     assert m._causes(12.0, 3.0, run_wait_ms=0.2, steal_ms=10.0)["stall_cause"] == "steal"
     assert m._causes(12.0, 3.0, run_wait_ms=0.2, steal_ms=0.0)["stall_cause"] == "off_cpu"
     assert m._causes(12.0, 3.0)["stall_cause"] == "off_cpu"  # no kernel counters (not Linux)
+    assert m._causes(12.0, 3.0, run_wait_ms=0.2, steal_ms=10.0, major_faults=3)["stall_cause"] == "page_fault"
+    assert m._causes(12.0, 3.0, run_wait_ms=8.0, major_faults=3)["stall_cause"] == "preempted"
     assert m._causes(12.0, 7.0, run_wait_ms=0.0, steal_ms=10.0)["stall_cause"] == "busy"  # ran most of it
     quiet = m._causes(2.0, 0.5, run_wait_ms=1.0, steal_ms=0.0)
     assert quiet["stall_cause"] is None and quiet["off_cpu_ms"] == 1.5 and quiet["steal_ms"] == 0.0
+    from diagnose.normalize.client_stalls import cause_text
+
+    assert "hypervisor" in cause_text("steal") and "another task" in cause_text("preempted")  # the report's words
 
 
 def _monitor_records(pattern: Any, seconds: float) -> list[dict[str, Any]]:
@@ -225,6 +230,42 @@ def test_stall_in_a_blocking_call_is_off_cpu_even_in_a_busy_sample() -> None:
     # busy; on a loaded machine the 20 ms of CPU can take twice as long, half of it waiting to run
     assert (spun["stall_cause"] == "busy" and spun["off_cpu_ms"] < 0.5 * spun["loop_lag_ms"]) or \
         (spun["stall_cause"] == "preempted" and spun["run_wait_ms"] > 5.0), spun
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise to drop a file's cached pages")
+def test_stall_waiting_for_pages_read_back_from_disk_is_a_page_fault(tmp_path: Path) -> None:
+    """The loop touches, in one callback, every page of a file mapping whose pages were just dropped from
+    the page cache (read-ahead off): each touch is a major fault that sleeps on a disk read. The stall says
+    ``page_fault``, with the faults counted."""
+    import mmap
+
+    path = tmp_path / "cold.bin"
+    size = 8 << 20  # 2,048 pages: ~80 µs a fault here, ~0.2 s in all
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())  # clean pages can be dropped
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        mm.madvise(mmap.MADV_RANDOM)  # one page per fault, no read-ahead
+        seen: list[int] = []
+
+        def touch() -> None:
+            seen.append(sum(mm[i] for i in range(0, size, mmap.PAGESIZE)))
+
+        recs = _monitor_records(lambda loop: loop.call_later(0.15, touch), 1.5)  # and the samples after it
+        mm.close()
+    finally:
+        os.close(fd)
+    assert seen
+    worst = max(recs, key=lambda r: r["loop_lag_ms"])
+    assert worst["major_faults"] > 100, worst  # the pages came back from disk
+    if worst["loop_lag_ms"] > 5.0 and worst["off_cpu_ms"] >= 0.5 * worst["loop_lag_ms"]:
+        assert worst["stall_cause"] in ("page_fault", "preempted"), worst
+    else:  # a disk fast enough that the faults cost more CPU than waiting: the thread ran through them
+        assert worst["stall_cause"] in (None, "busy"), worst
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="needs Linux schedstat")
@@ -334,7 +375,7 @@ def test_one_short_stall_marks_its_requests_instead_of_invalidating_the_run(tmp_
     assert sig["client_loop_lag_p99_ms"] < 10.0
     assert not _client_bound(tables)
     rows = {r[0]: r[1] for s in client_sections(tables) if s.id == "client_self_check" for r in s.payload.rows}
-    assert rows["longest client stall (cause: gc_gen2)"].value == 500.0
+    assert rows["longest client stall (cause gc_gen2: a garbage collection of generation 2)"].value == 500.0
     assert rows["requests touched by a client stall, excluded from statistics"] == n
 
 

@@ -121,6 +121,25 @@ def touched(df: pd.DataFrame) -> pd.Series:
     return df["client_stall"].fillna(False).astype(bool)
 
 
+# what each recorded cause (probes/load_monitor.py, docs/metrics.md) means, for the report's reader
+CAUSE_TEXT = {
+    "busy": "the client's thread ran through it",
+    "off_cpu": "the client's thread was off its CPU: a blocking call or interrupt work",
+    "preempted": "another task had the client's CPU: give the client a core of its own or attach --realtime",
+    "page_fault": "the client's process waited for a page read back from disk (a major page fault)",
+    "steal": "the hypervisor took the client's CPU: a virtual machine's neighbours, not the client",
+    "flush": "record serialisation on the client's loop",
+    "phase_end": "end-of-phase bookkeeping",
+}
+
+
+def cause_text(cause: str) -> str:
+    """``cause`` with what it means (``gc_gen<N>``: a garbage collection of that generation)."""
+    if cause.startswith("gc_gen"):
+        return f"{cause}: a garbage collection of generation {cause[6:]}"
+    return f"{cause}: {CAUSE_TEXT[cause]}" if cause in CAUSE_TEXT else cause
+
+
 def report_rows(tables: dict[str, pd.DataFrame]) -> list[list[Any]]:
     """Rows [check, value, unit] for the client self-check table: the stalls, the longest with its cause,
     and how many requests were left out for them."""
@@ -134,7 +153,7 @@ def report_rows(tables: dict[str, pd.DataFrame]) -> list[list[Any]]:
     rows: list[list[Any]] = [
         ["client stalls (event loop blocked > client_loop_lag_max_ms)" +
          (": short, their requests left out" if marked else ": too many or too long to leave out"), len(st), "stalls"],
-        [f"longest client stall (cause: {worst['cause']})", round(float(worst["lag_ms"]), 1), "ms"]]
+        [f"longest client stall (cause {cause_text(str(worst['cause']))})", round(float(worst["lag_ms"]), 1), "ms"]]
     if marked:
         rows.append(["requests touched by a client stall, excluded from statistics", n_touched, "requests"])
     return rows
