@@ -105,6 +105,38 @@ def test_scrapes_are_filtered_parsed_and_timed(tmp_path: Path) -> None:
     assert ts == sorted(ts)
 
 
+def test_no_stream_write_or_manifest_write_on_the_event_loop_thread(tmp_path: Path, monkeypatch: Any) -> None:
+    """The probe shares its event loop with the load client (issue 18): its streams are created (a manifest
+    write with fsync) and written from a thread, so a write() the kernel holds never stalls the loop whose
+    timers and reads stamp the chunks. Every record still arrives, in scrape order."""
+    import threading
+
+    from diagnose.bundle import StreamWriter
+
+    seen: list[tuple[str, int]] = []
+    orig_ser, orig_stream = StreamWriter.write_serialized, BundleWriter.stream
+
+    def write_serialized(self: StreamWriter, data: bytes, n: int) -> None:
+        seen.append((self.path.stem, threading.get_ident()))
+        orig_ser(self, data, n)
+
+    def stream(self: BundleWriter, name: str, description: str = "") -> StreamWriter:
+        if name not in self._streams:
+            seen.append((f"create {name}", threading.get_ident()))  # the manifest is written (fsync) now
+        return orig_stream(self, name, description)
+
+    monkeypatch.setattr(StreamWriter, "write_serialized", write_serialized)
+    monkeypatch.setattr(BundleWriter, "stream", stream)
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=0.6)
+    assert status.state == "ok", status
+    assert {n for n, _ in seen} == {"metrics", "metric_families", "create metrics", "create metric_families"}
+    assert sorted({n for n, t in seen if t == loop_thread}) == []
+    recs = open_bundle(bdir).records("metrics")
+    assert len(recs) >= 3 and len(recs) == status.detail["scrapes_ok"]
+    assert [r["t_ns"] for r in recs] == sorted(r["t_ns"] for r in recs)
+
+
 def test_no_metrics_endpoint_is_unavailable_and_writes_nothing(tmp_path: Path) -> None:
     status, bdir, _ = _run_probe(tmp_path, _text("not found", status=404), duration_s=0.1)
     assert status.state == "unavailable"
