@@ -125,7 +125,7 @@ async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: 
             "worst": [{"t_s": round((int(h["t_ns"]) - ts[0]) / 1e9, 1),
                        **{k: h.get(k) for k in ("loop_lag_ms", "stall_cause", "gc_pause_ms", "gc_generation",
                                                 "flush_max_ms", "flush_records", "in_flight", "cpu_percent",
-                                                "off_cpu_ms", "run_wait_ms", "steal_ms")}}
+                                                "off_cpu_ms", "run_wait_ms", "steal_ms", "major_faults")}}
                       for h in worst],
             "stalls": (st.detail.get("client_stalls") if st is not None else None),
             "status": st.reason if st is not None else "?",
