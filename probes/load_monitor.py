@@ -19,7 +19,8 @@ thread waited on the run queue behind another task, over that same interval, for
 of code or data read back from disk, during which the faulting thread sleeps, holding the GIL if it is
 Python's), ``steal`` (the hypervisor ran something else on the client's virtual CPUs in the sample:
 /proc/stat steal, in 10 ms ticks), else ``off_cpu``
-(blocked in a system call or on the GIL, or interrupt work); when less, ``busy`` (the thread ran through
+(blocked in a system call or on the GIL, interrupt work, or a virtual CPU the host did not run while it was
+idle: its timer fired late and no steal was counted, benchmarks/results/client_stall.md); when less, ``busy`` (the thread ran through
 it: callbacks, the client's or another probe's, and the reads the loop made). Before, a stall was ``busy``
 whenever the thread's CPU time over the whole 0.1 s sample reached the lag, which a client at 60% of a core
 always does: stalls of 8-15 ms in which the thread did not run were called ``busy`` (issue 18).

@@ -124,7 +124,8 @@ def touched(df: pd.DataFrame) -> pd.Series:
 # what each recorded cause (probes/load_monitor.py, docs/metrics.md) means, for the report's reader
 CAUSE_TEXT = {
     "busy": "the client's thread ran through it",
-    "off_cpu": "the client's thread was off its CPU: a blocking call or interrupt work",
+    "off_cpu": "the client's thread was off its CPU: a blocking call, interrupt work, or a virtual CPU the host "
+               "did not run while it was idle",
     "preempted": "another task had the client's CPU: give the client a core of its own or attach --realtime",
     "page_fault": "the client's process waited for a page read back from disk (a major page fault)",
     "steal": "the hypervisor took the client's CPU: a virtual machine's neighbours, not the client",
