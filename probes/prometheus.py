@@ -285,13 +285,14 @@ class PrometheusProbe:
             c0 = time.thread_time()
             fam, n_fam, line = serialise(samples, families, t, parse_ms, len(text))
             own_ms = cpu_ms + (time.thread_time() - c0) * 1e3
-            own_ms += await asyncio.to_thread(store, fam, n_fam, line)  # in scrape order: awaited in turn
             t0, th, t1, _ = t
+            # counted before the write is awaited: a capture cancelled meanwhile still has the thread write it
             stats.ok += 1
             stats.scrape_ms.append((t1 - t0) / 1e6)
             stats.ttfb_ms.append((th - t0) / 1e6)
             stats.parse_ms.append(parse_ms)
             stats.parse_cpu_ms.append(cpu_ms)
+            own_ms += await asyncio.to_thread(store, fam, n_fam, line)  # in scrape order: awaited in turn
             stats.own_cpu_ms += own_ms
             stats.recent_own_ms.append(own_ms)
             stats.lag_ms = max(stats.lag_ms, (time.monotonic_ns() - t1) / 1e6)  # fetched -> written
