@@ -197,7 +197,6 @@ class Monitor:
         self.stalls = 0  # samples with a lag above STALL_MS
         self.stall_causes: dict[str, int] = {}
         self._notes: dict[str, tuple[float, int]] = {}  # cause -> (longest ms, its size) this tick
-        self._thread_cpu0 = 0
         self._task: asyncio.Task[None] | None = None
 
     def note(self, cause: str, ms: float, size: int = 0) -> None:
@@ -277,12 +276,12 @@ class Monitor:
             live.start()
         wall0, cpu0 = time.monotonic_ns(), time.process_time_ns()
         host = HostClock()  # on the loop's thread: its schedstat is this thread's
-        self._thread_cpu0 = time.thread_time_ns()  # this (the loop's) thread
-        wake_cpu, wake_wait, wake_flt = host.thread()
+        wake_cpu, wake_wait, wake_flt = host.thread()  # this (the loop's) thread, as of its last wake
         try:
             n = 0
             sub_ns = int(TICK_S / SUBTICKS * 1e9)
             while True:
+                tick_cpu = wake_cpu
                 lag = 0.0
                 lag_cpu_ms, lag_wait_ms, lag_flt = math.inf, None, 0
                 for _ in range(SUBTICKS):  # short stalls hit bursts of chunks: sample often, keep the worst
@@ -302,9 +301,7 @@ class Monitor:
                 self.cpu_percent.append(pct)
                 inflight = self.in_flight()
                 self.stats.in_flight = inflight
-                tcpu = time.thread_time_ns()
-                loop_cpu_ms = (tcpu - self._thread_cpu0) / 1e6
-                self._thread_cpu0 = tcpu
+                loop_cpu_ms = (wake_cpu - tick_cpu) / 1e6  # the sample's ten wakes, end to end
                 self.write({"t_ns": t, "loop_lag_ms": round(lag, 3), "in_flight": inflight,
                             "cpu_percent": round(pct, 1), "loop_cpu_ms": round(loop_cpu_ms, 3),
                             **self._causes(lag, lag_cpu_ms, lag_wait_ms, host.steal_ms(), lag_flt)})
