@@ -172,9 +172,9 @@ def test_off_cpu_stall_says_why_the_thread_did_not_run() -> None:
     assert "hypervisor" in cause_text("steal") and "another task" in cause_text("preempted")  # the report's words
 
 
-def _monitor_records(pattern: Any, seconds: float) -> list[dict[str, Any]]:
+def _monitor_records(pattern: Any, seconds: float, until: Any = None) -> list[dict[str, Any]]:
     """The health records of a real :class:`Monitor` on an event loop that runs ``pattern(loop)`` (which
-    schedules the loop's work) for ``seconds``."""
+    schedules the loop's work) for ``seconds``, or until ``await until(records so far)`` returns."""
     from diagnose.probes.load_monitor import Monitor, RunningStats
 
     recs: list[dict[str, Any]] = []
@@ -183,7 +183,7 @@ def _monitor_records(pattern: Any, seconds: float) -> list[dict[str, Any]]:
         m = Monitor(RunningStats(), lambda: 0, recs.append, lambda: None, progress=False)
         m.start()
         pattern(asyncio.get_running_loop())
-        await asyncio.sleep(seconds)
+        await (asyncio.sleep(seconds) if until is None else until(recs))
         await m.stop()
 
     asyncio.run(main())
@@ -273,27 +273,22 @@ def test_stall_behind_another_task_on_the_cpu_is_preempted() -> None:
     """The loop's thread at SCHED_IDLE, on the CPU of a process that spins at normal priority for a second:
     it waits on the run queue, and its stalls say ``preempted`` with the wait measured (no privilege needed
     to lower one's own priority; scheduling policy and affinity are per thread on Linux)."""
-    from diagnose.probes.load_monitor import Monitor, RunningStats
-
     cpu = min(os.sched_getaffinity(0))
     recs: list[dict[str, Any]] = []
     hog = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
                             "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
 
-    async def watch() -> None:
-        m = Monitor(RunningStats(), lambda: 0, recs.append, lambda: None, progress=False)
-        m.start()
+    async def watch(so_far: list[dict[str, Any]]) -> None:
         t_end = time.monotonic() + 20.0
         # the whole time the hog spins, and until two samples are out however little the thread runs
-        while hog.poll() is None or (sum(r.get("loop_lag_ms") is not None for r in recs) < 2
+        while hog.poll() is None or (sum(r.get("loop_lag_ms") is not None for r in so_far) < 2
                                      and time.monotonic() < t_end):
             await asyncio.sleep(0.05)
-        await m.stop()
 
     def loop_thread() -> None:
         os.sched_setaffinity(0, {cpu})
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        asyncio.run(watch())
+        recs.extend(_monitor_records(lambda _loop: None, 0.0, watch))
 
     try:
         time.sleep(0.1)  # the hog runs
@@ -303,7 +298,7 @@ def test_stall_behind_another_task_on_the_cpu_is_preempted() -> None:
     finally:
         hog.kill()
         hog.wait()
-    stalls = [r for r in recs if r.get("loop_lag_ms") is not None and r["loop_lag_ms"] > 5.0]
+    stalls = [r for r in recs if r["loop_lag_ms"] > 5.0]  # _monitor_records keeps the samples with a lag
     assert stalls, recs
     assert sum(r["stall_cause"] == "preempted" for r in stalls) >= 0.8 * len(stalls), \
         [(r["loop_lag_ms"], r["off_cpu_ms"], r["run_wait_ms"], r["stall_cause"]) for r in stalls]
