@@ -217,7 +217,7 @@ def test_no_engine_metrics_under_the_selector(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "code", "want"), [
-    (["--prometheus", "localhost:9090"], 3, "expected http://HOST:PORT"),
+    (["--prometheus", "localhost:9090"], 2, "expected http://HOST:PORT"),
     (["--prometheus", "http://127.0.0.1:1", "--selector", 'job="vllm"}'], 2, "expected label matchers in braces"),
     (["--prometheus", "http://127.0.0.1:1", "--selector", "{job}"], 2, "is not a label matcher"),
     (["--prometheus", "http://127.0.0.1:1", "--since", "soon"], 2, "bad duration 'soon'"),

@@ -45,12 +45,12 @@ def attach_fleet(o: dict[str, Any]) -> int:
 
 
 async def _run(api: PrometheusAPI, o: dict[str, Any], since: float, duration: float | None, out: Path) -> int:
-    def log(msg: str) -> None:
-        click.echo(msg, err=True)
+    def log(msg: str) -> None:  # redacted like the bundle: no credential of the URL reaches stderr
+        click.echo(api.redactor.text(msg), err=True)
 
     async with api:
         await api.query("1", time.time())  # reachable and answering, before anything is written or waited for
-        bundle = BundleWriter(out, overwrite=bool(o.get("force")),
+        bundle = BundleWriter(out, overwrite=bool(o.get("force")), redactor=api.redactor,
                               options={"observe": True, "store_text": False, "slo": {}},
                               workload={"mode": "observe", "fleet": True},
                               target={"url": api.url, "kind": "fleet", "selector": o.get("selector") or ""})

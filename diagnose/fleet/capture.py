@@ -23,10 +23,24 @@ from diagnose.engines import ENGINE_PREFIXES, engine_from_metric_names
 from diagnose.errors import TargetError
 from diagnose.fleet.queries import REPLICA_LABELS, FleetQueries, replica_key, replica_name
 from diagnose.model import ProbeStatus
-from diagnose.probes.prometheus_api import PrometheusAPI, value_of
+from diagnose.probes.prometheus_api import VALUE_ABS_MAX, PrometheusAPI
 
 RANGE_POINTS = 240  # points per replica series of the aggregated range queries
 DETAIL_MAX = 4
+# The physical range of each aggregated quantity (base units, after the engine map's scale); a value outside
+# it (a KV usage ratio of 1e308, a negative queue) is skipped and counted, like NaN and Inf.
+_COUNT_MAX = 1e7  # requests in flight or waiting on one replica
+_TOTAL_MAX = 1e15  # requests, tokens or events over a window
+_SECONDS_MAX = 1e6  # a latency
+RANGES: dict[str, tuple[float, float]] = {
+    "kv_usage": (0.0, 1.0), "running": (0.0, _COUNT_MAX), "waiting": (0.0, _COUNT_MAX),
+    "in_flight": (0.0, _COUNT_MAX), "waiting_littles": (0.0, _COUNT_MAX), "request_rate": (0.0, _TOTAL_MAX),
+    "output_tps": (0.0, _TOTAL_MAX), "requests": (0.0, _TOTAL_MAX), "generation_tokens": (0.0, _TOTAL_MAX),
+    "prefix_queries": (0.0, _TOTAL_MAX), "prefix_hits": (0.0, _TOTAL_MAX), "preemptions": (0.0, _TOTAL_MAX),
+    "ttft_p50_s": (0.0, _SECONDS_MAX), "ttft_p99_s": (0.0, _SECONDS_MAX), "queue_time_mean_s": (0.0, _SECONDS_MAX),
+    "start_time_changes": (0.0, _TOTAL_MAX), "counter_resets": (0.0, _TOTAL_MAX), "samples": (0.0, _TOTAL_MAX),
+}
+RATIO_SLACK = 1e-6  # a ratio of 1 + rounding is still 1
 
 
 @dataclass(frozen=True)
@@ -72,20 +86,29 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
     window's start: ``t_ns`` = anchor + seconds since the start). Returns the ``fleet`` probe status."""
     engine, fq = await discover(api, selector, win)
     step = max(1.0, math.ceil(win.length_s / RANGE_POINTS))
+    t_range = (win.start_s - max(86400.0, win.length_s), win.end_s + 86400.0)  # a time beyond it is malformed
     totals: dict[str, dict[Key, float]] = {}
     for q in fq.total_queries(win.length_s):
         res = await api.query(q.promql, win.end_s)
-        totals[q.key] = {replica_key(r["metric"]): value_of(r.get("value")) * q.scale for r in res}
-    samples = [v for v in totals.get("samples", {}).values() if math.isfinite(v) and v > 1]
+        lo, hi = _range(q.key)
+        totals[q.key] = {replica_key(r["metric"]): x[1] for r in res
+                         if (x := api.point(r.get("value"), q.scale, lo, hi, t_range)) is not None}
+    samples = [v for v in totals.get("samples", {}).values() if v > 1]
     # the scrape interval, from the samples each replica's load gauge has in the window
     interval = max(0.5, min(win.length_s / (v - 1) for v in samples)) if samples else 15.0
     rate_window = max(4 * interval, 2 * step)
     series: dict[str, dict[Key, list[tuple[float, float]]]] = {}
     for q in fq.range_queries(rate_window):
         res = await api.query_range(q.promql, win.start_s, win.end_s, step)
-        series[q.key] = {replica_key(r["metric"]): [(float(p[0]), value_of(p) * q.scale) for p in r.get("values", [])]
-                         for r in res}
+        lo, hi = _range(q.key)
+        series[q.key] = {k: pts for r in res
+                         if (pts := api.points(r, scale=q.scale, lo=lo, hi=hi, t_range=t_range))
+                         and (k := replica_key(r["metric"]))}
     replicas = sorted({k for d in totals.values() for k in d if k} | {k for s in series.values() for k in s if k})
+    if not replicas and not api.tally.usable and api.tally.skipped:
+        raise TargetError(f"--selector {selector or '(no selector)'}: no usable value at {api.url} in the "
+                          f"{win.length_s:.0f} s window: the values Prometheus returned were "
+                          f"{api.tally.describe()}")
     if not replicas:
         raise TargetError(f"--selector {selector or '(no selector)'}: no engine series with any of the replica labels "
                           f"({', '.join(REPLICA_LABELS)}) at {api.url} in the {win.length_s:.0f} s window (a window "
@@ -102,13 +125,14 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
         for k, pts in sorted(by_rep.items()):
             if k in ids:
                 ser_stream.write({"query": key, "replica": ids[k], "t_ns": [to_ns(t) for t, _ in pts],
-                                  "value": [_num(v) for _, v in pts]})
+                                  "value": [v for _, v in pts]})
     tot_stream = bundle.stream("fleet_totals", "per-replica values over the whole window (instant queries at its end)")
     for key, tot in sorted(totals.items()):
         for k, v in sorted(tot.items()):
             if k in ids:
-                tot_stream.write({"query": key, "replica": ids[k], "value": _num(v)})
+                tot_stream.write({"query": key, "replica": ids[k], "value": v})
     detail_points = 0
+    ratios = fq.ratio_ranges(RATIO_SLACK)  # wire names of ratios (a KV cache usage): their raw range
     det_stream = bundle.stream("fleet_metrics", "full-resolution engine metrics of the replicas that matter, one "
                                                 "record per replica x scrape (the metrics stream's sample shape)")
     for k in replicas:
@@ -121,11 +145,12 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
         by_t: dict[float, list[list[Any]]] = defaultdict(list)
         renames = fq.counter_renames()
         for r in res:
-            labels = {a: str(b) for a, b in r["metric"].items() if a != "__name__"}
-            name = str(r["metric"].get("__name__", ""))
+            labels = {a: b for a, b in r["metric"].items() if a != "__name__"}
+            name = r["metric"].get("__name__", "")
             name = renames.get(name, name)
-            for p in r.get("values", []):
-                by_t[float(p[0])].append([name, labels, _num(value_of(p))])
+            lo, hi = ratios.get(name, (-VALUE_ABS_MAX, VALUE_ABS_MAX))
+            for t, v in api.points(r, lo=lo, hi=hi, t_range=t_range):
+                by_t[t].append([name, labels, v])
         for t in sorted(by_t):
             det_stream.write({"replica": ids[k], "t_ns": to_ns(t), "samples": by_t[t]})
             detail_points += 1
@@ -136,10 +161,15 @@ async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWind
                "rate_window_s": rate_window, "replica_labels": list(REPLICA_LABELS), "detail_max": detail_max}
     bundle.update("options", {"fleet": options})
     detail = {"replicas": len(replicas), "detail_replicas": len(why), "detail_scrapes": detail_points,
-              "api_calls": len(api.log.entries), "engine": engine}
+              "api_calls": len(api.log.entries), "engine": engine, "values": api.tally.usable,
+              "dropped": api.tally.to_json()}
     log(f"fleet: {len(replicas)} replicas ({engine}), {len(why)} pulled at full resolution, "
         f"{len(api.log.entries)} API calls")
-    return ProbeStatus("fleet", "ok", "", detail)
+    reason = ""
+    if api.tally.skipped:
+        reason = f"dropped {api.tally.skipped} of the values Prometheus returned: {api.tally.describe()}"
+        log(f"warning: fleet: {reason}")
+    return ProbeStatus("fleet", "ok", reason, detail)
 
 
 def pick_detail(replicas: list[Key], totals: dict[str, dict[Key, float]],
@@ -187,8 +217,9 @@ def _nan0(v: float) -> float:
     return v if math.isfinite(v) else 0.0
 
 
-def _num(v: float) -> float | None:
-    return v if math.isfinite(v) else None
+def _range(key: str) -> tuple[float, float]:
+    lo, hi = RANGES.get(key, (-VALUE_ABS_MAX, VALUE_ABS_MAX))
+    return lo, hi * (1 + RATIO_SLACK) if hi == 1.0 else hi
 
 
 def _clock(bundle: BundleWriter, win: FleetWindow) -> Callable[[float], int]:

@@ -35,10 +35,21 @@ def selector_matchers(selector: str | None) -> str:
         return ""
     parts = _split_matchers(s)
     for p in parts:
-        if not _MATCHER_RE.match(p):
+        m = _MATCHER_RE.match(p)
+        if not m:
             raise InputError(f"--selector {selector!r}: {p.strip()!r} is not a label matcher "
                              "(name=\"value\", !=, =~ or !~)")
+        if m.group(1) in ("=~", "!~"):
+            _check_regex(selector, p.strip(), m.group(2)[1:-1])
     return ", ".join(p.strip() for p in parts)
+
+
+def _check_regex(selector: str | None, matcher: str, quoted: str) -> None:
+    """A regular-expression matcher's value must compile (Prometheus would refuse the query with a 400)."""
+    try:
+        re.compile(quoted.encode("latin-1", "backslashreplace").decode("unicode_escape"))
+    except (re.error, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"--selector {selector!r}: {matcher!r} is not a valid regular expression ({e})") from None
 
 
 def _split_matchers(s: str) -> list[str]:
@@ -190,6 +201,12 @@ class FleetQueries:
         scrape parser gives every counter, which the one-server normaliser reads."""
         return {n: f"{n}_total" for ref in self.refs.values() if ref.kind == "counter"
                 for n in self.names(ref) if not n.endswith("_total")}
+
+    def ratio_ranges(self, slack: float = 0.0) -> dict[str, tuple[float, float]]:
+        """Wire name -> the range of its raw values, for the engine-map metrics that are ratios (0-1 once
+        scaled): a KV cache usage of 1e308 is not a measurement."""
+        return {n: (0.0, (1.0 + slack) / ref.scale) for ref in self.refs.values() if ref.unit == "ratio"
+                and ref.scale > 0 for n in ref.names}
 
     def detail_selector(self, labels: dict[str, str]) -> str | None:
         """The raw series of one replica (its labels pinned), every engine-map metric."""
