@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .formatting import plain
+
 PALETTE = ("#2f6fb0", "#d9822b", "#3a9a5b", "#b33a3a", "#7b5ea7", "#8c6d46", "#c75d9b", "#5f7f8f")
 Point = tuple[float, float]
 
@@ -35,7 +37,7 @@ def fmt_num(v: float) -> str:
         return f"{v:.0f}"
     if a >= 1:
         return f"{v:.3g}"
-    return f"{v:.2g}"
+    return plain(v, 2)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:

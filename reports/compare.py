@@ -11,6 +11,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from .formatting import fmt_value
 from .render import _env
 
 HERE = Path(__file__).resolve().parent
@@ -21,9 +22,7 @@ _ORDER = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3
 def _fmt(v: Any, unit: str = "") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
-    if unit == "ratio":
-        return f"{v:.1%}"
-    return f"{v:.4g}"
+    return fmt_value(v, unit)
 
 
 def _rel(v: Any) -> str:

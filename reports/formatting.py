@@ -11,28 +11,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from diagnose.numbers import DASH, SMALLEST, fmt_percent, fmt_value, plain
+
 from .sections.model import STYLES, Phrase, Quantity
 
-DASH = "—"
+__all__ = ["DASH", "SMALLEST", "fmt_percent", "fmt_value", "plain"]
 
-
-def fmt_value(v: Any, unit: str = "") -> str:
-    """A number for display: ratios as percentages, three significant digits otherwise; None as a dash."""
-    if v is None:
-        return DASH
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if not math.isfinite(f):
-        return DASH
-    if unit == "ratio":
-        return f"{f * 100:.3g}%"
-    if abs(f) >= 1000:
-        return f"{f:,.0f}"
-    if f == int(f):
-        return f"{f:.0f}"
-    return f"{f:.3g}" if abs(f) >= 1 else f"{f:.2g}"
 
 
 def bounded(v: float) -> float:

@@ -11,13 +11,14 @@ from typing import Any
 from markupsafe import Markup
 
 from .curve import curve_spec
+from .formatting import fmt_value
 from .render import _env, svg
 
 HERE = Path(__file__).resolve().parent
 
 
 def _fmt(v: Any) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt_value(v)
 
 
 def render_search(r: dict[str, Any], headline: list[str]) -> str:

@@ -6,7 +6,6 @@ reports/charts.py, which escapes every text it embeds, and are the only markup p
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -105,18 +104,15 @@ def render_html(analysis: Analysis, sections: Sequence[Section] | None = None) -
 
 
 def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None) -> Path:
-    """Render and write the report; returns the path written. Raises ReportError with a one-line reason."""
+    """Render and write the report; returns the path written. Raises ReportError with a one-line reason.
+    Written as every output is (diagnose/outputs.py): through a temporary file that a failure (a full disk)
+    or a signal removes, or in place onto a device or FIFO."""
+    from diagnose.outputs import OutputError, write_bytes
+
     p = Path(path)
     html = render_html(analysis, sections)
-    tmp = p.with_name(p.name + ".tmp")
     try:
-        if p.parent and not p.parent.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, p)
-    except OSError as e:
-        # a full disk (or a file-size limit) leaves a partial temp file: never leave it behind
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise ReportError(f"cannot write report {p}: {e.strerror or e}") from e
+        write_bytes(p, html.encode("utf-8"), parents=True)
+    except OutputError as e:
+        raise ReportError(f"cannot write report {p}: {e.why}") from e
     return p

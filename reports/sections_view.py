@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .charts import downsample
-from .formatting import fmt_text, view_value
+from .formatting import fmt_text, fmt_value, plain, view_value
 from .sections.model import (
     FlameGraph,
     Histogram,
@@ -244,7 +244,7 @@ def _text_value(v: Any) -> str:
     elif isinstance(v, dict):
         s = ", ".join(f"{k}={_text_value(redact_value(str(k), x))}" for k, x in v.items() if x not in (None, "", [], {}))
     elif isinstance(v, float):
-        s = f"{v:.6g}"
+        s = fmt_value(v) if abs(v) >= 1000 or not math.isfinite(v) else plain(v, 4)
     else:
         s = str(v)
     return s if len(s) <= 300 else s[:297] + "..."

@@ -22,6 +22,7 @@ from diagnose.requests import select
 from diagnose.rules.verdict import ranked
 from diagnose.signal_catalog import SIGNALS
 
+from .formatting import fmt_value
 from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
@@ -87,8 +88,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                             "sections": [s for s in sections if s["group"] == g]}
                            for g in dict.fromkeys(s["group"] for s in sections)],
         "probes": [{"name": p.name, "state": p.state, "reason": redact_value("reason", p.reason),
-                    "detail": "; ".join(f"{k}={v}" for k, v in flatten(p.detail)
-                                        if v != "—" and not k.startswith("cost"))}
+                    "detail": [[k, v] for k, v in flatten(p.detail) if v != "—" and not k.startswith("cost")]}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "probe_cost": cost,
         "environment": _environment(manifest),
@@ -103,7 +103,8 @@ def _cold_warm(w: dict[str, Any]) -> str | None:
     if cold is not None and warm is not None:
         from diagnose.normalize.client import COLD_REQUESTS
 
-        parts.append(f"first {COLD_REQUESTS} requests TTFT P50 {cold:.3g} ms, the rest of their phase {warm:.3g} ms")
+        parts.append(f"first {COLD_REQUESTS} requests TTFT P50 {fmt_value(cold)} ms, "
+                     f"the rest of their phase {fmt_value(warm)} ms")
     return "; ".join(parts) or None
 
 
@@ -354,15 +355,18 @@ def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
     the in-flight requests split by layer."""
     rows: list[dict[str, Any]] = []
     for label, parts in ATTRIBUTION:
+        # the first screen holds one split per quantity; the slow requests' and the decode-time splits are
+        # other views of the same time, folded below it ("other splits")
+        primary = not label.startswith(("TTFT of the slow", "decode time"))
         spans = label.replace("server histograms", "joined spans")
         if label.endswith("server histograms") and any(r["label"] == spans for r in rows):
             continue
         got = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
                for n, lab in parts if n in signals and signals[n].is_finite()]
         if label.startswith("decode time") and len(got) == 2 and "decode_time_preemption_ratio" not in signals:
-            rows.append({"label": label, "parts": got})  # an engine that counts no preemptions (llama.cpp)
+            rows.append({"label": label, "parts": got, "primary": primary})  # no preemption counter (llama.cpp)
         elif len(got) == len(parts) or (label.startswith("TTFT") and "joined" in label and len(got) >= 3):
-            rows.append({"label": label, "parts": got})
+            rows.append({"label": label, "parts": got, "primary": primary})
     return rows
 
 

@@ -6,6 +6,7 @@ Rules only reference named signals; they never see probes or reports.
 from __future__ import annotations
 
 import math
+import re
 import string
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from diagnose.model import (
     NotEvaluated,
     Signal,
 )
+from diagnose.numbers import fmt_value
 from diagnose.rules.conditions import Evaluator, referenced_signals, resolve_threshold
 from diagnose.rules.spec import RuleSpec
 
@@ -73,6 +75,32 @@ class _Labels(SimpleNamespace):
         return self._d.get(name) or "unknown"
 
 
+# ``[[A||B]]`` in a text template: A when every signal A names is known, else B (else nothing), so a sentence
+# about a value the bundle does not hold is left out or replaced instead of printing 'unknown' (docs/rules.md)
+_OPTIONAL = re.compile(r"\[\[(.*?)\]\]", re.S)
+
+
+def _known(text: str, values: Mapping[str, Any]) -> bool:
+    """Whether every ``{field}`` of ``text`` names a value the bundle holds (a finite number for a signal)."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError:
+        return False
+    for _lit, name, _spec, _conv in parsed:
+        if not name:
+            continue
+        top, _, rest = name.partition(".")
+        top = top.split("[", 1)[0]
+        if top == "label":
+            if rest not in values["label"]._d:
+                return False
+        elif top not in ("thr", "phase"):
+            v = values.get(top)
+            if v is None or (isinstance(v, float) and not math.isfinite(v)) or v == "unknown":
+                return False
+    return True
+
+
 def render_text(template: str, signals: Mapping[str, Signal], thresholds: Mapping[str, float],
                 extra: Mapping[str, Any] | None = None) -> str:
     values: dict[str, Any] = {k: s.value for k, s in signals.items()}
@@ -82,10 +110,21 @@ def render_text(template: str, signals: Mapping[str, Signal], thresholds: Mappin
     values["label"] = _Labels({k: s.description for k, s in signals.items()})
     if extra:
         values.update(extra)
-    try:
-        return _FMT.vformat(template, (), values)
-    except (ValueError, IndexError, KeyError, AttributeError):
-        return template
+
+    def fmt(text: str) -> str:
+        try:
+            return _FMT.vformat(text, (), values)
+        except (ValueError, IndexError, KeyError, AttributeError):
+            return text
+
+    out: list[str] = []
+    pos = 0
+    for m in _OPTIONAL.finditer(template):
+        out.append(fmt(template[pos:m.start()]))
+        out.append(next((fmt(alt) for alt in m.group(1).split("||") if _known(alt, values)), ""))
+        pos = m.end()
+    out.append(fmt(template[pos:]))
+    return re.sub(r"  +", " ", "".join(out)) if pos else "".join(out)
 
 
 def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[str, float]) -> float:
@@ -118,6 +157,11 @@ def rank_key(f: Finding) -> tuple[bool, bool, bool, bool, float, str]:
     return (not invalidates, bool(f.held_back), bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
 
 
+def _shown(s: Signal) -> str:
+    """A signal's value as the report shows it: a ratio as a percentage, else the number and its unit."""
+    return fmt_value(s.value, s.unit) if s.unit == "ratio" else f"{fmt_value(s.value)} {s.unit}".rstrip()
+
+
 def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
                   thresholds: Mapping[str, float]) -> tuple[CauseStatus, str]:
     """("ruled out" | "supported" | "open", the evidence that decided it) from the cause's conditions."""
@@ -129,7 +173,7 @@ def _cause_status(c: Mapping[str, Any], signals: Mapping[str, Signal],
         ev = Evaluator(signals, thresholds)
         if ev.evaluate(cond) is True:
             names = sorted(referenced_signals(cond))
-            shown = ", ".join(f"{n} = {signals[n].value:.4g} {signals[n].unit}".rstrip() for n in names if n in signals)
+            shown = ", ".join(f"{n} = {_shown(signals[n])}" for n in names if n in signals)
             return (status, shown)
     return "open", ""
 

@@ -10,6 +10,7 @@ first-screen screenshots there (to look at them); otherwise they go to pytest's 
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +47,10 @@ PROBE = r"""
   return {viewport: [innerWidth, innerHeight], scrollY: scrollY,
           verdict: verdict ? box(verdict) : null,
           tiles: [...document.querySelectorAll("#verdict .key")].map(box),
-          levels: [...document.querySelectorAll("#verdict .lk")].map(box)};
+          levels: [...document.querySelectorAll("#verdict .lk")].map(box),
+          // every table in the verdict box ends inside it (nothing spills out of the box at this width)
+          spill: [...document.querySelectorAll("#verdict table")].map(t => t.getBoundingClientRect().right -
+                 document.querySelector("#verdict").getBoundingClientRect().right).filter(d => d > 0.5)};
 })()
 """
 
@@ -120,8 +124,33 @@ def test_report_in_a_browser(source: Path, browser: Browser, tmp_path: Path) -> 
             assert any(ch.isdigit() for ch in cell["text"]), f"cell {k['label']!r} shows no number: {cell['text']!r}"
     if (source / "bundle").is_dir() or (source / "manifest.json").exists():
         assert want or per_level, f"{source.name}: a capture's report shows no headline numbers"
+    assert got["spill"] == [], f"{source.name}: a table spills out of the verdict box by {got['spill']} px"
+    holes = template_holes(str(browser.evaluate("document.body.innerText")))
+    assert not holes, f"{source.name}: template holes or raw values on the page: {holes}"
     shot = browser.screenshot(shots_dir(tmp_path) / f"{source.name.split('.')[0]}.png")
     assert png_size(shot) == VIEWPORT
+
+
+# what a person must never read on a page: a missing value printed as a word, a float in scientific notation or
+# with all its digits, a Python None/nan, a key=value dump (issue 32 item 6)
+HOLES = re.compile(r"\bNone\b|\bnan\b|\d[eE][+-]\d|unknown ?(?:ms|%|x\b|requests|tok)|(?:is|of) unknown\b|"
+                   r"\d\.\d{5,}|[\w.]+=[\w.]+; [\w.]+=")
+
+
+def template_holes(text: str) -> list[str]:
+    return [text[max(0, m.start() - 40):m.end() + 20].replace("\n", " ") for m in HOLES.finditer(text)]
+
+
+@pytest.mark.parametrize("text", ["queue time P50 is unknown ms of", "waiting 9.3e-05 requests", "TTFT 1.3e+03 ms",
+                                  "at 1.79651e+09", "2 → None", "scrape_ms_max=7.77279",
+                                  "nonblocking=True; processes.1.exited=False", "hit ratio is unknown (",
+                                  "18.3 ms (unknownx the baseline)", "P50 nan ms"])
+def test_template_holes_are_found(text: str) -> None:
+    assert template_holes(f"before {text} after"), text
+
+
+def test_plain_text_has_no_holes() -> None:
+    assert template_holes("TTFT P50 4,006 ms, queue 93%, <0.001 requests, client stall (cause unknown), 0.0012") == []
 
 
 def test_console_errors_are_caught(browser: Browser, tmp_path: Path) -> None:

@@ -103,9 +103,15 @@ def test_stacked_bars_and_waterfall_wrap_long_legends() -> None:
 
 def test_fmt_value() -> None:
     assert fmt_value(None) == "—" and fmt_value(float("nan")) == "—"
-    assert fmt_value(0.1234, "ratio") == "12.3%"
+    # a share shows as the rule titles show it: whole percents from 10% up (93% in both), a decimal below
+    assert fmt_value(0.1234, "ratio") == "12%" and fmt_value(0.9336, "ratio") == "93%"
+    assert fmt_value(0.0914, "ratio") == "9.1%" and fmt_value(0.0025, "ratio") == "0.25%"
     assert fmt_value(98765.4) == "98,765"
     assert fmt_value(3.14159) == "3.14" and fmt_value(0.0123) == "0.012"
+    # never scientific notation: a float's residue (1.39e-17 as a share) and tiny means are bounded, not 1e-15
+    assert fmt_value(1.39e-17, "ratio") == "<0.001%" and fmt_value(9.3e-05) == "<0.001"
+    assert fmt_value(-9.3e-05) == ">-0.001" and fmt_value(0.0) == "0" and fmt_value(0.00123) == "0.0012"
+    assert fmt_value(1300.4) == "1,300" and charts.fmt_num(0.00004) == "<0.001" and charts.fmt_num(0.0012) == "0.0012"
 
 
 def test_redaction() -> None:

@@ -43,6 +43,7 @@ from diagnose.normalize.prom_hist import (
     histogram_tail_mean,
     parse_le,
 )
+from diagnose.numbers import fmt_value
 from diagnose.requests import finite, in_flight_mean, select, span_s
 
 SOURCE: Source = "server"
@@ -376,7 +377,7 @@ HISTOGRAM_SIGNALS: tuple[tuple[str, str, tuple[int, ...], bool, str], ...] = (
 
 
 def _fmt_bound(x: float) -> str:
-    return "+Inf" if math.isinf(x) else f"{x * 1e3:g} ms"
+    return "+Inf" if math.isinf(x) else f"{fmt_value(x * 1e3)} ms"
 
 
 def without_excluded(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
