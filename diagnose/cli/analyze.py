@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from diagnose.cli import exits
-from diagnose.errors import DiagnoseError, InputError
+from diagnose.errors import InputError
 from diagnose.model import SEVERITY_WEIGHT, level_phases
 
 if TYPE_CHECKING:  # diagnose.analysis imports pandas: `diagnose --help` must not pay for it
@@ -31,24 +31,6 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
             raise InputError(f"--threshold {v!r}: {val!r} is not a finite number")
         out[k.strip()] = num
     return out
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes ``path`` through a temp file renamed into place; on failure (a full disk) the temp file is
-    removed and the OSError raised (the caller names the path)."""
-    import contextlib
-    import os
-
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if e.filename is None or str(e.filename) == str(tmp):
-            e.filename = str(path)
-        raise
 
 
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
@@ -161,8 +143,20 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     An invalid run (a validity check failed: the load client was the bottleneck, say) is still reported,
     and then exits with status 5, so that a script never takes it for a result.
     """
+    from diagnose.outputs import check_outputs, terminate_interrupts
+
+    check_outputs((("-o", output), ("--json", json_out)), (source, *rules_dirs, *threshold_files))
+    with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
+        _analyze(source, output, json_out, rules_dirs, threshold_files, threshold_values, include_python, fail_on,
+                 quiet, scheduler, workers, cost)
+
+
+def _analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple[Path, ...],
+             threshold_files: tuple[Path, ...], threshold_values: tuple[str, ...], include_python: bool,
+             fail_on: str | None, quiet: bool, scheduler: str | None, workers: int | None, cost: str | None) -> None:
     import orjson
 
+    from diagnose.outputs import write_bytes
     from diagnose.reports.render import write_report
 
     overrides = parse_threshold_overrides(threshold_values)
@@ -178,13 +172,10 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     if price is not None and isinstance(analysis.manifest, dict):
         options = analysis.manifest.get("options")
         analysis.manifest["options"] = {**(options if isinstance(options, dict) else {}), "cost_per_hour": price}
-    try:
-        write_report(analysis, output)
-        if json_out is not None:
-            write_atomic(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
-                                                | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
-    except OSError as e:
-        raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
+    write_report(analysis, output)
+    if json_out is not None:
+        write_bytes(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
+                                           | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
     if not quiet:
         for w in analysis.warnings:
             click.echo(f"warning: {w}", err=True)

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from diagnose.cli import exits
-from diagnose.errors import DiagnoseError
 
 WORKLOAD_CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.INTERNAL, exits.INTERRUPTED)
 
@@ -27,19 +26,23 @@ def workload(bundle: Path, output: Path, quiet: bool) -> None:
     histograms (token totals exact), one prefix group as large as its prefix-cache hit ratio. Replay it with
     `diagnose attach --workload FILE`.
     """
+    from diagnose.outputs import check_outputs, terminate_interrupts
+
+    check_outputs((("-o", output),), (bundle,))
+    with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
+        _workload(bundle, output, quiet)
+
+
+def _workload(bundle: Path, output: Path, quiet: bool) -> None:
     from diagnose.bundle import open_bundle
-    from diagnose.cli.analyze import write_atomic
+    from diagnose.outputs import write_bytes
     from diagnose.workload import prefix_share
     from diagnose.workload_file import encode_workload, from_bundle
 
     b = open_bundle(bundle)
     reqs, block, note = from_bundle(b)
     data = encode_workload(reqs, block_tokens=block, source=f"diagnose workload {b.path.name}: {note}")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(output, data)
-    except OSError as e:
-        raise DiagnoseError(f"cannot write {e.filename or output}: {e.strerror or e}") from e
+    write_bytes(output, data, parents=True)
     if not quiet:
         for w in b.warnings:
             click.echo(f"warning: {w}", err=True)

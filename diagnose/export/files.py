@@ -1,5 +1,6 @@
 """Writing an export: through a temporary file (or folder) beside the target, renamed into place only when
-complete, and removed when anything fails, so a failed export never leaves a half-written file behind."""
+complete, and removed when anything fails (Ctrl-C and SIGTERM included), so a failed export never leaves a
+half-written file behind. Files go through diagnose/outputs.py, the writer of every output."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
+from diagnose import outputs
 from diagnose.errors import DiagnoseError
 
 # the file a parquet export writes into its folder; a folder that has it may be replaced by a new export
@@ -26,36 +28,19 @@ def _cannot(path: Path, e: OSError) -> DiagnoseError:
     return DiagnoseError(f"cannot write {path}: {e.strerror or e}")
 
 
-def write_file(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` to fill a temporary file beside ``path``, then rename it to ``path``."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise DiagnoseError(f"cannot write {path}: it is a directory")
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as e:
-        raise _cannot(path, e) from None
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an export is an ordinary file
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise _cannot(path, e) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+class NothingExported(DiagnoseError):
+    """Nothing usable was read to export (every stream empty or unreadable): no file is written; ``warnings``
+    say what was skipped (the CLI prints them before the one-line error), exit 1."""
+
+    def __init__(self, message: str, warnings: list[str]) -> None:
+        super().__init__(message)
+        self.warnings = warnings
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    def write(tmp: Path) -> None:
-        tmp.write_bytes(data)
-
-    write_file(path, write)
+# one writer for every output (diagnose/outputs.py): temp file and rename for a regular file, in place for
+# a device or FIFO, refused for a directory
+write_file = outputs.write_file
+write_bytes = outputs.write_bytes
 
 
 @contextlib.contextmanager
@@ -76,14 +61,16 @@ def output_dir(path: Path) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
         old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=parent))
-            os.replace(path, old / "x")
         try:
+            if path.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=parent))
+                os.replace(path, old / "x")
             os.replace(tmp, path)
-        except OSError:
-            if old is not None:  # put the earlier export back
-                os.replace(old / "x", path)
+        except BaseException:  # a failed rename, or Ctrl-C / SIGTERM between the two: the earlier export back
+            if old is not None:
+                if (old / "x").exists() and not path.exists():
+                    os.replace(old / "x", path)
+                shutil.rmtree(old, ignore_errors=True)
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
