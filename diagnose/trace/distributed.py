@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.errors import DiagnoseError
+from diagnose.errors import DiagnoseError, InputError
 from diagnose.trace.multirank import RankResult, reduce_file
 
 # Without --workers / --scheduler, a local cluster is started for sets of at least AUTO_MIN_RANKS rank traces on
@@ -61,6 +61,33 @@ class ScaleOut:
     results_dir: Path | None = None
     only_workers: tuple[str, ...] = ()
     connect_timeout_s: float | None = None  # None: connect_timeout_s()
+
+    def __post_init__(self) -> None:
+        if self.scheduler is not None:
+            object.__setattr__(self, "scheduler", check_scheduler_address(self.scheduler))
+
+
+SCHEDULER_SCHEMES = ("tcp", "tls")
+
+
+def check_scheduler_address(address: str) -> str:
+    """``address`` as a Dask scheduler address, ``tcp://host:port`` (or ``tls://``; a bare ``host:port`` is
+    tcp), port 1-65535; an :class:`InputError` (exit 2, one line) for anything else."""
+    shown = repr(address[:200])
+    addr = address.strip()
+    scheme, sep, rest = addr.partition("://")
+    if not sep:
+        scheme, rest = "tcp", addr
+    if scheme.lower() not in SCHEDULER_SCHEMES:
+        raise InputError(f"--scheduler {shown}: expected tcp://HOST:PORT (a running Dask scheduler), "
+                         f"not {scheme + '://'!r}")
+    host, colon, port = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host  # [::1]
+    if not colon or not host or any(c in host for c in "/ @?#[]") or not port.isdigit():
+        raise InputError(f"--scheduler {shown}: expected tcp://HOST:PORT (a running Dask scheduler)")
+    if not 1 <= int(port) <= 65535:
+        raise InputError(f"--scheduler {shown}: port {int(port)} is out of range (1-65535)")
+    return f"{scheme.lower()}://{rest}"
 
 
 _CURRENT: ContextVar[ScaleOut | None] = ContextVar("diagnose_trace_scale_out", default=None)
@@ -166,6 +193,7 @@ def _client(cfg: ScaleOut, n_files: int) -> Iterator[Any]:
 
     timeout = cfg.connect_timeout_s if cfg.connect_timeout_s is not None else connect_timeout_s()
     if cfg.scheduler:
+        probe_scheduler(cfg.scheduler, timeout)  # Client() itself waits forever on a listener that never answers
         try:
             client = Client(cfg.scheduler, timeout=timeout)
         except (OSError, TimeoutError, ValueError, TypeError) as e:
@@ -183,6 +211,40 @@ def _client(cfg: ScaleOut, n_files: int) -> Iterator[Any]:
                          silence_logs=logging.ERROR, scheduler_kwargs=dict(NO_HTTP_PORT)) as cluster, \
             Client(cluster) as client:
         yield client
+
+
+def probe_scheduler(address: str, timeout_s: float) -> None:
+    """Ask the scheduler at ``address`` who it is (Dask's ``identity``), all within ``timeout_s``: a
+    :class:`DiagnoseError` (one line, exit 1) when it cannot be reached or does not answer in time."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def ask() -> Any:
+        comm = await connect(address, timeout=timeout_s)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(ask(), timeout_s)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        with ThreadPoolExecutor(1) as pool:  # its own thread and loop: the caller may be inside a running loop
+            reply = pool.submit(asyncio.run, bounded()).result()
+    except asyncio.TimeoutError:
+        raise DiagnoseError(f"cannot reach the Dask scheduler at {address}: Timed out: no answer within "
+                            f"{timeout_s:g} s") from None
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DiagnoseError(f"cannot reach the Dask scheduler at {address}: {reason}") from None
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        raise DiagnoseError(f"cannot reach the Dask scheduler at {address}: what answers there is not a Dask "
+                            "scheduler")
 
 
 def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool = False,
