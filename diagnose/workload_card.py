@@ -14,6 +14,7 @@ import numpy as np
 
 from diagnose.cost import COST_BASE, per_unit, recorded_price
 from diagnose.observed import observed_workload
+from diagnose.requests import select
 
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis
@@ -115,7 +116,11 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
     req = a.tables.get("requests")
     if req is not None and not req.empty:
         base = {p.phase for p in a.phases if p.is_baseline}
-        rows = req[~req["phase"].isin(base)] if base and "phase" in req.columns else req
+        sent = req[~req["phase"].isin(base)] if base and "phase" in req.columns else req
+        # the requests the statistics count (diagnose.requests.select, the one rule: warm-up, a profiler's
+        # window and client stalls left out), so the card's count is the tables' and requests_measured's
+        rows = select(req, a.run_window).counted if a.run_window is not None else sent
+        card["requests_sent"] = int(len(sent))
 
         def col(name: str) -> np.ndarray:
             """A column as floats; NaN where the table (a report test's, an older bundle's) lacks it."""

@@ -96,6 +96,14 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     }
 
 
+def _requests_cell(card: dict[str, Any]) -> Any:
+    """The measured requests (those every table counts); the sent ones beside them when more were sent."""
+    n, sent = card.get("requests"), card.get("requests_sent")
+    if n is None or sent is None or sent == n:
+        return None if n is None else f"{n:,}"
+    return f"{n:,} measured ({sent:,} sent; the others are warm-up or excluded windows)"
+
+
 def _cold_warm(w: dict[str, Any]) -> str | None:
     """The server's state at the start and the first requests' TTFT apart from the rest (workload card)."""
     parts = [f"server {w['server']}"] if w.get("server") else []
@@ -116,8 +124,8 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
     if card is None:
         return []
 
-    def num(v: Any, unit: str = "", digits: int = 3) -> str | None:
-        return None if v is None else f"{float(v):.{digits}g}{unit}"
+    def num(v: Any, unit: str = "") -> str | None:
+        return None if v is None else f"{fmt_value(v)}{unit}"
 
     def pct(d: Any) -> str | None:
         return None if not d else " / ".join(f"{d[k]:.0f}" for k in ("p50", "p90", "p99")) + " (P50/P90/P99)"
@@ -149,7 +157,7 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
     server = card.get("server") or {}
     observed = card.get("observed") is not None
     rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", arrivals()),
-            ("Levels", ", ".join(card["levels"]) or None), ("Requests", num(card["requests"], digits=9)),
+            ("Levels", ", ".join(card["levels"]) or None), ("Requests", _requests_cell(card)),
             ("Rate (server counter)", num(card["rate_rps"], " req/s") if observed else None),
             ("Mean in flight", num(card["concurrency_mean"] or server.get("running_mean"))),
             ("Input tokens", observed_pct("input_tokens")), ("Output tokens", observed_pct("output_tokens")),

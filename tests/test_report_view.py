@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -288,3 +289,18 @@ def test_ttft_cdf_per_load_level(demo: Analysis) -> None:
     assert all(len(s["points"]) == 101 and s["points"][100][1] == 100 for s in cdf["series"])
     single = synthetic_analysis(levels=(2,), per_level_s=2.0)
     assert build_view(single)["charts"]["ttft_by_phase"] is None
+
+
+def test_workload_card_counts_the_requests_the_tables_count() -> None:
+    """One request filter everywhere (issue 32): the kv-pressure sample's card counted 52 requests (warm-up
+    included, its own filter) where every table and requests_measured count 48."""
+    from diagnose.pipeline import analyze_bundle
+    from diagnose.workload_card import workload_card
+
+    a = analyze_bundle(Path(__file__).resolve().parent.parent / "sample_traces" / "vllm_cpu_kv_pressure" / "bundle")
+    card = workload_card(a)
+    assert card is not None
+    assert card["requests"] == a.signals["requests_measured"].value == 48
+    assert card["requests_sent"] == 52
+    rows = {r["label"]: r["value"] for r in build_view(a)["workload_card"]}
+    assert rows["Requests"].startswith("48 measured (52 sent"), rows["Requests"]
