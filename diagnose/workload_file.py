@@ -10,10 +10,16 @@ line. Formats are told apart by extension (``.csv``: Azure) and by the first rec
 
 from __future__ import annotations
 
+import csv
+import datetime
+import gzip
 import hashlib
-from collections.abc import Iterable, Sequence
+import math
+import re
+import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any, cast
 
 import msgspec
 import orjson
@@ -21,6 +27,7 @@ from msgspec import Meta
 
 from diagnose.errors import DiagnoseError, InputError
 from diagnose.workload import Replay, ReplayRequest
+from diagnose.workload_store import MAX_GAP_S, MAX_REPLAY_SPAN_S, RequestStore, check_span, human_s
 
 if TYPE_CHECKING:
     from diagnose.bundle import Bundle
@@ -29,6 +36,8 @@ FORMAT_VERSION = 1
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default KV-cache block: prefix caching hits whole blocks of this many tokens
 MOONCAKE_BLOCK_TOKENS = 512  # the Mooncake traces hash blocks of 512 tokens
 MAX_TOKENS = 10_000_000
+MIN_SPEED, MAX_SPEED = 1e-3, 1e6  # --speed: a replay at most 1000 times slower or a million times faster
+MAX_LOOP = 1_000_000
 
 Offset = Annotated[float, Meta(ge=0, le=1e9)]
 Tokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
@@ -56,57 +65,62 @@ class _Mooncake(msgspec.Struct, forbid_unknown_fields=False):
     hash_ids: list[Hash] = []
 
 
-def _first_line(path: Path) -> tuple[int, bytes]:
-    with path.open("rb") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                return n, line.strip()
-    raise InputError(f"{path}: empty workload file (no request in it)")
+MAX_LINE = 16 << 20  # bytes: a longer line is skipped and counted without ever being held whole
+
+
+def _open(path: Path) -> IO[bytes]:
+    if path.name.lower().endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return path.open("rb")
 
 
 def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1) -> Replay:
-    """The workload in ``path`` (format detected), offsets made relative to its first request and sorted."""
-    if not path.is_file():
+    """The workload in ``path`` (format detected), offsets made relative to its first request and sorted.
+
+    Read line by line; only the fields a replay needs are kept, compactly (diagnose/workload_store.py). A
+    replay longer than ``MAX_REPLAY_SPAN_S`` or with a gap over ``MAX_GAP_S`` (--speed and --loop applied)
+    is refused with the file and line of the record that makes it so."""
+    if not path.exists():
         raise InputError(f"--workload {path}: no such file")
-    if speed <= 0 or not speed < 1e6:
-        raise InputError(f"--speed {speed:g}: must be a positive factor (2 = twice as fast)")
-    if loop < 1:
-        raise InputError(f"--loop {loop}: must be 1 or more")
+    if not path.is_file():
+        raise InputError(f"--workload {path}: not a regular file")
+    if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        raise InputError(f"--speed {speed:g}: must be a positive factor from {MIN_SPEED:g} to {MAX_SPEED:g} "
+                         "(2 = twice as fast)")
+    if not 1 <= loop <= MAX_LOOP:
+        raise InputError(f"--loop {loop}: must be 1 to {MAX_LOOP}")
+    skips = _Skips(path)
     try:
         if path.suffix.lower() == ".csv" or path.name.lower().endswith(".csv.gz"):
-            fmt, block, reqs, skipped, note = "azure", DEFAULT_BLOCK_TOKENS, *_read_azure(path)
+            fmt, block, what = "azure", DEFAULT_BLOCK_TOKENS, "TIMESTAMP"
+            reqs = _read_azure(path, skips)
         else:
             n, first = _first_line(path)
             try:
                 head = orjson.loads(first)
             except orjson.JSONDecodeError:
                 head = None
-            if head is None and b"TIMESTAMP" in first:
-                fmt, block, reqs, skipped, note = "azure", DEFAULT_BLOCK_TOKENS, *_read_azure(path)
+            if head is None and first.startswith(b"TIMESTAMP"):
+                fmt, block, what = "azure", DEFAULT_BLOCK_TOKENS, "TIMESTAMP"
+                reqs = _read_azure(path, skips)
             elif isinstance(head, dict) and ("diagnose_workload" in head or "offset_s" in head):
-                fmt = "diagnose"
-                block, reqs, skipped, note = _read_diag(path)
+                fmt, what = "diagnose", "offset_s"
+                block, reqs = _read_diag(path, skips)
             elif isinstance(head, dict) and "timestamp" in head and "input_length" in head:
-                fmt, block = "mooncake", MOONCAKE_BLOCK_TOKENS
-                reqs, skipped, note = _read_mooncake(path)
+                fmt, block, what = "mooncake", MOONCAKE_BLOCK_TOKENS, "timestamp"
+                reqs = _read_mooncake(path, skips)
             else:
                 raise InputError(f"{path}:{n}: not a workload file: expected diagnose's JSONL (offset_s, "
                                  "input_tokens, output_tokens), Mooncake JSONL (timestamp, input_length, "
                                  "output_length, hash_ids) or an Azure trace CSV (TIMESTAMP, ContextTokens, "
                                  "GeneratedTokens)")
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-    reqs.sort(key=lambda r: r.offset_s)
-    if reqs and reqs[0].offset_s:
-        t0 = reqs[0].offset_s
-        reqs = [_shift(r, t0) for r in reqs]
-    return Replay(file=str(path), format=fmt, block_tokens=block, requests=tuple(reqs), speed=speed, loop=loop,
-                  skipped=skipped, note=note)
-
-
-def _shift(r: ReplayRequest, t0: float) -> ReplayRequest:
-    return ReplayRequest(offset_s=r.offset_s - t0, input_tokens=r.input_tokens, output_tokens=r.output_tokens,
-                         session=r.session, turn=r.turn, prefix=r.prefix)
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    note = skips.finish(len(reqs))
+    reqs.freeze()
+    check_span(str(path), reqs, speed, loop, what)
+    return Replay(file=str(path), format=fmt, block_tokens=block, requests=reqs, speed=speed, loop=loop,
+                  skipped=skips.n, note=note)
 
 
 class _Skips:
@@ -128,25 +142,51 @@ class _Skips:
         return f"{self.path}: skipped {self.n} unreadable record(s) (first: {self.first})" if self.n else ""
 
 
-def _lines(path: Path) -> Iterable[tuple[int, bytes]]:
-    with path.open("rb") as fh:
-        for n, line in enumerate(fh, 1):
+def _raw_lines(path: Path, skips: _Skips | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, stripped line) of each non-blank line; a line over ``MAX_LINE`` bytes is skipped (and
+    counted) while being read in pieces, never held whole."""
+    with _open(path) as fh:
+        n = 0
+        while True:
+            line = fh.readline(MAX_LINE + 1)
+            if not line:
+                return
+            n += 1
+            if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                while True:
+                    rest = fh.readline(1 << 20)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                if skips is None:
+                    raise InputError(f"{path}:{n}: a line longer than {MAX_LINE >> 20} MiB: not a workload file")
+                skips.add(n, f"line longer than {MAX_LINE >> 20} MiB")
+                continue
             line = line.strip()
             if line:
                 yield n, line
+
+
+def _first_line(path: Path) -> tuple[int, bytes]:
+    for n, line in _raw_lines(path, None):
+        return n, line
+    raise InputError(f"{path}: empty workload file (no request in it)")
 
 
 def _why(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def _read_diag(path: Path) -> tuple[int, list[ReplayRequest], int, str]:
+def _blocks(tokens: int, block: int) -> int:
+    """Prefix blocks a prompt of ``tokens`` can hold: hashes beyond them describe no token and are not kept."""
+    return -(-tokens // block)
+
+
+def _read_diag(path: Path, skips: _Skips) -> tuple[int, RequestStore]:
     dec = msgspec.json.Decoder(_Diag)
     block = DEFAULT_BLOCK_TOKENS
-    out: list[ReplayRequest] = []
-    skips = _Skips(path)
-    for n, line in _lines(path):
-        if not out and not skips.n and b"diagnose_workload" in line:
+    out = RequestStore()
+    for n, line in _raw_lines(path, skips):
+        if not len(out) and not skips.n and b"diagnose_workload" in line:
             try:
                 block = msgspec.json.decode(line, type=_Header).block_tokens
             except (msgspec.ValidationError, msgspec.DecodeError) as e:
@@ -157,59 +197,110 @@ def _read_diag(path: Path) -> tuple[int, list[ReplayRequest], int, str]:
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             skips.add(n, _why(e))
             continue
-        out.append(ReplayRequest(offset_s=r.offset_s, input_tokens=r.input_tokens, output_tokens=r.output_tokens,
-                                 session=None if r.session is None else str(r.session), turn=r.turn,
-                                 prefix=tuple(map(str, r.prefix))))
-    return block, out, skips.n, skips.finish(len(out))
+        out.add(n, r.offset_s, r.input_tokens, r.output_tokens, None if r.session is None else str(r.session),
+                r.turn, r.prefix[:_blocks(r.input_tokens, block)])
+    return block, out
 
 
-def _read_mooncake(path: Path) -> tuple[list[ReplayRequest], int, str]:
+def _read_mooncake(path: Path, skips: _Skips) -> RequestStore:
     dec = msgspec.json.Decoder(_Mooncake)
-    out: list[ReplayRequest] = []
-    skips = _Skips(path)
-    for n, line in _lines(path):
+    out = RequestStore()
+    for n, line in _raw_lines(path, skips):
         try:
             r = dec.decode(line)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             skips.add(n, _why(e))
             continue
-        out.append(ReplayRequest(offset_s=r.timestamp / 1000.0, input_tokens=r.input_length,
-                                 output_tokens=max(1, r.output_length), prefix=tuple(map(str, r.hash_ids))))
-    return out, skips.n, skips.finish(len(out))
+        out.add(n, r.timestamp / 1000.0, r.input_length, max(1, r.output_length),
+                prefix=r.hash_ids[:_blocks(r.input_length, MOONCAKE_BLOCK_TOKENS)])
+    return out
 
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?)?"
+                 r"\s*(Z|[+-]\d{2}:?\d{2})?")
+_EPOCH = datetime.datetime(1970, 1, 1)
 
 
-def _read_azure(path: Path) -> tuple[list[ReplayRequest], int, str]:
-    import pandas as pd
-
+def azure_time_us(text: str) -> int | None:
+    """An ISO 8601 date-time (``2023-11-16 18:15:46.6805900``; up to 9 fraction digits, an optional zone,
+    none read as UTC) as integer microseconds since 1970, or None."""
+    m = _TS.fullmatch(text.strip())
+    if not m:
+        return None
+    y, mo, d, hh, mi, ss, frac, tz = m.groups()
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: not a readable CSV: {_why(e)}") from None
-    missing = [c for c in AZURE_COLUMNS if c not in df.columns]
-    if missing:
-        raise InputError(f"{path}:1: not an Azure LLM trace CSV: missing column(s) {', '.join(missing)} "
-                         f"(expected {', '.join(AZURE_COLUMNS)})")
-    ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
-    ctx = pd.to_numeric(df["ContextTokens"], errors="coerce")
-    gen = pd.to_numeric(df["GeneratedTokens"], errors="coerce")
-    bad = ts.isna() | ctx.isna() | gen.isna() | (ctx < 1) | (gen < 0) | (ctx > MAX_TOKENS) | (gen > MAX_TOKENS)
-    skips = _Skips(path)
-    for i in bad[bad].index[:1]:
-        row = df.loc[i]
-        skips.add(int(i) + 2, "bad TIMESTAMP, ContextTokens or GeneratedTokens: "
-                  f"{row['TIMESTAMP']!r}, {row['ContextTokens']!r}, {row['GeneratedTokens']!r}")
-    skips.n = int(bad.sum())
-    good = ~bad
-    if not good.any():
-        skips.finish(0)
-    t = ts[good]
-    offs = ((t - t.min()).dt.total_seconds()).to_numpy()
-    out = [ReplayRequest(offset_s=float(o), input_tokens=int(c), output_tokens=max(1, int(g)))
-           for o, c, g in zip(offs, ctx[good].to_numpy(), gen[good].to_numpy(), strict=True)]
-    return out, skips.n, skips.finish(len(out))
+        t = datetime.datetime(int(y), int(mo), int(d), int(hh or 0), int(mi or 0), int(ss or 0))
+    except ValueError:
+        return None
+    us = (t - _EPOCH) // datetime.timedelta(microseconds=1) + (int((frac + "000000")[:6]) if frac else 0)
+    if tz and tz != "Z":
+        sign = -1 if tz[0] == "+" else 1
+        digits = tz[1:].replace(":", "")
+        us += sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60) * 1_000_000
+    return us
+
+
+def _int_field(text: str) -> int | None:
+    t = text.strip()
+    if not t or len(t) > 20:
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        try:
+            v = float(t)
+        except ValueError:
+            return None
+        return int(v) if math.isfinite(v) and v == int(v) else None
+
+
+def _read_azure(path: Path, skips: _Skips) -> RequestStore:
+    """The Azure LLM trace CSV, one row at a time (rows whose field count differs from the header's, bad
+    dates and bad numbers skipped and counted with their line)."""
+    where = {"line": 0}
+
+    def texts() -> Iterator[str]:
+        for n, raw in _raw_lines(path, skips):
+            where["line"] = n
+            yield raw.decode("utf-8", "replace")
+
+    rows = csv.reader(texts(), skipinitialspace=True)
+    header: list[str] | None = None
+    out = RequestStore()
+    t_first: int | None = None
+    cols = (0, 0, 0)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            skips.add(where["line"], f"not a CSV row: {_why(e)}")
+            continue
+        n = where["line"]
+        if header is None:
+            header = [c.strip().lstrip("\ufeff") for c in row]
+            missing = [c for c in AZURE_COLUMNS if c not in header]
+            if missing:
+                raise InputError(f"{path}:{n}: not an Azure LLM trace CSV: missing column(s) {', '.join(missing)} "
+                                 f"(expected {', '.join(AZURE_COLUMNS)})")
+            cols = (header.index("TIMESTAMP"), header.index("ContextTokens"), header.index("GeneratedTokens"))
+            continue
+        if len(row) != len(header):
+            skips.add(n, f"{len(row)} fields where the header has {len(header)}")
+            continue
+        ts, ctx, gen = (row[c] for c in cols)
+        us, c, g = azure_time_us(ts), _int_field(ctx), _int_field(gen)
+        if us is None or c is None or g is None or not 1 <= c <= MAX_TOKENS or not 0 <= g <= MAX_TOKENS:
+            skips.add(n, f"bad TIMESTAMP, ContextTokens or GeneratedTokens: {ts[:40]!r}, {ctx[:20]!r}, {gen[:20]!r}")
+            continue
+        if t_first is None:
+            t_first = us
+        out.add(n, (us - t_first) / 1e6, c, max(1, g))
+    if header is None:
+        raise InputError(f"{path}: empty workload file (no request in it)")
+    return out
 
 
 # -- prefix sharing ------------------------------------------------------------------------------------------
@@ -287,10 +378,31 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     t0 = rows[0][0]
     reqs = [ReplayRequest(offset_s=(t - t0) / 1e9, input_tokens=q.input_tokens, output_tokens=q.output_tokens,
                           session=q.session, turn=q.turn, prefix=q.prefix) for t, q in rows]
+    _warn_span(bundle, reqs)
     mode = wl.get("mode")
     note = ("from a concurrency run: closed-loop sends (each when a request ended) become fixed offsets"
             if mode == "concurrency" else f"from a {mode} run" if mode else "from a load run")
     return reqs, block, note
+
+
+def _warn_span(bundle: Bundle, reqs: Sequence[ReplayRequest]) -> None:
+    """A warning (on the bundle, which ``diagnose workload`` prints) when the file written would be refused by
+    ``attach --workload`` at --speed 1: it spans more than ``MAX_REPLAY_SPAN_S`` or has a gap over
+    ``MAX_GAP_S`` (a request record whose send time is far from the others')."""
+    span = reqs[-1].offset_s if reqs else 0.0
+    # the file's line 1 is its header: request i (0-based) is line i + 2
+    gap, at = max(((b.offset_s - a.offset_s, i + 3) for i, (a, b) in enumerate(zip(reqs, reqs[1:], strict=False))),
+                  default=(0.0, 0))
+    if span > MAX_REPLAY_SPAN_S:
+        med = reqs[len(reqs) // 2].offset_s
+        i = 0 if med > span - med else len(reqs) - 1  # the request farthest from the median: the outlier
+        bundle.warn(f"the workload spans {human_s(span)} (line {i + 2} of the file, offset_s {reqs[i].offset_s:g}, "
+                    f"is that far from the others): attach --workload replays at most {human_s(MAX_REPLAY_SPAN_S)}, "
+                    f"so replay it with --speed {span / MAX_REPLAY_SPAN_S:.3g} or more, or drop that line")
+    elif gap > MAX_GAP_S:
+        bundle.warn(f"the workload has {human_s(gap)} with no request before line {at} of the file: attach "
+                    f"--workload waits at most {human_s(MAX_GAP_S)}, so replay it with --speed "
+                    f"{gap / MAX_GAP_S:.3g} or more")
 
 
 def _from_observed(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
