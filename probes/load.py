@@ -33,7 +33,6 @@ import gc
 import os
 import random
 import secrets
-import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Coroutine, Iterator
@@ -49,20 +48,12 @@ from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient, RequestFailed
 from diagnose.probes.load_monitor import Monitor, RunningStats
+from diagnose.probes.load_options import workload_from_options
 from diagnose.probes.prompts import Prompt, PromptFactory
 from diagnose.probes.sessions import Conversation, TaskPlan, Turn, run_task
 from diagnose.probes.sse import StreamResult, now_ns, sleep_until
 from diagnose.redact import Redactor, excerpt, scrub_text
-from diagnose.workload import (
-    Mode,
-    Phase,
-    Replay,
-    ReplayRequest,
-    WorkloadSpec,
-    build_phases,
-    parse_duration,
-    repeat_phases,
-)
+from diagnose.workload import Phase, Replay, ReplayRequest, WorkloadSpec
 
 # a replayed request: (its index in the workload file, the loop it belongs to, the recorded request)
 ReplayItem = tuple[int, int, ReplayRequest]
@@ -547,6 +538,10 @@ class _LoadRun:
                 res = StreamResult()
                 await self.client.stream(self.path, self._body(" hello world", 2), res,
                                          {"x-request-id": f"{self.token}-preflight"})
+                # the server counts it: the status keeps it, so the bundle accounts for every request sent
+                self.notes.setdefault("preflight_requests", []).append({
+                    "rid": f"{self.token}-preflight", "http_status": res.status, "ok": res.error is None,
+                    "error": res.error, "output_tokens": sum(res.tok), "request_options": dict(self.options)})
                 if res.status != 400:
                     if res.error_detail:
                         res.error_detail = self._clean_detail(res.error_detail, " hello world", 2)
@@ -677,6 +672,9 @@ class _LoadRun:
                 return
             capped = sem.locked()
             async with sem:
+                if deadline is not None and now_ns() >= deadline:  # --duration is wall time: not sent
+                    self.notes["replay_unsent"] = self.notes.get("replay_unsent", 0) + 1
+                    return
                 await self._one(ph.index, warm, intended, capped, item)
 
         async def turn(warm: bool, intended: int, item: ReplayItem, prev: asyncio.Future[int] | None,
@@ -684,8 +682,10 @@ class _LoadRun:
             try:
                 if prev is not None and (ended := await asyncio.shield(prev)) > intended:
                     intended = ended
-                    if (deadline is not None and intended >= deadline) or await sleep_until(
-                            intended, lambda: self.stopping):
+                    if deadline is not None and intended >= deadline:  # --duration is wall time: not sent
+                        self.notes["replay_unsent"] = self.notes.get("replay_unsent", 0) + 1
+                        return
+                    if await sleep_until(intended, lambda: self.stopping):
                         return
                 await one(warm, intended, item)
             finally:
@@ -835,79 +835,6 @@ class _LoadRun:
                 gc.set_threshold(*gc_thresholds)
             await self.client.close()
             self.ctx.stop.set()
-
-
-# -- attach options: the workload ------------------------------------------------------------------------
-def workload_from_options(o: Options) -> WorkloadSpec:
-    """The workload these options ask for (``--duration``, ``--model``, ``--store-text`` are attach's own)."""
-    replay = _replay_from_options(o)
-    if replay is not None:
-        mode: Mode = "replay"
-        phases: tuple[Phase, ...] = (Phase(index=0, name=f"replay {Path(replay.file).name}" + (
-            f" x{replay.speed:g}" if replay.speed != 1 else ""), max_concurrency=o["max_concurrency"]),)
-    else:
-        mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
-    phases = repeat_phases(phases, int(o.get("repeat") or 1))
-    num_requests, baseline = o["num_requests"], o["baseline"]
-    if num_requests is not None and num_requests <= 0:
-        raise InputError("--num-requests must be positive")
-    if not 0.0 <= o["shared_prefix"] < 1.0:
-        raise InputError("--shared-prefix must be a fraction in [0, 1)")
-    if o["input_tokens"] <= 0 or o["output_tokens"] <= 0:
-        raise InputError("--input-tokens and --output-tokens must be positive")
-    if o["burstiness"] <= 0:
-        raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
-    dur = parse_duration(o["duration"]) if o["duration"] else (None if num_requests or replay else 30.0)
-    input_tokens, output_tokens = o["input_tokens"], o["output_tokens"]
-    if replay is not None:  # the baseline phase (if any) sends requests of the trace's median size
-        input_tokens = int(statistics.median_low(r.input_tokens for r in replay.requests))
-        output_tokens = int(statistics.median_low(r.output_tokens for r in replay.requests))
-    if baseline > 0:
-        base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
-        phases = (base, *(dataclasses.replace(p, index=p.index + 1) for p in phases))
-    return WorkloadSpec(
-        mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=o["warmup"],
-        arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=input_tokens,
-        output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
-        shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
-        request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
-        session_wait=bool(o.get("session_wait", True)), **_tasks_from_options(o, mode),
-    )
-
-
-def _tasks_from_options(o: Options, mode: str) -> dict[str, Any]:
-    """``--turns``, ``--think-time``, ``--retries``: tasks of several requests (probes/sessions.py)."""
-    turns = int(o["turns"]) if o.get("turns") is not None else 1
-    retries = int(o["retries"]) if o.get("retries") is not None else 0
-    think = parse_duration(o["think_time"]) if o.get("think_time") else 0.0
-    if turns < 1 or turns > 10_000:
-        raise InputError(f"--turns {turns}: use 1 to 10000 requests a task")
-    if retries < 0 or retries > 100:
-        raise InputError(f"--retries {retries}: use 0 to 100")
-    if turns == 1 and (think or retries):
-        raise InputError("--think-time and --retries shape tasks of several turns: give --turns N (N > 1)")
-    if turns > 1 and mode != "concurrency":
-        raise InputError("--turns runs a closed loop of tasks: use --concurrency (not --rate or --workload)")
-    return {"turns": turns, "think_time_s": think, "retries": retries}
-
-
-def _replay_from_options(o: Options) -> Replay | None:
-    """``--workload FILE`` read (format detected; bad records skipped with a warning on stderr), or None."""
-    speed, loop = o.get("speed"), o.get("loop")
-    if not o.get("workload"):
-        if speed not in (None, 1.0) or loop not in (None, 1):
-            raise InputError("--speed and --loop scale and repeat a replay: give --workload FILE")
-        return None
-    if o["concurrency"] or o["rate"]:
-        raise InputError("--workload replays the file's own arrivals: drop --concurrency/--rate")
-    from diagnose.workload_file import read_workload
-
-    replay = read_workload(Path(o["workload"]), speed=float(speed or 1.0), loop=int(loop or 1))
-    if replay.note:
-        import click
-
-        click.echo(f"warning: {replay.note}", err=True)
-    return replay
 
 
 def _enabled(o: Options) -> bool:

@@ -198,7 +198,8 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
               "(default: OPENAI_API_KEY when set). The key is never written to disk.")
 @click.option("--model", help="Model name (default: the first model of /v1/models).")
 @click.option("--duration", "-d", help="Per load level (e.g. 30s, 2m). Default 30s unless --num-requests.")
-@click.option("--slo", help="Service-level objective, e.g. ttft_p99=500ms,itl_p99=50ms (goodput and judgements use it).")
+@click.option("--slo", help="Service-level objective, e.g. ttft_p99=500ms,itl_p99=50ms (goodput and judgements use "
+              "it); every value needs its unit (ms, s, m, h).")
 @click.option("--observe", is_flag=True, help="Send no requests: only observe a server carrying real traffic.")
 @click.option("--store-text", is_flag=True, help="Store prompt and output text in the bundle (off by default).")
 @click.option("--realtime", is_flag=True,
@@ -236,6 +237,9 @@ def _files_needed(workload: WorkloadSpec | None) -> int | None:
                    "inconclusive (8); -o gets before/, after/, verify.json and report.html (docs/compare.md).")
 def attach(**o: Any) -> None:
     """Capture evidence from a live server: load + metrics (+ spans, host stacks, GPU counters, profiler)."""
+    from diagnose.probes.load_options import check_options
+
+    check_options(o)  # --duration, --slo, --speed, --loop, --max-concurrency: one line, before anything runs
     if o["launch"] or o["verify"]:
         _launched(o)
         return
@@ -301,12 +305,8 @@ def _launched(o: Options) -> None:
         ctx.invoke(experiment, launch_cmd=o["launch"], url=o["url"], output=out, finding=None, override=None,
                    startup_timeout=600.0, warmup_s=10.0, attach_args=tuple(args))
         return
-    import shlex
-
     url = er.check_url(str(o["url"]))
-    argv = shlex.split(o["launch"])
-    if not argv:
-        raise click.UsageError("--launch: an empty command")
+    argv = er.split_launch(o["launch"])  # an unbalanced quote or an empty command: exit 2, one line
     er.refuse_running(url)
     args = level_args(ctx, frozenset({"output", "force", "launch", "verify", "url"}))
     er.capture(argv, url, out, args, lambda msg: click.echo(msg, err=True), 600.0)

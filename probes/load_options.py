@@ -1,0 +1,125 @@
+"""The load probe's workload from attach's options, every option checked before anything connects.
+
+Each bad value is a one-line error (exit status 2), never a default put in its place: ``--speed 0``,
+``--loop 0``, ``--max-concurrency 0`` and ``-d 0s`` used to be replaced by 1, 1, no cap and 30 s; a speed
+of 1e-12 planned a replay of millennia; NaN and infinity are refused like any other value out of range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from diagnose.errors import InputError
+from diagnose.probes.base import Options
+from diagnose.workload import Mode, Phase, Replay, WorkloadSpec, build_phases, parse_duration, repeat_phases
+
+MAX_DURATION_S = 7 * 86400.0  # --duration: a week (the longest replay is as long)
+MAX_CONCURRENCY = 100_000
+
+
+def check_duration(text: str | None) -> float | None:
+    """``--duration`` in seconds (None when not given): positive and at most ``MAX_DURATION_S``."""
+    if text is None:
+        return None
+    d = parse_duration(text)
+    if not (math.isfinite(d) and 0 < d <= MAX_DURATION_S):
+        raise InputError(f"--duration {text}: must be more than 0 and at most 7 days (for example 30s or 5m)")
+    return d
+
+
+def check_options(o: Options) -> None:
+    """The values of the options this module owns, checked before anything is set up (attach calls it
+    first, for every way it runs: one server, --launch, --find-max-goodput)."""
+    from diagnose.workload import parse_slo
+    from diagnose.workload_file import MAX_LOOP, MAX_SPEED, MIN_SPEED
+
+    check_duration(o.get("duration"))
+    parse_slo(o.get("slo"))
+    speed, loop, cap = o.get("speed"), o.get("loop"), o.get("max_concurrency")
+    if speed is not None and not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        raise InputError(f"--speed {speed:g}: must be a positive factor from {MIN_SPEED:g} to {MAX_SPEED:g} "
+                         "(2 = twice as fast)")
+    if loop is not None and not 1 <= loop <= MAX_LOOP:
+        raise InputError(f"--loop {loop}: must be 1 to {MAX_LOOP}")
+    if cap is not None and not 1 <= cap <= MAX_CONCURRENCY:
+        raise InputError(f"--max-concurrency {cap}: must be 1 to {MAX_CONCURRENCY} (leave it out for no cap)")
+
+
+def workload_from_options(o: Options) -> WorkloadSpec:
+    """The workload these options ask for (``--duration``, ``--model``, ``--store-text`` are attach's own)."""
+    check_options(o)
+    replay = _replay_from_options(o)
+    if replay is not None:
+        mode: Mode = "replay"
+        phases: tuple[Phase, ...] = (Phase(index=0, name=f"replay {Path(replay.file).name}" + (
+            f" x{replay.speed:g}" if replay.speed != 1 else ""), max_concurrency=o["max_concurrency"]),)
+    else:
+        mode, phases = build_phases(o["concurrency"], o["rate"], o["max_concurrency"])
+    phases = repeat_phases(phases, int(o.get("repeat") or 1))
+    num_requests, baseline = o["num_requests"], o["baseline"]
+    if num_requests is not None and num_requests <= 0:
+        raise InputError("--num-requests must be positive")
+    if not 0.0 <= o["shared_prefix"] < 1.0:
+        raise InputError("--shared-prefix must be a fraction in [0, 1)")
+    if o["input_tokens"] <= 0 or o["output_tokens"] <= 0:
+        raise InputError("--input-tokens and --output-tokens must be positive")
+    if not o["burstiness"] > 0 or not math.isfinite(o["burstiness"]):
+        raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
+    dur = check_duration(o["duration"]) if o["duration"] else (None if num_requests or replay else 30.0)
+    input_tokens, output_tokens = o["input_tokens"], o["output_tokens"]
+    if replay is not None:  # the baseline phase (if any) sends requests of the trace's median size
+        lengths = getattr(replay.requests, "lengths", None)
+        ins, outs = lengths() if lengths is not None else (
+            [r.input_tokens for r in replay.requests], [r.output_tokens for r in replay.requests])
+        input_tokens, output_tokens = int(statistics.median_low(ins)), int(statistics.median_low(outs))
+    if baseline > 0:
+        base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
+        phases = (base, *(dataclasses.replace(p, index=p.index + 1) for p in phases))
+    return WorkloadSpec(
+        mode=mode, phases=phases, duration_s=dur, num_requests=num_requests, warmup_requests=o["warmup"],
+        arrival=o["arrival"], burstiness=o["burstiness"], input_tokens=input_tokens,
+        output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
+        shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
+        request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
+        session_wait=bool(o.get("session_wait", True)), **_tasks_from_options(o, mode),
+    )
+
+
+def _tasks_from_options(o: Options, mode: str) -> dict[str, Any]:
+    """``--turns``, ``--think-time``, ``--retries``: tasks of several requests (probes/sessions.py)."""
+    turns = int(o["turns"]) if o.get("turns") is not None else 1
+    retries = int(o["retries"]) if o.get("retries") is not None else 0
+    think = parse_duration(o["think_time"]) if o.get("think_time") else 0.0
+    if turns < 1 or turns > 10_000:
+        raise InputError(f"--turns {turns}: use 1 to 10000 requests a task")
+    if retries < 0 or retries > 100:
+        raise InputError(f"--retries {retries}: use 0 to 100")
+    if turns == 1 and (think or retries):
+        raise InputError("--think-time and --retries shape tasks of several turns: give --turns N (N > 1)")
+    if turns > 1 and mode != "concurrency":
+        raise InputError("--turns runs a closed loop of tasks: use --concurrency (not --rate or --workload)")
+    return {"turns": turns, "think_time_s": think, "retries": retries}
+
+
+def _replay_from_options(o: Options) -> Replay | None:
+    """``--workload FILE`` read (format detected; bad records skipped with a warning on stderr), or None."""
+    speed, loop = o.get("speed"), o.get("loop")
+    if not o.get("workload"):
+        if speed not in (None, 1.0) or loop not in (None, 1):
+            raise InputError("--speed and --loop scale and repeat a replay: give --workload FILE")
+        return None
+    if o["concurrency"] or o["rate"]:
+        raise InputError("--workload replays the file's own arrivals: drop --concurrency/--rate")
+    from diagnose.workload_file import read_workload
+
+    replay = read_workload(Path(o["workload"]), speed=1.0 if speed is None else float(speed),
+                           loop=1 if loop is None else int(loop))
+    if replay.note:
+        import click
+
+        click.echo(f"warning: {replay.note}", err=True)
+    return replay
