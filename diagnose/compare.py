@@ -703,6 +703,8 @@ class Comparison:
     trace: list[dict[str, Any]] = field(default_factory=list)
     judgements: list[str] = field(default_factory=list)  # cost against speed and the SLO (--cost-per-hour)
     noise: float = NOISE
+    # per level label, the two samples compared (the gate's separation test reads them; not in the JSON)
+    samples: dict[str, tuple[LevelSample, LevelSample]] = field(default_factory=dict, repr=False)
 
     def metric(self, name: str, level: str | None = None) -> MetricDiff:
         for lv in self.levels:
@@ -720,7 +722,8 @@ class Comparison:
                             "spread_b": lv.spread_b, "metrics": [m.to_json() for m in lv.metrics]}
                            for lv in self.levels],
                 "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements, "noise": self.noise,
-                "regression": any(g["regressed"] for g in self.gate)}
+                "regression": any(g["regressed"] for g in self.gate),
+                "gate_undecided": any(g.get("outcome") == "undecided" for g in self.gate)}
 
 
 def check_options(confidence: float, resamples: int, resample: str) -> None:
@@ -780,6 +783,7 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
     out = Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, levels, findings_diff(a, b),
                      trace=traces)
     out.noise = noise
+    out.samples = {sa.label: (sa, sb) for sa, sb in pairs}
     if cost_per_hour is not None:
         out.judgements = cost_judgements(out, b)
     return out
@@ -849,53 +853,17 @@ def recorded_prices(a: Analysis, b: Analysis) -> tuple[float, float] | None:
     return (pa, pb) if pa is not None and pb is not None else None
 
 
-# -- the CI gate --------------------------------------------------------------------------------------------
+# -- the CI gate (diagnose/gate.py) ----------------------------------------------------------------------
 def parse_gate(spec: str) -> list[tuple[MetricDef, float]]:
-    """``ttft_p99=5%,output_tps=-3%`` -> [(metric, +0.05), (metric, -0.03)]: the change that counts as a
-    regression (up for latency, down for throughput; the sign is the direction of a regression)."""
-    out: list[tuple[MetricDef, float]] = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        name, sep, val = part.partition("=")
-        name = name.strip()
-        if not sep or name not in METRIC_BY_NAME:
-            raise InputError(f"--fail-on-regression {part!r}: use METRIC=PCT% with METRIC one of "
-                             + ", ".join(METRIC_BY_NAME))
-        v = val.strip()
-        try:
-            pct = float(v[:-1]) / 100.0 if v.endswith("%") else float(v)
-        except ValueError as e:
-            raise InputError(f"--fail-on-regression {part!r}: {v!r} is not a percentage") from e
-        if not math.isfinite(pct):
-            raise InputError(f"--fail-on-regression {part!r}: {v!r} is not a finite percentage")
-        m = METRIC_BY_NAME[name]
-        worse_sign = 1.0 if m.better == "lower" else -1.0
-        out.append((m, worse_sign * abs(pct)))
-    if not out:
-        raise InputError("--fail-on-regression: no METRIC=PCT% given")
-    return out
+    from diagnose.gate import parse_gate as parse
+
+    return parse(spec)
 
 
 def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[dict[str, Any]]:
-    """A metric regresses at a level when B is significantly worse (its interval excludes zero on the worse
-    side) and the relative change is beyond the allowed one."""
-    rows = []
-    for lv in c.levels:
-        by = {m.metric: m for m in lv.metrics}
-        for m, limit in gate:
-            d = by.get(m.name)
-            if d is None:
-                continue
-            beyond = math.isfinite(d.rel) and (d.rel > limit if limit > 0 else d.rel < limit)
-            worse_dir = "up" if m.better == "lower" else "down"
-            # significantly worse (the interval excludes zero on the worse side; the user's allowance, not the
-            # noise band, decides how much worse counts) and beyond the allowance
-            regressed = d.significant == worse_dir and d.verdict != "too few requests" and beyond
-            rows.append({"level": lv.label, "metric": m.name, "allowed": limit, "rel": d.rel if math.isfinite(d.rel)
-                         else None, "verdict": d.verdict, "regressed": regressed})
-    c.gate = rows
-    return rows
+    from diagnose.gate import apply_gate as apply
+
+    return apply(c, gate)
 
 
 # -- verify: did the experiment move what its hypothesis says it would? ------------------------------------

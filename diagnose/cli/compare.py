@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from diagnose.cli import exits
-from diagnose.errors import DiagnoseError
+from diagnose.errors import DiagnoseError, InputError
 
 if TYPE_CHECKING:  # pandas/numpy: `diagnose --help` must not pay for them
     from diagnose.compare import Comparison, Verification
@@ -23,17 +23,21 @@ def _analyze(path: Path) -> Any:
 
 
 def _write(path: Path | None, data: bytes) -> None:
-    """Through analyze's temp-file-and-rename writer (no temp file left on failure); one-line error."""
+    """Through the one output writer (diagnose/outputs.py: temp file and rename, or in place onto a device or
+    FIFO; nothing left behind on failure); one-line error."""
     if path is None:
         return
-    from diagnose.cli.analyze import write_atomic
+    from diagnose.outputs import write_bytes
 
-    try:
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
-    except OSError as e:
-        raise DiagnoseError(f"cannot write {path}: {e.strerror or e}") from e
+    write_bytes(path, data, parents=True)
+
+
+SEED_MAX = 2**32 - 1
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed <= SEED_MAX:
+        raise InputError(f"--seed {seed}: use an integer from 0 to {SEED_MAX}")
 
 
 def _json(obj: dict[str, Any]) -> bytes:
@@ -82,7 +86,11 @@ def comparison_lines(c: Comparison) -> list[str]:
     for g in c.gate:
         if g["regressed"]:
             lines.append(f"  REGRESSION at {g['level']}: {g['metric']} {_pct(g['rel'])} "
-                         f"(allowed {g['allowed']:+.0%}, significant)")
+                         f"(allowed {g['allowed']:+.0%}; {g.get('why') or 'significant'})")
+        elif g.get("outcome") == "undecided":
+            where = f"at {g['level']}" if g["level"] is not None else "(no level)"
+            lines.append(f"  GATE UNDECIDED {where}: {g['metric']} {_pct(g['rel'])} (allowed {g['allowed']:+.0%}): "
+                         f"{g['why']}")
     return lines
 
 
@@ -99,7 +107,11 @@ def comparison_lines(c: Comparison) -> list[str]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the resampling.")
 @click.option("--fail-on-regression", "gate", metavar="METRIC=PCT%,...",
               help=f"Exit with status {exits.REGRESSION} when a metric is significantly worse by more than PCT "
-                   "(latency: up, throughput: down), e.g. ttft_p99=5%,output_tps=-3%.")
+                   "(latency and cost: a rise, >= 0%; throughput: a drop, <= 0%), e.g. ttft_p99=5%,output_tps=-3%; "
+                   f"with status {exits.UNDECIDED} when the gate cannot judge a metric (docs/compare.md).")
+@click.option("--allow-undecided", is_flag=True,
+              help=f"With --fail-on-regression: a metric the gate cannot judge passes (exit 0, not "
+                   f"{exits.UNDECIDED}); it is still listed.")
 @click.option("--cost-per-hour", "cost", metavar="PRICE[,PRICE_B]",
               help="Price of an hour of the deployment (A's, and B's when it differs; each PRICE or PRICExDEVICES): adds "
                    "cost per million output tokens, per request and per request within the SLO, with intervals. "
@@ -109,7 +121,8 @@ def comparison_lines(c: Comparison) -> list[str]:
                    "beyond +-SHARE (0: any significant change counts). The CI gate uses its own allowances.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float, resamples: int,
-            resample: str, seed: int, gate: str | None, cost: str | None, noise: float, quiet: bool) -> None:
+            resample: str, seed: int, gate: str | None, cost: str | None, noise: float, quiet: bool,
+            allow_undecided: bool = False) -> None:
     """Compare two runs (bundles, or two traces): per matched load level, every latency percentile,
     throughput and goodput of B against A with a bootstrap confidence interval, better / worse / no
     significant change; what differs between the runs; which findings appeared or went away.
@@ -117,11 +130,38 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     A is the baseline, B the new run. With --fail-on-regression it is a CI gate.
     """
     from diagnose import compare as cmp
+    from diagnose.outputs import check_outputs, terminate_interrupts
 
     cmp.check_options(confidence, resamples, resample)
     cmp.check_noise(noise)
-    rules = cmp.parse_gate(gate) if gate else None
+    check_seed(seed)
+    rules = cmp.parse_gate(gate) if gate is not None else None
+    if allow_undecided and rules is None:
+        raise InputError("--allow-undecided: only with --fail-on-regression")
     prices = cmp.parse_cost(cost) if cost else None
+    check_outputs((("-o", output), ("--json", json_out)), (a, b))
+    with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
+        c, recorded = _compare(cmp, a, b, output, json_out, confidence, resamples, resample, seed, rules, prices,
+                               noise)
+    if not quiet:
+        for line in comparison_lines(c):
+            click.echo(line)
+        if recorded is not None:
+            click.echo(f"cost: at the prices recorded by the captures (A ${recorded[0]:.3g}/h, B ${recorded[1]:.3g}/h)")
+        outs = [str(p) for p in (output, json_out) if p is not None]
+        if outs:
+            click.echo("written: " + ", ".join(outs))
+    if any(g["regressed"] for g in c.gate):
+        raise click.exceptions.Exit(exits.REGRESSION)
+    if any(g.get("outcome") == "undecided" for g in c.gate) and not allow_undecided:
+        click.echo(f"diagnose: the gate could not judge every metric (exit {exits.UNDECIDED}; "
+                   "--allow-undecided passes them)", err=True)
+        raise click.exceptions.Exit(exits.UNDECIDED)
+
+
+def _compare(cmp: Any, a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float,
+             resamples: int, resample: str, seed: int, rules: Any, prices: tuple[float, float] | None,
+             noise: float) -> tuple[Comparison, tuple[float, float] | None]:
     an_a, an_b = _analyze(a), _analyze(b)
     recorded = cmp.recorded_prices(an_a, an_b) if prices is None else None
     c = cmp.compare(an_a, an_b, confidence=confidence, resamples=resamples, seed=seed,
@@ -133,16 +173,7 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
         from diagnose.reports.compare import render_comparison
 
         _write(output, render_comparison(c.to_json()).encode("utf-8"))
-    if not quiet:
-        for line in comparison_lines(c):
-            click.echo(line)
-        if recorded is not None:
-            click.echo(f"cost: at the prices recorded by the captures (A ${recorded[0]:.3g}/h, B ${recorded[1]:.3g}/h)")
-        outs = [str(p) for p in (output, json_out) if p is not None]
-        if outs:
-            click.echo("written: " + ", ".join(outs))
-    if any(g["regressed"] for g in c.gate):
-        raise click.exceptions.Exit(exits.REGRESSION)
+    return c, recorded
 
 
 def verification_lines(v: Verification) -> list[str]:
@@ -171,15 +202,19 @@ def verify(before: Path, after: Path, finding: str | None, json_out: Path | None
     """Confirm or refute a finding of BEFORE from AFTER, a run with the finding's experiment applied: did
     the signals its hypothesis names move the predicted way, significantly, without breaking the SLO?"""
     from diagnose import compare as cmp
+    from diagnose.outputs import check_outputs, terminate_interrupts
 
     cmp.check_options(confidence, resamples, "blocks")
-    v = cmp.verify(_analyze(before), _analyze(after), finding=finding, confidence=confidence,
-                   resamples=resamples, seed=seed)
-    _write(json_out, _json(v.to_json()))
-    if output is not None:
-        from diagnose.reports.compare import render_comparison
+    check_seed(seed)
+    check_outputs((("-o", output), ("--json", json_out)), (before, after))
+    with terminate_interrupts():
+        v = cmp.verify(_analyze(before), _analyze(after), finding=finding, confidence=confidence,
+                       resamples=resamples, seed=seed)
+        _write(json_out, _json(v.to_json()))
+        if output is not None:
+            from diagnose.reports.compare import render_comparison
 
-        _write(output, render_comparison(v.comparison.to_json(), verification=v.to_json()).encode("utf-8"))
+            _write(output, render_comparison(v.comparison.to_json(), verification=v.to_json()).encode("utf-8"))
     if not quiet:
         for line in verification_lines(v):
             click.echo(line)
@@ -215,8 +250,6 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     workload options, e.g. -- --concurrency 16 --duration 15s), diagnose, restart it with the one engine
     flag the experiment names changed, capture the same workload again, and verify: confirmed (0),
     refuted (7) or inconclusive (8). diagnose only ever changes the server it started here."""
-    import shlex
-
     from diagnose import compare as cmp
     from diagnose import experiment_run as er
 
@@ -230,15 +263,9 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
 
     signal.signal(signal.SIGTERM, _term)
     url = er.check_url(url)
-    argv = shlex.split(launch_cmd)
-    if not argv:
-        raise DiagnoseError("--launch: an empty command")
-    pair: tuple[str, str] | None = None
-    if override:
-        flag, sep, value = override.partition("=")
-        if not sep or not flag.startswith("-"):
-            raise DiagnoseError(f"--set {override!r}: use --flag=VALUE")
-        pair = (flag, value)
+    argv = er.split_launch(launch_cmd)  # bad input is a usage error (exit 2), before anything starts
+    pair = er.parse_set(override) if override else None
+    startup_timeout = er.check_startup_timeout(startup_timeout)
     er.refuse_running(url)
     output.mkdir(parents=True, exist_ok=True)
     args = list(attach_args[1:] if attach_args[:1] == ("--",) else attach_args)

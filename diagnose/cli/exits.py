@@ -14,6 +14,7 @@ INVALID_RUN = 5  # `analyze`: the run is invalid (e.g. the load client was the b
 REGRESSION = 6  # `compare --fail-on-regression`: a metric is significantly worse than allowed
 REFUTED = 7  # `verify`: the experiment refuted the hypothesis
 INCONCLUSIVE = 8  # `verify`: the runs cannot confirm or refute it
+UNDECIDED = 9  # `compare --fail-on-regression`: the gate could not judge a metric (and no --allow-undecided)
 INTERNAL = 70  # a bug in diagnose (EX_SOFTWARE); DIAGNOSE_DEBUG=1 shows the traceback
 INTERRUPTED = 130  # Ctrl-C / SIGTERM; `attach` keeps a valid partial bundle
 
@@ -28,11 +29,13 @@ TABLE: tuple[tuple[int, str], ...] = (
     (REGRESSION, "compare --fail-on-regression: a metric is significantly worse than the change allowed"),
     (REFUTED, "verify: the experiment refuted the hypothesis"),
     (INCONCLUSIVE, "verify: the runs neither confirm nor refute the hypothesis"),
+    (UNDECIDED, "compare --fail-on-regression: the gate could not judge a metric (too few requests, not measured, "
+                "no common load level); --allow-undecided passes it"),
     (INTERNAL, "internal error (a bug; set DIAGNOSE_DEBUG=1 for the traceback)"),
     (INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"),
 )
 ANALYZE_CODES = (OK, ERROR, USAGE, FAIL_ON, INVALID_RUN, INTERNAL, INTERRUPTED)
-COMPARE_CODES = (OK, ERROR, USAGE, REGRESSION, INTERNAL, INTERRUPTED)
+COMPARE_CODES = (OK, ERROR, USAGE, REGRESSION, UNDECIDED, INTERNAL, INTERRUPTED)
 VERIFY_CODES = (OK, ERROR, USAGE, REFUTED, INCONCLUSIVE, INTERNAL, INTERRUPTED)
 
 
