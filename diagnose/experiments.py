@@ -133,6 +133,22 @@ def describe(kind: str, name: str, value: str, engine: str | None = None) -> str
     return head + (f" = {value}" if value else "")
 
 
+def spell_text(text: str, engine: str | None) -> str:
+    """Prose written in vLLM's words in the engine's own (the engine map, ``ENGINE_FLAGS``): on llama.cpp
+    'the batch-size cap (max-num-seqs)' reads 'the batch-size cap (--parallel)', and a setting named by its
+    neutral key in the evidence ('max_num_seqs = 2') gains the engine's flag ('max_num_seqs (--parallel) = 2').
+    Unchanged for vLLM, an unknown engine, and settings an engine has no plain flag for."""
+    if not engine or engine == "vllm" or not text:
+        return text
+    for name, (_what, flags) in ENGINE_FLAGS.items():
+        ours, theirs = flags.get("vllm", ""), flags.get(engine, "")
+        if not ours or not theirs or "(" in ours or "(" in theirs:
+            continue
+        text = re.sub(rf"(?<![\w-])(?:--)?{re.escape(ours.removeprefix('--'))}(?![\w-])", theirs, text)
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?!\w| \()", f"{name} ({theirs})", text)
+    return text
+
+
 def spell_change(change: str, kind: str, name: str, engine: str | None) -> str:
     """An experiment's text with the engine's own flag for its variable: the catalogue writes vLLM's spelling
     (``raise --max-num-seqs``); on llama.cpp that reads ``raise --parallel``. Unchanged for vLLM, for other

@@ -23,7 +23,7 @@ import pandas as pd
 from diagnose.analysis import Analysis
 from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.errors import BundleError, InputError
-from diagnose.experiments import spell_change
+from diagnose.experiments import spell_change, spell_text
 from diagnose.model import Finding, NotEvaluated, Phase, Signal, Window, level_phases
 from diagnose.normalize import derived, load_normalizers
 from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
@@ -176,11 +176,20 @@ def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
 
 # -- stage 3: judgement -------------------------------------------------------------------------------------
 def _spelt(f: Finding, engine: str | None) -> Finding:
-    """The finding with each experiment's text naming the engine's own flag (diagnose.experiments.spell_change)."""
-    causes = tuple(c if c.experiment is None else replace(c, experiment=replace(
-        c.experiment, change=spell_change(c.experiment.change, c.experiment.variable_kind, c.experiment.variable,
-                                          engine))) for c in f.causes)
-    return f if causes == f.causes else replace(f, causes=causes)
+    """The finding in the engine's own words: each experiment's text naming the engine's flag
+    (diagnose.experiments.spell_change), and the prose around it (spell_text: 'max-num-seqs' is '--parallel'
+    on llama.cpp)."""
+    def words(t: str) -> str:
+        return spell_text(t, engine)
+
+    causes = tuple(replace(c, cause=words(c.cause), confirm=words(c.confirm), refute=words(c.refute),
+                           status_evidence=words(c.status_evidence),
+                           experiment=None if c.experiment is None else replace(c.experiment, change=words(
+                               spell_change(c.experiment.change, c.experiment.variable_kind, c.experiment.variable,
+                                            engine))))
+                   for c in f.causes)
+    out = replace(f, title=words(f.title), hypothesis=words(f.hypothesis), causes=causes)
+    return f if out == f else out
 
 
 def _relevant(kind: str, ne: NotEvaluated) -> bool:

@@ -97,3 +97,21 @@ def test_a_client_near_its_limit_does_not_hold_back_cut_outputs() -> None:
     assert "VAL006" in by and "SCH010" in by
     assert not by["SCH010"].held_back
     assert res.findings[0].rule_id == "SCH010"
+
+
+def test_a_llamacpp_report_speaks_llamacpps_words() -> None:
+    """Issue 32: the llama.cpp sample's top cause said 'the batch-size cap (max-num-seqs)' and 'max_num_seqs = 2'
+    beside the right experiment (--parallel); every finding's prose now uses the engine map's spelling."""
+    from diagnose.experiments import spell_text
+
+    a = analyze(SAMPLES / "llama_slots_saturated")
+    texts = [f.title + f.hypothesis for f in a.findings]
+    texts += [c.cause + c.confirm + c.refute + c.status_evidence + (c.experiment.change if c.experiment else "")
+              for f in a.findings for c in f.causes]
+    prose = " ".join(texts)
+    assert "max-num-seqs" not in prose and "--parallel" in prose, prose
+    assert "max_num_seqs =" not in prose and "max_num_seqs (--parallel) = 2" in prose
+    assert a.verdict is not None and "--parallel" in a.verdict.cause
+    assert spell_text("raise --max-num-seqs", "vllm") == "raise --max-num-seqs"
+    assert spell_text("the cap (max-num-seqs)", "sglang") == "the cap (--max-running-requests)"
+    assert spell_text("cap --max-num-seqs, cuda graphs --enforce-eager", None) == "cap --max-num-seqs, cuda graphs --enforce-eager"
