@@ -5,7 +5,7 @@ the same engine flags share one start unless --fresh-engine), inject the bottlen
 busy processes pinned with taskset), run ``diagnose attach`` with its workload as a subprocess, then
 ``diagnose analyze BUNDLE -o report.html --json findings.json``, and compare the top finding with the
 expected one. Prints a confusion table (expected vs top-1) and top-1 / top-3 accuracy, and writes them to
-scenarios/results/<UTC timestamp>.md.
+scenarios/runs/<UTC timestamp>.md (not committed) and one line in scenarios/results/runs.md.
 
     .venv/bin/python -m scenarios.suite [--only NAME[,NAME]] [--repeat 2] [--keep-bundles DIR]
                                         [--export-samples sample_traces] [--port-base 18600]
@@ -35,7 +35,8 @@ from scenarios.score import ScenarioResult, accuracy, confusion_markdown, findin
 from scenarios.spec import Scenario, load_scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # the committed log: one line per run (runs.md)
+RUNS_DIR = Path(__file__).resolve().parent / "runs"  # each run's full table and JSON (not committed)
 DIAGNOSE = [sys.executable, "-m", "diagnose"]
 HOG_CODE = "while True:\n    pass\n"
 DEFAULT_NICE = -10
@@ -364,6 +365,17 @@ def rescore(scenarios: list[Scenario], work: Path) -> list[ScenarioResult]:
     return sorted(results, key=lambda r: (r.repeat, r.name))
 
 
+def log_run(stem: str, header: str, results: list[ScenarioResult]) -> None:
+    """One line for this run in results/runs.md, the committed log (the full table stays in runs/)."""
+    lines = header.splitlines()
+    what = next((x for x in lines[1:] if x.strip() and not x.startswith("Command:")), "").strip()
+    cmd = next((x for x in lines if x.startswith("Command:")), "").removeprefix("Command: ").strip()
+    misses = "; ".join(f"{r.name} → {r.top1 or 'none'}" + (" (error)" if r.error else "") for r in results if not r.ok1)
+    log = RESULTS_DIR / "runs.md"
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"| {stem} | {what.replace('|', '/')} | {cmd.replace('|', '/')} | {misses or '—'} |\n")
+
+
 def export_samples(results: list[ScenarioResult], scenarios: list[Scenario], work: Path, dest: Path,
                    prefix: str) -> list[Path]:
     """Trimmed copies of the last repeat's bundles under dest/<prefix><scenario>/ (see scenarios/export.py)."""
@@ -445,9 +457,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{what}, {took / 60:.1f} min. Top-1 {a1}/{n}, top-3 {a3}/{n}. Host: {os.cpu_count()} CPUs.\n\n"
                   f"Command: `python -m scenarios.suite {' '.join(argv if argv is not None else sys.argv[1:])}`")
         md = report_markdown(results, header)
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        out = RESULTS_DIR / f"{started.strftime('%Y%m%dT%H%M%SZ')}.md"
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        out = RUNS_DIR / f"{started.strftime('%Y%m%dT%H%M%SZ')}.md"
         out.write_text(md, encoding="utf-8")
+        log_run(out.stem, header, results)
         (out.with_suffix(".json")).write_text(json.dumps(
             [{"repeat": r.repeat, "scenario": r.name, "expected": r.expected, "top1": r.top1, "ok1": r.ok1,
               "ok3": r.ok3, "findings": r.findings, "error": r.error, "seconds": round(r.seconds, 1)}

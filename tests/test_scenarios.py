@@ -10,6 +10,8 @@ from diagnose.rules.spec import load_rules
 from scenarios.score import HEALTHY, ScenarioResult, accuracy, confusion_markdown, report_markdown
 from scenarios.spec import ScenarioError, load_scenarios
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_shipped_scenarios_cover_the_issue_and_name_real_rules() -> None:
     scns = load_scenarios()
@@ -205,3 +207,22 @@ def test_a_llama_scenario_cannot_ask_for_spans(tmp_path: Path) -> None:
     p.write_text("scenarios:\n  - {name: x, engine: {kind: sglang}, expect: {top: null}}\n")
     with pytest.raises(ScenarioError, match="engine.kind must be one of vllm, llamacpp"):
         load_scenarios(p)
+
+
+def test_a_run_is_one_line_in_the_committed_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32 item 8: a suite run appends one line to results/runs.md; its full table and JSON go to the
+    uncommitted runs/ folder instead of one committed file per run."""
+    from scenarios import suite
+
+    monkeypatch.setattr(suite, "RESULTS_DIR", tmp_path)
+    (tmp_path / "runs.md").write_text("| run | what | command | misses |\n")
+    ok = ScenarioResult("queue_bound", "SCH001", findings=[{"rule_id": "SCH001", "severity": "error", "score": 2.0}])
+    miss = ScenarioResult("healthy", None, findings=[{"rule_id": "LAT001", "severity": "warning", "score": 1.0}])
+    header = "# Scenario suite\n\n2 scenarios x 1 run(s), 4.0 min. Top-1 1/2, top-3 1/2.\n\nCommand: `python -m x | y`"
+    suite.log_run("20261206T000000Z", header, [ok, miss])
+    lines = (tmp_path / "runs.md").read_text().splitlines()
+    assert len(lines) == 2
+    assert lines[1] == ("| 20261206T000000Z | 2 scenarios x 1 run(s), 4.0 min. Top-1 1/2, top-3 1/2. | "
+                        "`python -m x / y` | healthy → LAT001 |")
+    assert suite.RUNS_DIR.name == "runs" and "/scenarios/runs/" in (ROOT / ".gitignore").read_text()
+    assert not list((ROOT / "scenarios" / "results").glob("2026*")), "per-run files are committed again"
