@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -45,29 +46,47 @@ def export(source: Path, fmt: str, output: Path | None, include_text: bool, quie
     """
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: unknown export format (expected {', '.join(FORMATS)})")
-    from diagnose.pipeline import open_input
+    from diagnose.outputs import check_outputs, terminate_interrupts
 
     out = output if output is not None else default_output(source, fmt)
+    check_outputs((("-o", out),), (source,))
+    with terminate_interrupts():  # SIGTERM: exit 130, no partial output or temporary file left, as Ctrl-C
+        _export(source, fmt, out, include_text, quiet)
+
+
+def _warn(warnings: list[str]) -> None:
+    """Each warning once (the analysis repeats the bundle's), counted lines as the readers wrote them."""
+    for w in dict.fromkeys(warnings):
+        click.echo(f"warning: {w}", err=True)
+
+
+def _export(source: Path, fmt: str, out: Path, include_text: bool, quiet: bool) -> None:
+    from diagnose.export.files import NothingExported
+    from diagnose.pipeline import open_input
+
     bundle = open_input(source)
+    try:
+        summary, warnings = _run(bundle, fmt, out, include_text)
+    except NothingExported as e:  # the warnings say what was skipped; then the one-line error, exit 1
+        _warn([*bundle.warnings, *e.warnings])
+        raise
+    if not quiet:
+        _warn([*bundle.warnings, *warnings])
+        click.echo(f"{fmt}: {out} ({summary})")
+
+
+def _run(bundle: Any, fmt: str, out: Path, include_text: bool) -> tuple[str, list[str]]:
     if fmt == "perfetto":
         from diagnose.export.perfetto import export as export_perfetto
 
         res = export_perfetto(bundle, out, include_text=include_text)
-        summary = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in res.counts.items() if v)
-        warnings = res.warnings
-    elif fmt == "speedscope":
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in res.counts.items() if v), res.warnings
+    if fmt == "speedscope":
         from diagnose.export.speedscope import export as export_speedscope
 
         sres = export_speedscope(bundle, out)
-        summary = f"{sres.profiles} profiles, {sres.frames} frames, {sres.samples} samples"
-        warnings = []
-    else:
-        from diagnose.export.parquet import export as export_parquet
+        return f"{sres.profiles} profiles, {sres.frames} frames, {sres.samples} samples", []
+    from diagnose.export.parquet import export as export_parquet
 
-        pres = export_parquet(bundle, out)
-        summary = f"{len(pres.tables)} tables, {sum(pres.tables.values())} rows"
-        warnings = pres.warnings
-    if not quiet:
-        for w in [*bundle.warnings, *warnings]:
-            click.echo(f"warning: {w}", err=True)
-        click.echo(f"{fmt}: {out} ({summary})")
+    pres = export_parquet(bundle, out)
+    return f"{len(pres.tables)} tables, {sum(pres.tables.values())} rows", pres.warnings

@@ -24,7 +24,7 @@ import pandas as pd
 from diagnose import __version__
 from diagnose.analysis import Analysis
 from diagnose.bundle import Bundle
-from diagnose.export.files import SCHEMA_FILE, output_dir
+from diagnose.export.files import SCHEMA_FILE, NothingExported, output_dir
 from diagnose.model import Signal
 
 SIGNAL_COLUMNS = ["window", "phase", "name", "value", "unit", "source", "description", "series_points"]
@@ -33,6 +33,8 @@ FINDING_COLUMNS = ["rank", "rule_id", "name", "family", "kind", "severity", "tit
                    "impact", "score", "share", "explained_by", "held_back", "sources", "runbook", "evidence_json",
                    "causes_json"]
 NOT_EVALUATED_COLUMNS = ["rule_id", "name", "missing"]
+# tables that hold rows even when no stream gave a record: the judgement, and the planned workload and SLO
+NOT_DATA = frozenset({"signals", "signal_series", "findings", "not_evaluated", "client_workload", "client_slo"})
 
 
 @dataclass
@@ -117,6 +119,9 @@ def export(bundle: Bundle, out: Path) -> ParquetExport:
                                        "(manifest capture.clock_anchor)",
                               "clock_anchor": (bundle.manifest.get("capture") or {}).get("clock_anchor"),
                               "tables": {}}
+    if not any(len(t) for name, t in tables.items() if name not in NOT_DATA):
+        raise NothingExported(f"{bundle.source}: nothing usable to export: every table of measured data is empty "
+                              "(see the warnings)", res.warnings)
     with output_dir(out) as tmp:
         for name in sorted(tables):
             table = to_arrow(tables[name])

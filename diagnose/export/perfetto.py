@@ -39,7 +39,7 @@ import pandas as pd
 from diagnose import __version__
 from diagnose.bundle import Bundle
 from diagnose.export.chrome import TraceBuilder, lanes
-from diagnose.export.files import write_bytes
+from diagnose.export.files import NothingExported, write_bytes
 from diagnose.export.profiler import add_traces
 from diagnose.profiler_window import overlaps, profiler_windows
 
@@ -83,11 +83,11 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
     amono = bundle.anchor_mono_ns if bundle.kind == "bundle" else 0
     aunix = bundle.anchor_unix_ns if bundle.kind != "trace" else 0
     counts: dict[str, int] = {}
-    _capture(tb, bundle, tables, amono)
+    counts["capture_events"] = _capture(tb, bundle, tables, amono, warnings)
     stored_text = False
     if bundle.has_stream("requests") or bundle.has_stream("spans"):
         counts["requests"], counts["span_tracks"], stored_text = _requests_and_spans(tb, bundle, amono, aunix,
-                                                                                     include_text)
+                                                                                     include_text, warnings)
     if include_text and not stored_text:
         warnings.append("--include-text: the bundle stored no request text (capture with attach --store-text)")
     counts["metric_counters"] = _metrics(tb, tables.get("metrics"))
@@ -104,6 +104,8 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
     counts.update(profiler_files=prof.files, profiler_gpu_events=prof.gpu_events,
                   profiler_cpu_events=prof.cpu_events, profiler_flows=prof.flows,
                   profiler_overlap_tracks=prof.overlap_tracks)
+    if bundle.kind == "bundle":
+        bundle.check_streams()  # a stream that gave fewer records than the manifest counts: a warning
     origin = tb.origin_ns(at_zero=bundle.kind == "bundle")
     other = {
         "exporter": f"diagnose {__version__}",
@@ -119,17 +121,32 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
 
 
 def export(bundle: Bundle, out: Path, *, include_text: bool = False) -> PerfettoExport:
+    """Builds and writes the trace; nothing at all to put on the timeline (every stream empty or unreadable) is
+    NothingExported, and no file is written."""
     res = build(bundle, include_text=include_text)
+    if not any(res.counts.values()):
+        raise NothingExported(f"{bundle.source}: nothing usable to export: no phase, request, span, metric, GPU "
+                              "sample, py-spy stack or profiler event could be read (see the warnings)", res.warnings)
     write_bytes(out, orjson.dumps(res.doc, option=orjson.OPT_SERIALIZE_NUMPY))
     return res
 
 
 # -- capture: phases, profiler window, client self-checks ----------------------------------------------------
-def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], amono: int) -> None:
+def _skipped(warnings: list[str], bundle: Bundle, n: int, what: str) -> None:
+    if n:
+        warnings.append(f"{bundle.source}: perfetto: left out {n} {what}")
+
+
+def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], amono: int,
+             warnings: list[str]) -> int:
+    """Phases, profiler windows, client stalls and self-checks; returns how many slices and points it drew."""
     if bundle.kind != "bundle":
-        return
+        return 0
     pid = tb.process("capture", "capture", "capture")
-    phases = [r for r in bundle.iter_records("phases") if _int(r.get("start_ns")) is not None]
+    every = bundle.records("phases")
+    phases = [r for r in every if _int(r.get("start_ns")) is not None]
+    _skipped(warnings, bundle, len(every) - len(phases), "phases record(s) without a start time")
+    drawn = len(phases)
     if phases:
         tid = tb.thread(pid, "phases", "load phases")
         for r in sorted(phases, key=lambda r: int(r["start_ns"])):
@@ -149,6 +166,7 @@ def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], 
             else:  # the capture stopped with the profiler on: the window lasts to the capture's end
                 end = ended - bundle.anchor_unix_ns if ended else start
             tb.slice(pid, tid, "profiler on (requests excluded from statistics)", start, end, "profiler_window")
+            drawn += 1
     stalls = tables.get("client_stalls")
     if stalls is not None and len(stalls):
         tid = tb.thread(pid, "stalls", "client stalls")
@@ -156,6 +174,7 @@ def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], 
             tb.slice(pid, tid, f"client stall: {r.get('cause')}", round(float(r["start_s"]) * 1e9),
                      round(float(r["end_s"]) * 1e9), "client_stall",
                      {k: r.get(k) for k in ("lag_ms", "gc_pause_ms", "gc_generation", "requests")})
+            drawn += 1
     health = tables.get("client_health")
     if health is not None and len(health):
         for col, name in (("in_flight", "client requests in flight"), ("loop_lag_ms", "client event-loop lag (ms)"),
@@ -163,17 +182,25 @@ def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], 
             if col in health:
                 for t, v in zip(health["t_s"].to_numpy(dtype=float), health[col].to_numpy(dtype=float), strict=True):
                     tb.counter(pid, name, round(t * 1e9), v, "client_health")
+                    drawn += 1
+    return drawn
 
 
 # -- requests and their spans -------------------------------------------------------------------------------
 def _requests_and_spans(tb: TraceBuilder, bundle: Bundle, amono: int, aunix: int,
-                        include_text: bool) -> tuple[int, int, bool]:
+                        include_text: bool, warnings: list[str]) -> tuple[int, int, bool]:
     spans_by_trace: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    no_start = 0
     for s in bundle.iter_records("spans"):
         if _int(s.get("start_unix_ns")) is not None and isinstance(s.get("trace_id"), str):
             spans_by_trace[s["trace_id"]].append(s)
+        else:
+            no_start += 1
+    _skipped(warnings, bundle, no_start, "span(s) without a start time or trace id")
     names = {r.get("phase"): r.get("name") for r in bundle.iter_records("phases")}
-    reqs = [r for r in bundle.iter_records("requests") if _int(r.get("sent_ns")) is not None]
+    every = bundle.records("requests")
+    reqs = [r for r in every if _int(r.get("sent_ns")) is not None]
+    _skipped(warnings, bundle, len(every) - len(reqs), "request(s) without a send time")
     reqs.sort(key=lambda r: int(r["sent_ns"]))
     windows = profiler_windows(bundle.manifest)
     span_tracks = 0
