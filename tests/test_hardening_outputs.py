@@ -129,6 +129,31 @@ def test_a_directory_output_is_a_one_line_error(tmp_path: Path, argv: list[str],
     assert str(d) in _one_line_error(out) and list(d.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["block-device", "socket"])
+@pytest.mark.parametrize("argv", [WRITERS[0][1], WRITERS[4][1]], ids=["analyze-o", "export-perfetto"])
+def test_a_block_device_or_socket_output_is_refused_never_opened(tmp_path: Path, argv: list[str], kind: str) -> None:
+    """Written in place, a block device would be a disk overwritten: refused, one line, the node untouched."""
+    import socket
+
+    node = tmp_path / "node"
+    if kind == "block-device":
+        try:  # a device number nothing answers to: even a wrong open could not write anywhere
+            os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(250, 250))
+        except PermissionError:
+            pytest.skip("creating a device node needs root")
+        is_kind = stat.S_ISBLK
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(node))
+        is_kind = stat.S_ISSOCK
+    code, out = _invoke(_argv(argv, tmp_path, node))
+    assert code == exits.ERROR, out
+    line = _one_line_error(out)
+    assert str(node) in line and kind.replace("-", " ") in line
+    assert is_kind(os.lstat(node).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node"]
+
+
 def _copy_input(tmp: Path) -> Path:
     b = tmp / "input"
     shutil.copytree(HEALTHY, b)
