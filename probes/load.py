@@ -190,6 +190,7 @@ class _LoadRun:
         self._gate_waiters: deque[asyncio.Future[None]] = deque()
         self.setup_ms = SETUP_MS_START  # moving average of a request's set-up time on the loop (_send_gate)
         self.notes: dict[str, Any] = {}
+        self.cut_reason = ""  # why in-flight requests are being cancelled, when not an outside stop
         # a replayed session's turns in the file: its requests' planned "turns", so a conversation replayed
         # is measured as a task (diagnose/normalize/tasks.py) as a synthetic one is
         self.session_turns: Counter[str] = Counter()
@@ -399,7 +400,8 @@ class _LoadRun:
             await self.client.stream(self.path, self._body(prompt.text, max_tokens,
                                                            turn.messages if turn is not None else ()), res, headers)
         except asyncio.CancelledError:
-            res.error, res.error_detail = "incomplete", "capture stopped while the request was in flight"
+            res.error = "incomplete"
+            res.error_detail = self.cut_reason or "capture stopped while the request was in flight"
             res.end_ns = now_ns()
             if not res.sent_ns:
                 res.sent_ns = res.end_ns
@@ -673,7 +675,6 @@ class _LoadRun:
             capped = sem.locked()
             async with sem:
                 if deadline is not None and now_ns() >= deadline:  # --duration is wall time: not sent
-                    self.notes["replay_unsent"] = self.notes.get("replay_unsent", 0) + 1
                     return
                 await self._one(ph.index, warm, intended, capped, item)
 
@@ -683,7 +684,6 @@ class _LoadRun:
                 if prev is not None and (ended := await asyncio.shield(prev)) > intended:
                     intended = ended
                     if deadline is not None and intended >= deadline:  # --duration is wall time: not sent
-                        self.notes["replay_unsent"] = self.notes.get("replay_unsent", 0) + 1
                         return
                     if await sleep_until(intended, lambda: self.stopping):
                         return
@@ -698,6 +698,7 @@ class _LoadRun:
                     yield (idx, lp, req), start + int((lp * period + req.offset_s) / rp.speed * 1e9)
 
         i = 0
+        seq0 = self.seq
         try:
             for item, t in plan():
                 if self.stopping or (cap is not None and i >= cap) or (deadline is not None and t >= deadline):
@@ -718,10 +719,20 @@ class _LoadRun:
                 else:
                     _spawn(tasks, one(warm, t, item))
                 i += 1
-            if tasks:
+            if tasks and deadline is not None:  # --duration is wall time: what is in flight at its end gets the
+                # grace an outside stop gives, then is cancelled (recorded incomplete, with this reason)
+                done, late = await asyncio.wait(set(tasks), timeout=max(0, deadline - now_ns()) / 1e9 + STOP_GRACE_S)
+                await asyncio.gather(*done)  # an error of a finished one surfaces as before
+                if late:
+                    self.cut_reason = (f"the replay's --duration ended while the request was in flight (cut "
+                                       f"{STOP_GRACE_S:g} s later)")
+            elif tasks:
                 await asyncio.gather(*tasks)
         finally:
             await _cancel_all(tasks)
+            self.cut_reason = ""
+            # due before the end but never sent: held by --max-concurrency or a session's wait past --duration
+            self.notes["replay_unsent"] = self.notes.get("replay_unsent", 0) + i - (self.seq - seq0)
 
     async def _phase(self, ph: Phase, rec: dict[str, Any]) -> None:
         start = now_ns()

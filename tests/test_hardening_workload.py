@@ -100,6 +100,16 @@ SKIPS: list[tuple[str, str | bytes, int, int, str]] = [
 ]
 
 
+class StallServer(TestServer):
+    """Streams two tokens of every request and then nothing (the option preflight alone is answered)."""
+
+    __test__ = False
+
+    async def completions(self, request: Any) -> Any:
+        self.mode = "ok" if request.headers.get("x-request-id", "").endswith("preflight") else "stall"
+        return await super().completions(request)
+
+
 def write(tmp: Path, name: str, content: str | bytes) -> Path:
     p = tmp / name
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -280,7 +290,7 @@ def test_replay_duration_is_wall_time_no_request_sent_after_it(tmp_path: Path) -
     rp = read_workload(path)
     spec = WorkloadSpec(mode="replay", phases=(Phase(index=0, name="replay", max_concurrency=1),), duration_s=2.0,
                         warmup_requests=0, input_tokens=8, output_tokens=8, replay=rp, request_timeout_s=4.0)
-    status, b = asyncio.run(run_probe(TestServer(mode="stall"), spec, tmp_path / "b"))
+    status, b = asyncio.run(run_probe(StallServer(), spec, tmp_path / "b"))
     recs = b.records("requests")
     assert len(recs) == 1 and recs[0]["error"] == "timeout", recs
     assert status is not None and status.detail["replay_unsent"] == 4
@@ -319,3 +329,16 @@ def test_high_concurrency_bundle_matches_the_server_count(tmp_path: Path) -> Non
     recorded = sorted([r["rid"] for r in b.records("requests")]
                       + [p["rid"] for p in load.detail["preflight_requests"] if p["ok"]])
     assert len(done) > 256 and done == recorded
+
+
+def test_replay_duration_cuts_what_is_in_flight_after_a_grace(tmp_path: Path) -> None:
+    """A request in flight when the --duration ends gets the grace an outside stop gives (5 s), then is
+    cancelled and recorded incomplete with the reason; it used to hold the replay to its --timeout (60 s)."""
+    rp = read_workload(write(tmp_path, "w.jsonl", diag(0)))
+    spec = WorkloadSpec(mode="replay", phases=(Phase(index=0, name="replay"),), duration_s=1.0, warmup_requests=0,
+                        input_tokens=8, output_tokens=8, replay=rp, request_timeout_s=60.0)
+    status, b = asyncio.run(run_probe(StallServer(), spec, tmp_path / "b"))
+    recs = b.records("requests")
+    assert len(recs) == 1 and recs[0]["error"] == "incomplete", recs
+    assert "--duration ended while the request was in flight" in recs[0]["error_detail"]
+    assert status is not None and status.detail["replay_unsent"] == 0
