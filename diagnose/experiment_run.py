@@ -10,6 +10,7 @@ what to change by hand and to `diagnose verify` the two runs.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -18,10 +19,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 from diagnose.errors import DiagnoseError, InputError, TargetError
 from diagnose.experiments import ENGINE_FLAGS, flag_for
@@ -31,27 +35,137 @@ class LaunchError(TargetError):
     """The server command did not start a server that answers."""
 
 
+#: every process of a launched server carries this variable (set in the command's environment, inherited by
+#: whatever it starts): how its descendants are found after they left its process group and session
+TAG_ENV = "DIAGNOSE_LAUNCH_ID"
+STOP_GRACE_S = 30.0  # from SIGTERM to SIGKILL
+KILL_WAIT_S = 10.0  # for SIGKILLed processes to be gone
+
+
 @dataclass
 class Launched:
     argv: list[str]
     proc: subprocess.Popen[bytes]
     log_path: Path
+    tag: str = ""
+    started: float = field(default_factory=time.time)
 
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
+    def members(self) -> list[psutil.Process]:
+        """Every live process of the server: the command's process, its descendants, everything in its process
+        group or session, and every process that carries its tag (a child that called setsid, a daemon
+        that double-forked). Zombies are not counted: they are gone, only not yet reaped."""
+        found: dict[int, psutil.Process] = {}
+
+        def add(p: psutil.Process) -> None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            self.proc.wait(10)
+                if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
+                    found.setdefault(p.pid, p)
+            except psutil.Error:
+                pass
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            if self.proc.poll() is None:
+                add(root)
+                for c in root.children(recursive=True):
+                    add(c)
+        except psutil.Error:
+            pass
+        pid, uid = self.proc.pid, os.getuid()
+        for p in psutil.process_iter(["create_time", "uids"]):
+            try:
+                if p.pid in found or p.info["create_time"] < self.started - 1 or p.info["uids"].real != uid:
+                    continue  # older than the launch, or not ours to signal
+                if os.getpgid(p.pid) == pid or os.getsid(p.pid) == pid or \
+                        (self.tag and p.environ().get(TAG_ENV) == self.tag):
+                    add(p)
+            except (psutil.Error, OSError):
+                continue
+        return list(found.values())
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> list[int]:
+        """Stop the whole server: SIGTERM to its process group and to every process of it (:meth:`members`,
+        taken before the signal), SIGKILL to what is left after ``grace_s``, then check. Returns the PIDs still
+        alive after all that (none, unless a process could not be signalled)."""
+        procs = self.members()
+        self._signal(procs, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        left = procs
+        while True:
+            self._reap()
+            left = [p for p in left if _alive(p)]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for _ in range(3):  # what is left, and what the survivors started meanwhile
+            left = _union(left, self.members())
+            if not left:
+                break
+            self._signal(left, signal.SIGKILL)
+            until = time.monotonic() + KILL_WAIT_S
+            while left and time.monotonic() < until:
+                self._reap()
+                left = [p for p in left if _alive(p)]
+                if left:
+                    time.sleep(0.05)
+        self._reap()
+        return sorted(p.pid for p in left if _alive(p))
+
+    def _signal(self, procs: list[psutil.Process], sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in procs:
+            try:
+                p.send_signal(sig)  # psutil checks the PID still names the same process
+            except psutil.Error:
+                pass
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _union(a: list[psutil.Process], b: list[psutil.Process]) -> list[psutil.Process]:
+    seen = {p.pid for p in a}
+    return a + [p for p in b if p.pid not in seen]
+
+
+def split_launch(cmd: str, option: str = "--launch") -> list[str]:
+    """The server command line as its argv; an :class:`InputError` (exit 2, one line) for an empty one or
+    one that shell quoting cannot split (an unbalanced quote)."""
+    try:
+        argv = shlex.split(cmd)
+    except ValueError as e:
+        raise InputError(f"{option} {cmd!r}: cannot split it into arguments: {e} (an unbalanced quote?)") from None
+    if not argv:
+        raise InputError(f"{option}: an empty command")
+    return argv
+
+
+def parse_set(override: str) -> tuple[str, str]:
+    """``--set --flag=VALUE`` as (flag, value); an :class:`InputError` (exit 2, one line) for anything else."""
+    flag, sep, value = override.partition("=")
+    if not sep or not flag.startswith("-") or not flag.strip("-") or any(c.isspace() for c in flag):
+        raise InputError(f"--set {override!r}: use --flag=VALUE (the engine flag to change and its value)")
+    return flag, value
+
+
+def check_startup_timeout(seconds: float, option: str = "--startup-timeout") -> float:
+    """Seconds to wait for a launched server: a finite number above 0, else an :class:`InputError`."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InputError(f"{option} {seconds}: expected seconds above 0")
+    return float(seconds)
 
 
 def _tail(path: Path, n: int = 5) -> str:
@@ -65,20 +179,24 @@ def _tail(path: Path, n: int = 5) -> str:
 def launch(argv: Sequence[str], url: str, log_path: Path, timeout_s: float = 600.0,
            log: Callable[[str], None] = lambda _m: None) -> Launched:
     """Start the server command in its own process group; return once ``url``/v1/models answers 200."""
+    timeout_s = check_startup_timeout(timeout_s)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex
+    started = time.time()
     out: IO[bytes] = open(log_path, "wb")  # noqa: SIM115 - the child writes to it; closed with the process
     try:
         proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, TAG_ENV: tag})
     except OSError as e:
         out.close()
         raise LaunchError(f"cannot start the server command {argv[0]!r}: {e.strerror or e}") from e
     out.close()
-    server = Launched(list(argv), proc, log_path)
+    server = Launched(list(argv), proc, log_path, tag, started)
     log(f"started: {shlex.join(argv)} (pid {proc.pid}, log {log_path})")
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
+            server.stop()  # what it started before it exited
             raise LaunchError(f"the server command exited with status {proc.returncode} before answering "
                               f"(log {log_path}: {_tail(log_path)})")
         try:
@@ -216,7 +334,9 @@ def capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str]
             last = (p.stderr.strip().splitlines() or ["no output"])[-1]
             raise DiagnoseError(f"the capture into {out} failed (exit {p.returncode}): {last}")
     finally:
-        server.stop()
+        left = server.stop()
+        if left:
+            log(f"warning: server processes still running after SIGKILL: {', '.join(map(str, left))}")
 
 
 def valid_capture(argv: Sequence[str], url: str, out: Path, attach_args: Sequence[str], log: Callable[[str], None],

@@ -305,12 +305,8 @@ def _launched(o: Options) -> None:
         ctx.invoke(experiment, launch_cmd=o["launch"], url=o["url"], output=out, finding=None, override=None,
                    startup_timeout=600.0, warmup_s=10.0, attach_args=tuple(args))
         return
-    import shlex
-
     url = er.check_url(str(o["url"]))
-    argv = shlex.split(o["launch"])
-    if not argv:
-        raise click.UsageError("--launch: an empty command")
+    argv = er.split_launch(o["launch"])  # an unbalanced quote or an empty command: exit 2, one line
     er.refuse_running(url)
     args = level_args(ctx, frozenset({"output", "force", "launch", "verify", "url"}))
     er.capture(argv, url, out, args, lambda msg: click.echo(msg, err=True), 600.0)
