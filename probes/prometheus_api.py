@@ -220,7 +220,7 @@ class PrometheusAPI:
                     buf += chunk
                     if len(buf) > self.max_bytes:
                         raise self._too_big(where, status, "reading stopped there")
-                body = bytes(buf)
+                body = buf  # parsed as it is: no copy of up to max_bytes
         except asyncio.TimeoutError:  # aiohttp's connect and read timeouts are TimeoutErrors too
             raise self._error(f"{where}: no answer within {self.timeout_s:g} s (query "
                               f"{excerpt(what, ERROR_CHARS)})") from None
@@ -274,7 +274,7 @@ def _ts(x: float) -> str:
     return f"{x:.3f}"
 
 
-def _json(body: bytes) -> dict[str, Any] | None:
+def _json(body: bytes | bytearray) -> dict[str, Any] | None:
     import orjson
 
     try:
