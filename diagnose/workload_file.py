@@ -74,12 +74,13 @@ def _open(path: Path) -> IO[bytes]:
     return path.open("rb")
 
 
-def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1) -> Replay:
+def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1, bounded: bool = False) -> Replay:
     """The workload in ``path`` (format detected), offsets made relative to its first request and sorted.
 
     Read line by line; only the fields a replay needs are kept, compactly (diagnose/workload_store.py). A
     replay longer than ``MAX_REPLAY_SPAN_S`` or with a gap over ``MAX_GAP_S`` (--speed and --loop applied)
-    is refused with the file and line of the record that makes it so."""
+    is refused with the file and line of the record that makes it so; ``bounded`` (--duration or --num-requests
+    ends the replay anyway): only the gap is checked."""
     if not path.exists():
         raise InputError(f"--workload {path}: no such file")
     if not path.is_file():
@@ -118,7 +119,7 @@ def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1) -> Replay:
         raise InputError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     note = skips.finish(len(reqs))
     reqs.freeze()
-    check_span(str(path), reqs, speed, loop, what)
+    check_span(str(path), reqs, speed, loop, what, span=not bounded)
     return Replay(file=str(path), format=fmt, block_tokens=block, requests=reqs, speed=speed, loop=loop,
                   skipped=skips.n, note=note)
 

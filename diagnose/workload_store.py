@@ -2,9 +2,9 @@
 
 A workload file can hold millions of requests. Kept as one Python object each (a ``ReplayRequest`` with a
 tuple of prefix-hash strings), a 1 GB Mooncake file took 2.1 GB of memory. Here each request is a few numbers
-in flat arrays (offset, lengths, session, turn, its file line) and its prefix a run of 64-bit integers: an
-integer hash itself (Mooncake's), or an index into one table of the distinct string hashes (requests that
-share a prefix share its entries):
+in flat arrays (offset, lengths, session, turn, its file line) and its prefix a run of integers (4 bytes each
+while they fit, else 8): an integer hash itself (Mooncake's), or an index into one table of the distinct
+string hashes (requests that share a prefix share its entries):
 memory grows with the requests kept, not with the size of the file or of the fields it ignores.
 ``RequestStore`` is a read-only ``Sequence[ReplayRequest]`` sorted by offset, offsets relative to the
 earliest request; each item is built when asked for.
@@ -53,7 +53,7 @@ class RequestStore(Sequence[ReplayRequest]):
         self._sess: array[int] | None = None
         self._turn: array[int] | None = None
         self._pstart: array[int] | None = None
-        self._pids = array("q")
+        self._pids = array("i")
         self._hash_id: dict[str, int] = {}
         self._hashes: list[str] = []
         self._sess_id: dict[str, int] = {}
@@ -87,18 +87,22 @@ class RequestStore(Sequence[ReplayRequest]):
         if self._pstart is None:
             self._pstart = array("q", [0]) * (n + 1)
         ids = self._hash_id
-        pids = self._pids
         for h in prefix:
             if type(h) is int and 0 <= h < 1 << 62:  # an integer hash (Mooncake's) is kept as it is
-                pids.append(h)
-                continue
-            key = str(h)  # a string one is kept once, its entries an index into the table (negative)
-            hid = ids.get(key)
-            if hid is None:
-                hid = ids[key] = len(self._hashes)
-                self._hashes.append(key)
-            pids.append(-1 - hid)
-        self._pstart.append(len(pids))
+                v = h
+            else:  # a string one is kept once, its entries an index into the table (negative)
+                key = str(h)
+                hid = ids.get(key)
+                if hid is None:
+                    hid = ids[key] = len(self._hashes)
+                    self._hashes.append(key)
+                v = -1 - hid
+            try:
+                self._pids.append(v)
+            except OverflowError:  # 4 bytes an entry while every value fits (Mooncake's do), else 8
+                self._pids = array("q", self._pids)
+                self._pids.append(v)
+        self._pstart.append(len(self._pids))
 
     def freeze(self) -> RequestStore:
         """Sorted by offset (stable: file order among equal offsets), offsets relative to the earliest."""
@@ -153,24 +157,25 @@ class RequestStore(Sequence[ReplayRequest]):
         return self._inp, self._out
 
 
-def check_span(path: str, reqs: RequestStore, speed: float, loop: int, what: str) -> None:
+def check_span(path: str, reqs: RequestStore, speed: float, loop: int, what: str, *, span: bool = True) -> None:
     """Refuses (one line naming the file and the record's line) a replay that would last longer than
     ``MAX_REPLAY_SPAN_S`` or wait longer than ``MAX_GAP_S`` between two arrivals, --speed and --loop applied.
-    ``what`` names the offset field as the file has it (offset_s, timestamp, TIMESTAMP)."""
+    ``what`` names the offset field as the file has it (offset_s, timestamp, TIMESTAMP). Without ``span``
+    (the replay is bounded by --duration or --num-requests) only the gap is checked."""
     from diagnose.errors import InputError
 
     n = len(reqs)
     if n == 0:
         return
     off = reqs.offsets()
-    span = float(off[-1])
-    period = span + (span / (n - 1) if n > 1 else 1.0)
-    total = ((loop - 1) * period + span) / speed
+    last = float(off[-1])
+    period = last + (last / (n - 1) if n > 1 else 1.0)
+    total = ((loop - 1) * period + last) / speed
     how = f"--speed {speed:g}" + (f", --loop {loop}" if loop != 1 else "")
-    if total > MAX_REPLAY_SPAN_S:
+    if span and total > MAX_REPLAY_SPAN_S:
         # name the record farthest from the median arrival: the outlier, when one record is the cause
         med = float(off[n // 2])
-        i = 0 if med - float(off[0]) > span - med else n - 1
+        i = 0 if med - float(off[0]) > last - med else n - 1
         raise InputError(f"{path}:{reqs.line(i)}: this record's {what} makes the replay last {human_s(total)} "
                          f"({how}); a replay lasts at most {human_s(MAX_REPLAY_SPAN_S)}: fix or drop the record, "
                          "or raise --speed")
@@ -178,6 +183,8 @@ def check_span(path: str, reqs: RequestStore, speed: float, loop: int, what: str
         gaps = np.diff(off) / speed
         k = int(np.argmax(gaps))
         if float(gaps[k]) > MAX_GAP_S:
-            raise InputError(f"{path}:{reqs.line(k + 1)}: {human_s(float(gaps[k]))} with no request before this "
-                             f"record ({what}; {how}); a replay waits at most {human_s(MAX_GAP_S)} between two "
-                             "requests: fix the record, or raise --speed")
+            # name the record on the side of the gap with fewer requests: the outlier, when one is the cause
+            i, side = (k, "before the next request") if k + 1 <= n - k - 1 else (k + 1, "after the previous one")
+            raise InputError(f"{path}:{reqs.line(i)}: this record's {what} is {human_s(float(gaps[k]))} {side} "
+                             f"({how}); a replay waits at most {human_s(MAX_GAP_S)} between two requests: fix "
+                             "or drop the record, or raise --speed")

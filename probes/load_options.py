@@ -117,7 +117,7 @@ def _replay_from_options(o: Options) -> Replay | None:
     from diagnose.workload_file import read_workload
 
     replay = read_workload(Path(o["workload"]), speed=1.0 if speed is None else float(speed),
-                           loop=1 if loop is None else int(loop))
+                           loop=1 if loop is None else int(loop), bounded=bool(o["duration"] or o["num_requests"]))
     if replay.note:
         import click
 

@@ -55,7 +55,7 @@ ERRORS: list[tuple[str, str | bytes, dict[str, Any], tuple[str, ...]]] = [
     ("moon_1e12.jsonl", moon(0, 1000, "1e12"), {}, ("moon_1e12.jsonl:3:", "timestamp", "31.7 years")),
     ("centuries.csv", azure(GOOD_AZ, "1700-01-01 00:00:00,5,5", "2200-01-01 00:00:00,5,5"), {},
      ("centuries.csv:3:", "TIMESTAMP", "years")),
-    ("gap.jsonl", diag(0, 1, 7201), {}, ("gap.jsonl:4:", "2 h with no request before", "at most 60 min")),
+    ("gap.jsonl", diag(0, 1, 7201), {}, ("gap.jsonl:4:", "offset_s is 2 h after the previous one", "at most 60 min")),
     ("loops.jsonl", diag(0, 60, 120), {"loop": 100_000}, ("loops.jsonl:", "--loop 100000", "at most 7 days")),
     ("slow.jsonl", diag(0, 300, 700), {"speed": 0.001}, ("slow.jsonl:", "8.1 days", "--speed 0.001")),
     ("tiny-speed.jsonl", diag(0, 1), {"speed": 1e-12}, ("--speed 1e-12: must be a positive factor",)),
@@ -163,7 +163,7 @@ def peak_bytes(path: Path) -> tuple[int, int]:
 def test_reading_keeps_memory_proportional_to_the_requests_not_the_file(tmp_path: Path) -> None:
     """A Mooncake file whose lines carry an ignored 1 KB field and 64 block hashes each, and an Azure CSV:
     the old reader (a Python object per request, a string per hash; pandas for the CSV) peaked at 2.9 and 16
-    times the file's size; the compact store needs about 8 bytes a hash and under 40 bytes a request."""
+    times the file's size; the compact store needs 4 bytes a hash and under 50 bytes a request."""
     n = 5000
     with (tmp_path / "m.jsonl").open("w") as f:
         for i in range(n):
@@ -342,3 +342,22 @@ def test_replay_duration_cuts_what_is_in_flight_after_a_grace(tmp_path: Path) ->
     assert len(recs) == 1 and recs[0]["error"] == "incomplete", recs
     assert "--duration ended while the request was in flight" in recs[0]["error_detail"]
     assert status is not None and status.detail["replay_unsent"] == 0
+
+
+def test_a_long_trace_is_accepted_when_duration_or_requests_bound_the_replay(tmp_path: Path) -> None:
+    """8 days of arrivals every 50 min: refused as a whole replay, accepted with -d or -n (the replay ends
+    anyway); a gap over an hour is refused either way (the 1700 row of an Azure trace, before the others)."""
+    f = write(tmp_path, "week.jsonl", diag(*range(0, 8 * 86400, 3000)))
+    with pytest.raises(InputError, match="week.jsonl:232: .* 7.99 days"):
+        read_workload(f)
+    assert len(read_workload(f, bounded=True).requests) == 231
+    opts = ["attach", "--url", "http://127.0.0.1:9", "--workload", str(f)]
+    from diagnose.cli.attach import attach
+    from diagnose.probes.load import workload_from_options
+
+    for extra in (["-d", "1h"], ["-n", "10"]):
+        spec = workload_from_options(dict(attach.make_context("attach", [*opts[1:], *extra]).params))
+        assert spec.replay is not None and len(spec.replay.requests) == 231
+    az = write(tmp_path, "az.csv", azure(GOOD_AZ, "1700-01-01 00:00:00,5,5", "2023-11-16 18:15:47,5,5"))
+    with pytest.raises(InputError, match="az.csv:3: this record's TIMESTAMP is 324 years before the next request"):
+        read_workload(az, bounded=True)
