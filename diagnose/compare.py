@@ -853,19 +853,6 @@ def recorded_prices(a: Analysis, b: Analysis) -> tuple[float, float] | None:
     return (pa, pb) if pa is not None and pb is not None else None
 
 
-# -- the CI gate (diagnose/gate.py) ----------------------------------------------------------------------
-def parse_gate(spec: str) -> list[tuple[MetricDef, float]]:
-    from diagnose.gate import parse_gate as parse
-
-    return parse(spec)
-
-
-def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[dict[str, Any]]:
-    from diagnose.gate import apply_gate as apply
-
-    return apply(c, gate)
-
-
 # -- verify: did the experiment move what its hypothesis says it would? ------------------------------------
 METRIC_BY_SIGNAL = {m.signal: m for m in METRICS}
 

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose import compare as cmp
+from diagnose import gate
 from diagnose.cli import exits
 from diagnose.cli.main import cli
 from diagnose.pipeline import analyze
@@ -366,7 +367,7 @@ def test_a_small_significant_change_is_within_noise_but_still_gates() -> None:
     assert d.significant == "up" and d.verdict == "within noise", d
     assert cmp.diff_metric(a, b, m, 0.95, 400, rng, noise=0.0).verdict == "worse"
     c = cmp.Comparison("a", "b", 0.95, 400, 0, "blocks", {"comparable": True}, [cmp.LevelDiff("run", 3000, 3000, [d])], [])
-    assert [g["regressed"] for g in cmp.apply_gate(c, cmp.parse_gate("ttft_p50=3%"))] == [True]
+    assert [g["regressed"] for g in gate.apply_gate(c, gate.parse_gate("ttft_p50=3%"))] == [True]
 
 
 def test_a_cold_server_against_a_warm_one_is_a_variable_changed() -> None:

@@ -130,12 +130,13 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     A is the baseline, B the new run. With --fail-on-regression it is a CI gate.
     """
     from diagnose import compare as cmp
+    from diagnose import gate as gate_rules
     from diagnose.outputs import check_outputs, terminate_interrupts
 
     cmp.check_options(confidence, resamples, resample)
     cmp.check_noise(noise)
     check_seed(seed)
-    rules = cmp.parse_gate(gate) if gate is not None else None
+    rules = gate_rules.parse_gate(gate) if gate is not None else None
     if allow_undecided and rules is None:
         raise InputError("--allow-undecided: only with --fail-on-regression")
     prices = cmp.parse_cost(cost) if cost else None
@@ -167,7 +168,9 @@ def _compare(cmp: Any, a: Path, b: Path, output: Path | None, json_out: Path | N
     c = cmp.compare(an_a, an_b, confidence=confidence, resamples=resamples, seed=seed,
                     resample=resample, cost_per_hour=prices or recorded, noise=noise)
     if rules:
-        cmp.apply_gate(c, rules)
+        from diagnose.gate import apply_gate
+
+        apply_gate(c, rules)
     _write(json_out, _json(c.to_json()))
     if output is not None:
         from diagnose.reports.compare import render_comparison
