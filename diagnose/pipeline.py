@@ -30,6 +30,7 @@ from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
+from diagnose.workload_card import workload_card
 
 InputKind = str  # "bundle" | "trace" | "spans"
 
@@ -203,10 +204,13 @@ def _relevant(kind: str, ne: NotEvaluated) -> bool:
 
 
 def analyze(path: str | Path, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
-            threshold_overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
-    """Analyse any input diagnose reads: every input goes through the same stages."""
+            threshold_overrides: dict[str, float] | None = None, include_python: bool = False,
+            cost_per_hour: float | None = None) -> Analysis:
+    """Analyse any input diagnose reads: every input goes through the same stages. ``cost_per_hour`` prices
+    the run (the workload card's cost) instead of the price the capture recorded."""
     return analyze_opened(open_input(path, include_python=include_python), rules_dirs=rules_dirs,
-                          threshold_files=threshold_files, threshold_overrides=threshold_overrides)
+                          threshold_files=threshold_files, threshold_overrides=threshold_overrides,
+                          cost_per_hour=cost_per_hour)
 
 
 _CATALOG_CACHE: dict[tuple[int, int], list[RuleSpec]] = {}
@@ -226,7 +230,7 @@ def _rules(rules_dirs: Sequence[str | Path]) -> list[RuleSpec]:
 
 
 def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
-                   threshold_overrides: dict[str, float] | None = None) -> Analysis:
+                   threshold_overrides: dict[str, float] | None = None, cost_per_hour: float | None = None) -> Analysis:
     specs = _rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
@@ -263,7 +267,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         run_window=window,
         thresholds=dict(thresholds),
     )
-    return analysis
+    return replace(analysis, workload_card=workload_card(analysis, cost_per_hour))
 
 
 def _coverage_warnings(tables: dict[str, pd.DataFrame], window: Window) -> list[str]:

@@ -77,8 +77,10 @@ def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
     return "unknown"
 
 
-def workload_card(a: Analysis) -> dict[str, Any] | None:
-    """The card of a bundle's analysis; None for an input that is no capture (a kernel trace, a span file)."""
+def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | None:
+    """The card of a bundle's analysis; None for an input that is no capture (a kernel trace, a span file).
+    ``price``: the price per hour to cost the run at (``analyze --cost-per-hour``), else the one the capture
+    recorded. The pipeline computes it once (``Analysis.workload_card``); views only show it."""
     wl = a.manifest.get("workload")
     if not isinstance(wl, dict) or not wl:
         return None
@@ -147,7 +149,7 @@ def workload_card(a: Analysis) -> dict[str, Any] | None:
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:
             card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
-    price = recorded_price(a.manifest)
+    price = price if price is not None else recorded_price(a.manifest)
     if price is not None:  # what the run cost (diagnose/cost.py): one definition, compare's too
         slo = (a.manifest.get("options") or {}).get("slo") or {}
         per = {name: per_unit(price, s(base) or 0.0, scale) for name, (base, scale) in COST_BASE.items()}

@@ -19,7 +19,6 @@ from diagnose.analysis import Analysis
 from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window, level_phases
 from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
-from diagnose.rules.verdict import ranked
 from diagnose.signal_catalog import SIGNALS
 
 from .formatting import fmt_value
@@ -55,8 +54,9 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
     cost = _probe_cost(manifest)
-    judged = [f for f in ranked(a.findings) if a.run_valid or f.family == "validity"]
-    not_judged = [f for f in ranked(a.findings) if not (a.run_valid or f.family == "validity")]
+    # the judgement stage hands the findings ranked (rules.engine.evaluate): the view keeps their order
+    judged = [f for f in a.findings if a.run_valid or f.family == "validity"]
+    not_judged = [f for f in a.findings if not (a.run_valid or f.family == "validity")]
     return {
         "schema": VIEW_SCHEMA,
         "title": _title(manifest, str(a.source)),
@@ -118,9 +118,7 @@ def _cold_warm(w: dict[str, Any]) -> str | None:
 
 def _workload_card(a: Analysis) -> list[dict[str, str]]:
     """The workload card as (label, value) rows for the top of the report (diagnose/workload_card.py)."""
-    from diagnose.workload_card import workload_card
-
-    card = workload_card(a)
+    card = a.workload_card
     if card is None:
         return []
 

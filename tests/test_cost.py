@@ -135,3 +135,12 @@ def test_an_invalid_run_shows_no_cost_per_request_within_the_slo(tmp_path: Path)
     row = _cost_row(cost, judged=False)[0][1]
     assert row is not None and "within the SLO" not in row and "$0.01 per request" in row
 
+
+
+def test_the_price_is_an_argument_of_the_analysis_not_written_into_its_manifest() -> None:
+    """Issue 32 item 3: `analyze --cost-per-hour` rewrote the analysis's manifest after the analysis to price the
+    run; the price is now the pipeline's argument and the card computed once with it."""
+    a = analyze(HEALTHY, cost_per_hour=3.0)
+    assert "cost_per_hour" not in (a.manifest.get("options") or {})
+    assert a.workload_card is not None and a.workload_card["cost"]["price_per_hour"] == 3.0
+    assert "cost" not in (analyze(HEALTHY).workload_card or {})

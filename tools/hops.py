@@ -29,13 +29,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("input/output", "orchestrator", "tables", "signals", "judgement", "view", "cli")
-ORDERED = ("tables", "signals", "judgement", "view", "cli")  # a call from a later one into an earlier one reaches back
+# a call from a later one into an earlier one reaches back; signals are computed from tables (one rank)
+ORDERED = ("tables", "signals", "judgement", "view", "cli")
+RANK = {"tables": 0, "signals": 0, "judgement": 1, "view": 2, "cli": 3}
 # module name prefixes -> stage (both the flat layout and the regrouped one); first match wins
 STAGE_OF: tuple[tuple[str, str | None], ...] = (
     ("diagnose.model", None), ("diagnose.analysis", None), ("diagnose.errors", None), ("diagnose.numbers", None),
     ("diagnose.redact", None), ("diagnose.capture.redact", None),
     ("diagnose.cli", "cli"),
-    ("diagnose.reports", "view"), ("diagnose.workload_card", "view"), ("diagnose.signals.workload_card", "view"),
+    ("diagnose.reports", "view"), ("diagnose.workload_card", "signals"),
     ("diagnose.rules", "judgement"), ("diagnose.experiments", "judgement"), ("diagnose.engines.experiments", "judgement"),
     ("diagnose.pipeline", "orchestrator"),
     ("diagnose.signal_catalog", "signals"), ("diagnose.signals", "signals"), ("diagnose.normalize.derived", "signals"),
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> int:
     args = [a for a in argv if not a.startswith("--")]
     source = Path(args[0]) if args else ROOT / "sample_traces" / "vllm_cpu_queue_bound"
     edges, order = run(source)
-    rank = {s: i for i, s in enumerate(ORDERED)}
+    rank = RANK
     by_stage: dict[tuple[str, str], int] = defaultdict(int)
     back: list[tuple[str, str, tuple[str, str]]] = []
     for (a, b), site in sorted(edges.items()):

@@ -34,11 +34,12 @@ def parse_threshold_overrides(values: tuple[str, ...]) -> dict[str, float]:
 
 
 def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files: tuple[Path, ...] = (),
-                 overrides: dict[str, float] | None = None, include_python: bool = False) -> Analysis:
+                 overrides: dict[str, float] | None = None, include_python: bool = False,
+                 price: float | None = None) -> Analysis:
     from diagnose.pipeline import analyze
 
     return analyze(path, rules_dirs=rules_dirs, threshold_files=threshold_files, threshold_overrides=overrides,
-                   include_python=include_python)
+                   include_python=include_python, cost_per_hour=price)
 
 
 def verdict_line(a: Analysis) -> str:
@@ -89,9 +90,7 @@ def _probe_cost_json(a: Analysis) -> dict[str, Any]:
 
 def _workload_json(a: Analysis) -> dict[str, Any]:
     """The bundle's workload card (diagnose/workload_card.py; docs/workload.md); nothing for a trace."""
-    from diagnose.workload_card import workload_card
-
-    card = workload_card(a)
+    card = a.workload_card
     return {"workload_card": card} if card is not None else {}
 
 
@@ -168,10 +167,8 @@ def _analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tupl
     if scheduler and workers:
         raise click.UsageError("--workers sizes a local cluster; with --scheduler the scheduler's workers run")
     with scale_out(ScaleOut(scheduler=scheduler, workers=workers)):  # trace sets fan out on Dask (trace-analysis.md)
-        analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python)
-    if price is not None and isinstance(analysis.manifest, dict):
-        options = analysis.manifest.get("options")
-        analysis.manifest["options"] = {**(options if isinstance(options, dict) else {}), "cost_per_hour": price}
+        # the price is an argument of the analysis (the workload card's cost), never written into its manifest
+        analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python, price)
     write_report(analysis, output)
     if json_out is not None:
         write_bytes(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
