@@ -430,4 +430,5 @@ def _from_observed(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
         reqs, note = observed_requests(tables, window, block)
     except ValueError as e:
         raise DiagnoseError(f"{bundle.path}: cannot derive a workload from observed traffic: {e}") from e
+    _warn_span(bundle, reqs)
     return reqs, block, note

@@ -361,3 +361,24 @@ def test_a_long_trace_is_accepted_when_duration_or_requests_bound_the_replay(tmp
     az = write(tmp_path, "az.csv", azure(GOOD_AZ, "1700-01-01 00:00:00,5,5", "2023-11-16 18:15:47,5,5"))
     with pytest.raises(InputError, match="az.csv:3: this record's TIMESTAMP is 324 years before the next request"):
         read_workload(az, bounded=True)
+
+
+def test_diagnose_workload_of_observed_traffic_warns_about_a_far_scrape(tmp_path: Path) -> None:
+    """An observe-mode bundle whose last scrape is 10 days after the others (5 requests counted there): the
+    arrivals spread over that interval make a file of 9 days; writing it says so."""
+    import orjson
+
+    from tests.test_observed import _known, write_observe_bundle
+
+    write_observe_bundle(tmp_path / "obs", _known(40))
+    lines = (tmp_path / "obs" / "metrics.jsonl").read_bytes().splitlines()
+    last = orjson.loads(lines[-1])
+    last["t_ns"] += 10 * 86400 * 10**9
+    for s in last["samples"]:
+        if s[0] == "vllm:request_success_total":
+            s[2] += 5
+    (tmp_path / "obs" / "metrics.jsonl").write_bytes(b"\n".join([*lines[:-1], orjson.dumps(last)]) + b"\n")
+    res = cli("workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl"))
+    assert res.exit_code == 0, res.stderr
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warn) == 1 and "spans 9 days" in warn[0] and "--speed 1.29 or more" in warn[0], res.stderr
