@@ -141,3 +141,12 @@ def test_exit_status_9_is_documented() -> None:
     assert f"{exits.UNDECIDED}    compare --fail-on-regression: the gate could not judge" in r.output
     doc = (Path(__file__).resolve().parent.parent / "docs" / "compare.md").read_text(encoding="utf-8")
     assert f"| {exits.UNDECIDED} |" in doc and "--allow-undecided" in doc
+
+
+def test_the_compare_page_says_undecided_not_no(tmp_path: Path) -> None:
+    """The page's gate table showed an undecided row as 'regressed: no'; it now names the outcome and why."""
+    out = tmp_path / "c.html"
+    r = _compare(str(HEALTHY), str(HEALTHY), "--fail-on-regression", "cost_per_mtok=5%", "-o", str(out))
+    assert r.exit_code == exits.UNDECIDED, r.output
+    gate = out.read_text().split('<section id="gate">', 1)[1].split("</section>", 1)[0]
+    assert "undecided" in gate and "cost_per_mtok" in gate and "<td>no</td>" not in gate, gate
