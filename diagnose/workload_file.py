@@ -395,7 +395,7 @@ def _warn_span(bundle: Bundle, reqs: Sequence[ReplayRequest]) -> None:
     gap, at = max(((b.offset_s - a.offset_s, i + 3) for i, (a, b) in enumerate(zip(reqs, reqs[1:], strict=False))),
                   default=(0.0, 0))
     if span > MAX_REPLAY_SPAN_S:
-        med = reqs[len(reqs) // 2].offset_s
+        med = reqs[(len(reqs) - 1) // 2].offset_s
         i = 0 if med > span - med else len(reqs) - 1  # the request farthest from the median: the outlier
         bundle.warn(f"the workload spans {human_s(span)} (line {i + 2} of the file, offset_s {reqs[i].offset_s:g}, "
                     f"is that far from the others): attach --workload replays at most {human_s(MAX_REPLAY_SPAN_S)}, "

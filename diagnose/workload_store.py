@@ -174,7 +174,7 @@ def check_span(path: str, reqs: RequestStore, speed: float, loop: int, what: str
     how = f"--speed {speed:g}" + (f", --loop {loop}" if loop != 1 else "")
     if span and total > MAX_REPLAY_SPAN_S:
         # name the record farthest from the median arrival: the outlier, when one record is the cause
-        med = float(off[n // 2])
+        med = float(off[(n - 1) // 2])
         i = 0 if med - float(off[0]) > last - med else n - 1
         raise InputError(f"{path}:{reqs.line(i)}: this record's {what} makes the replay last {human_s(total)} "
                          f"({how}); a replay lasts at most {human_s(MAX_REPLAY_SPAN_S)}: fix or drop the record, "

@@ -52,6 +52,7 @@ BIG = 17 << 20  # longer than the longest line read (16 MiB)
 # (file name, content, read_workload keyword arguments, the one-line error's expected parts)
 ERRORS: list[tuple[str, str | bytes, dict[str, Any], tuple[str, ...]]] = [
     ("outlier.jsonl", diag(0, 0.5, 1, "1e9"), {}, ("outlier.jsonl:5:", "31.7 years", "at most 7 days")),
+    ("two.jsonl", diag(0, "1e9"), {}, ("two.jsonl:3: this record's offset_s",)),  # a tie names the later one
     ("moon_1e12.jsonl", moon(0, 1000, "1e12"), {}, ("moon_1e12.jsonl:3:", "timestamp", "31.7 years")),
     ("centuries.csv", azure(GOOD_AZ, "1700-01-01 00:00:00,5,5", "2200-01-01 00:00:00,5,5"), {},
      ("centuries.csv:3:", "TIMESTAMP", "years")),
