@@ -320,6 +320,7 @@ def test_the_default_size_cap_is_64_mib() -> None:
     (["--prometheus", f"ftp://{USER}:{PASSWORD}@127.0.0.1:9090"], "expected http://HOST:PORT"),
     (["--prometheus", "http://127.0.0.1:1", "--selector", '{job=~"("}'], "not a valid regular expression"),
     (["--prometheus", "http://127.0.0.1:1", "--selector", '{job=~"vllm[0-"}'], "not a valid regular expression"),
+    (["--prometheus", "http://127.0.0.1:1", "--selector", r'{job=~"vllm-\d+"}'], "has the escape \\d"),
 ])
 def test_usage_errors_exit_2(args: list[str], want: str) -> None:
     r = CliRunner().invoke(cli, ["attach", *args])

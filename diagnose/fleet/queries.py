@@ -19,6 +19,9 @@ from diagnose.errors import InputError
 REPLICA_LABELS: tuple[str, ...] = ("job", "namespace", "pod", "instance")
 BY = ", ".join(REPLICA_LABELS)
 _NAME_RE = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+# one escape of a PromQL string: those Go's strconv.Unquote accepts, or (last alternative) anything else
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|[0-7]{3}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[abfnrtv\\'\"]|.?)", re.S)
+_GOOD_ESCAPE = re.compile(r"x[0-9a-fA-F]{2}|[0-7]{3}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[abfnrtv\\'\"]")
 _MATCHER_RE = re.compile(r"""^\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*("([^"\\]|\\.)*"|'([^'\\]|\\.)*')\s*$""")
 
 
@@ -39,6 +42,11 @@ def selector_matchers(selector: str | None) -> str:
         if not m:
             raise InputError(f"--selector {selector!r}: {p.strip()!r} is not a label matcher "
                              "(name=\"value\", !=, =~ or !~)")
+        bad = next((e.group(0) for e in _ESCAPE.finditer(m.group(2)[1:-1]) if not _GOOD_ESCAPE.fullmatch(e.group(1))),
+                   None)
+        if bad is not None:
+            raise InputError(f"--selector {selector!r}: {p.strip()!r} has the escape {bad}, which a PromQL string "
+                             "cannot hold (a backslash is written \\\\)")
         if m.group(1) in ("=~", "!~"):
             _check_regex(selector, p.strip(), m.group(2)[1:-1])
     return ", ".join(p.strip() for p in parts)
