@@ -54,6 +54,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
     cost = _probe_cost(manifest)
+    sweep = _sweep_levels(a) > 1
     # the judgement stage hands the findings ranked (rules.engine.evaluate): the view keeps their order
     judged = [f for f in a.findings if a.run_valid or f.family == "validity"]
     not_judged = [f for f in a.findings if not (a.run_valid or f.family == "validity")]
@@ -74,9 +75,11 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "percentiles": _percentiles(a),
         "errors": _errors(a.tables.get("requests")),
         "charts": {
-            "ttft": _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
-            "itl": _guard("ITL distribution", lambda: _distribution(a, "itl")),
-            "ttft_by_phase": _guard("TTFT distribution by load level", lambda: _ttft_by_phase(a)),
+            # a sweep: one distribution per level, never the levels pooled into one histogram
+            "ttft": None if sweep else _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
+            "itl": None if sweep else _guard("ITL distribution", lambda: _distribution(a, "itl")),
+            "ttft_by_phase": _guard("TTFT distribution by load level", lambda: _by_phase(a, "ttft")),
+            "itl_by_phase": _guard("ITL distribution by load level", lambda: _by_phase(a, "itl")) if sweep else None,
             "curve": _guard("Throughput vs latency", lambda: _curve(a)),
             "timeline": _guard("Load vs latency vs queue depth over time",
                                lambda: timeline_chart(a.tables, a.phases)),
@@ -567,14 +570,19 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     return {"kind": "histogram", "title": f"{title} (n={b['n']})", "x_label": x_label, "y_label": y_label, **b}
 
 
-def _ttft_by_phase(a: Analysis) -> dict[str, Any] | None:
-    """For sweeps: one TTFT CDF per load level (101 quantiles each), to see the distribution shift with load."""
+def _by_phase(a: Analysis, key: str) -> dict[str, Any] | None:
+    """One CDF per load level (101 quantiles each) of TTFT or of the chunk gaps (ITL), to see the distribution
+    shift with load; None for a single phase."""
     req = a.tables.get("requests")
     if len(a.phases) < 2 or req is None or req.empty or "phase" not in req.columns or "ttft_ms" not in req.columns:
         return None
+    itl = a.tables.get("itl")
+    if key == "itl" and (itl is None or itl.empty or "itl_ms" not in itl.columns or "rid" not in itl.columns):
+        return None
     series = []
     for ph in a.phases:
-        vals = num(_counted_ok(a, ph.window())["ttft_ms"])
+        ok = _counted_ok(a, ph.window())
+        vals = num(ok["ttft_ms"]) if key == "ttft" else num(itl[itl["rid"].isin(ok["rid"])]["itl_ms"])  # type: ignore[index]
         vals = vals[np.isfinite(vals)]
         if vals.size:
             q = np.percentile(vals, np.arange(101))
@@ -582,8 +590,12 @@ def _ttft_by_phase(a: Analysis) -> dict[str, Any] | None:
                            "points": [[float(f"{x:.5g}"), float(p)] for p, x in enumerate(q)]})
     if len(series) < 2:
         return None
-    return {"kind": "line_chart", "title": "TTFT distribution by load level (CDF)", "series": series, "bands": [],
-            "x_label": "time to first token (ms)", "y_label": "requests at or below (%)", "y2_label": ""}
+    title, x_label, y_label = (("TTFT distribution by load level (CDF)", "time to first token (ms)",
+                                "requests at or below (%)") if key == "ttft" else
+                               ("ITL distribution by load level (CDF of the chunk gaps)",
+                                "gap between content chunks (ms)", "chunk gaps at or below (%)"))
+    return {"kind": "line_chart", "title": title, "series": series, "bands": [], "x_label": x_label,
+            "y_label": y_label, "y2_label": ""}
 
 
 # -- environment ----------------------------------------------------------------------------------------

@@ -127,9 +127,9 @@ def test_invalid_run_says_so_in_verdict() -> None:
 
 def test_charts_have_titles_and_axis_labels(hostile_html: str) -> None:
     doc = parse(hostile_html)
-    # 2 distributions, TTFT CDF by level, timeline, output lengths and arrivals (the demo's requests have no
-    # input lengths: that chart says so), 5 SVG sections (not table/text)
-    assert len(doc.svgs) == 11
+    # the demo is a sweep: TTFT and ITL CDFs by level (no pooled histogram), timeline, output lengths and
+    # arrivals (the demo's requests have no input lengths: that chart says so), 5 SVG sections (not table/text)
+    assert len(doc.svgs) == 10
     assert "Input lengths: not available: the requests table has no prompt_tokens_planned column" in hostile_html
     for svg in doc.svgs:
         assert "".join(svg["title"]).strip(), svg
