@@ -453,13 +453,14 @@ def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, f
     """(low, high, coverage): the narrowest pair of order statistics x(k), x(n-k+1) that holds the median with
     at least ``level`` probability whatever the noise's distribution (P = 1 - 2 * Binomial(n, 1/2).cdf(k - 1));
     with too few values for ``level``, the widest there is (min, max) and its coverage."""
-    from scipy.stats import binom
+    def binom_half_cdf(k: int, n: int) -> float:  # P(Binomial(n, 1/2) <= k), exactly
+        return sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
 
     xs = sorted(values)
     n = len(xs)
-    best = (xs[0], xs[-1], 1.0 - 2.0 * float(binom.cdf(0, n, 0.5)))
+    best = (xs[0], xs[-1], 1.0 - 2.0 * binom_half_cdf(0, n))
     for k in range(2, n // 2 + 1):
-        cov = 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+        cov = 1.0 - 2.0 * binom_half_cdf(k - 1, n)
         if cov < level:
             break
         best = (xs[k - 1], xs[n - k], cov)

@@ -512,11 +512,67 @@ def run_interval(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: flo
     se = math.sqrt(var * (1.0 / len(la) + 1.0 / len(lb)))
     if not se > 0:
         return None
-    from scipy.stats import t as student_t
-
-    half = float(student_t.ppf(0.5 + confidence / 2.0, df)) * se
+    half = student_t_ppf(0.5 + confidence / 2.0, df) * se
     d = float(lb.mean() - la.mean())
     return math.expm1(d - half), math.expm1(d + half)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def student_t_ppf(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (the run-level interval's multiplier): the CDF inverted by bisection to
+    1e-12, so scipy is not needed for one quantile (tests/test_compare_repeat.py checks it against tables)."""
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"student_t_ppf({p}, {df}): p must be in (0, 1) and df positive")
+    if p < 0.5:
+        return -student_t_ppf(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
 
 
 def _beyond(rel_lo: float, rel_hi: float, noise: float) -> str:

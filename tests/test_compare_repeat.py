@@ -244,3 +244,13 @@ def test_report_of_a_repeated_level_pools_its_runs_and_lists_each(tmp_path: Path
     assert labels == ["c=2, 3 runs pooled", "baseline c=1 (reference)", "c=2 r1", "c=2 r2", "c=2 r3"]
     assert view["percentiles"]["sweep"] is None  # one level: no sweep table or curve
     assert view["verdict"]["by_level"] == []  # its headline numbers are the pooled run's
+
+
+@pytest.mark.parametrize(("p", "df", "table"), [
+    (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 5, 2.5706), (0.975, 10, 2.2281), (0.975, 30, 2.0423),
+    (0.995, 4, 4.6041), (0.95, 8, 1.8595), (0.9, 3, 1.6377), (0.975, 1000, 1.9623), (0.5, 7, 0.0)])
+def test_student_t_quantile_matches_the_printed_tables(p: float, df: float, table: float) -> None:
+    """The run-level interval's t quantile, computed without scipy (issue 39), to the tables' 4 decimals."""
+    assert cmp.student_t_ppf(p, df) == pytest.approx(table, abs=6e-5)
+    assert cmp.student_t_ppf(1 - p, df) == pytest.approx(-table, abs=6e-5)
+    assert cmp.student_t_cdf(cmp.student_t_ppf(p, df), df) == pytest.approx(p, abs=1e-10)

@@ -24,6 +24,7 @@ import pandas as pd
 from diagnose import __version__
 from diagnose.analysis import Analysis
 from diagnose.bundle import Bundle
+from diagnose.errors import require
 from diagnose.export.files import SCHEMA_FILE, NothingExported, output_dir
 from diagnose.model import Signal
 
@@ -107,6 +108,7 @@ def to_arrow(df: pd.DataFrame) -> Any:
 
 
 def export(bundle: Bundle, out: Path) -> ParquetExport:
+    require("pyarrow", "parquet", "export --format parquet")
     import pyarrow.parquet as pq
 
     from diagnose.pipeline import analyze_opened

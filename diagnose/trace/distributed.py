@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.errors import DiagnoseError, InputError
+from diagnose.errors import DiagnoseError, InputError, require
 from diagnose.trace.multirank import RankResult, reduce_file
 
 # Without --workers / --scheduler, a local cluster is started for sets of at least AUTO_MIN_RANKS rank traces on
@@ -115,12 +115,25 @@ def cores() -> int:
 
 
 def fans_out(cfg: ScaleOut, n_files: int) -> bool:
-    """Whether ``n_files`` rank traces go to Dask under ``cfg``."""
+    """Whether ``n_files`` rank traces go to Dask under ``cfg``. Dask is an extra (``diagnose[scale]``): without
+    it a trace set is analysed in this process, and asking for a scheduler or workers is a one-line error."""
     if cfg.scheduler:
+        require("distributed", "scale", "analyze --scheduler")
         return True
     if cfg.workers is None:
-        return cores() >= AUTO_MIN_CORES and n_files >= AUTO_MIN_RANKS
-    return cfg.workers > 1 and n_files > 1
+        return cores() >= AUTO_MIN_CORES and n_files >= AUTO_MIN_RANKS and _have_dask()
+    if cfg.workers > 1 and n_files > 1:
+        require("distributed", "scale", "analyze --workers")
+        return True
+    return False
+
+
+def _have_dask() -> bool:
+    try:
+        require("distributed", "scale", "")
+    except DiagnoseError:
+        return False
+    return True
 
 
 def peak_rss_bytes() -> int:
