@@ -3,7 +3,7 @@ JSONL, Mooncake JSONL, Azure trace CSV), each giving a one-line error naming the
 skip, never a traceback, a hang or a replay of decades; memory that grows with the requests kept, not the
 file; every replay option checked (exit 2, one line); --duration as wall time for a replay; an SLO value
 without a unit refused; and every request the server completed accounted for in the bundle.
-Promises: /tmp/robustness_H3.md (merged into docs/robustness.md)."""
+Promises: docs/robustness.md, part 3."""
 
 from __future__ import annotations
 
