@@ -281,8 +281,8 @@ def test_contention_with_nothing_else_busy_rules_out_another_process(tmp_path: P
     f = next(f for f in evaluate(HST005, s, load_thresholds()).findings)
     status = {c.cause.split()[0]: (c.status, c.status_evidence) for c in f.causes}
     # nothing on the worker's core, and sshd's 6% of the EngineCore loop's core is far from a competitor
-    assert status["another"] == ("ruled out", "host_competitor_core_ratio = 0 ratio, "
-                                              "host_loop_competitor_core_ratio = 0.06 ratio")
+    assert status["another"] == ("ruled out", "host_competitor_core_ratio = 0%, "
+                                              "host_loop_competitor_core_ratio = 6.0%")
     assert status["more"][0] == "supported"
 
 
