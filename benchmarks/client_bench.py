@@ -42,13 +42,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- workers (run pinned, in a child process) -----------------------------------------------------------
 async def _diagnose_worker(url: str, c: int, seconds: float, out_tokens: int) -> dict[str, Any]:
     from diagnose.analysis import Window
-    from diagnose.bundle import BundleWriter, open_bundle
+    from diagnose.capture.workload import WorkloadSpec, build_phases
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.writer import BundleWriter
     from diagnose.normalize import client as norm
     from diagnose.probes.base import CaptureContext, Target
     from diagnose.probes.load import LoadProbe
     from diagnose.rules.engine import evaluate
     from diagnose.rules.spec import load_rules, load_thresholds
-    from diagnose.workload import WorkloadSpec, build_phases
 
     mode, phases = build_phases(str(c), None)
     spec = WorkloadSpec(mode=mode, phases=phases, duration_s=seconds, input_tokens=128, output_tokens=out_tokens)

@@ -61,13 +61,14 @@ def _load_ref(ref: str) -> None:
 
 
 async def _capture(url: str, load: str, seconds: float, out_tokens: int, model: str | None) -> dict[str, Any]:
-    from diagnose.bundle import BundleWriter, open_bundle
-    from diagnose.capture import run_capture
+    from diagnose.capture.run import run_capture
+    from diagnose.capture.workload import WorkloadSpec, build_phases
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.writer import BundleWriter
     from diagnose.probes import load as load_mod
     from diagnose.probes.base import Target
     from diagnose.probes.load import LoadProbe
     from diagnose.probes.prometheus import PrometheusProbe
-    from diagnose.workload import WorkloadSpec, build_phases
 
     conc, rate = (load[1:], None) if load.startswith("c") else (None, load[1:])
     mode, phases = build_phases(conc, rate)
@@ -140,7 +141,7 @@ def worker_main(args: argparse.Namespace) -> None:
         _load_ref(args.new_ref)
     import uvloop
 
-    from diagnose.realtime import RealtimePriority
+    from diagnose.capture.realtime import RealtimePriority
 
     rt = RealtimePriority() if args.realtime else None
     if rt is not None:

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from diagnose.analysis import Window  # noqa: E402
-from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
+from diagnose.io.bundle import open_bundle  # noqa: E402
+from diagnose.io.writer import BundleWriter  # noqa: E402
 from diagnose.normalize import host  # noqa: E402
 from diagnose.probes.base import CaptureContext, Target  # noqa: E402
 from diagnose.probes.pyspy import PySpyProbe  # noqa: E402

@@ -65,7 +65,7 @@ def analyze(bundle: Path) -> dict[str, Any]:
 
 
 def worker_wait(bundle: Path, worker_pid: int) -> float | None:
-    from diagnose.bundle import open_bundle
+    from diagnose.io.bundle import open_bundle
     from diagnose.normalize import host
 
     th = host.tables(open_bundle(bundle))["host_threads"]

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from diagnose.bundle import BundleWriter  # noqa: E402
+from diagnose.io.writer import BundleWriter  # noqa: E402
 from diagnose.probes.base import CaptureContext, Target  # noqa: E402
 from diagnose.probes.nvml import NvmlProbe, import_nvml  # noqa: E402
 

@@ -11,7 +11,7 @@ the probe's own CPU where it reports it (py-spy), and the client's loop lag P99.
 loop, so the blocks measured the client rather than the server. Pairs with a starved block are left out.
 
 Probes, each at its default settings (what ``diagnose attach`` uses unless told otherwise), every arm under
-attach's default overhead budget (``--overhead-budget 1%``, diagnose/overhead.py) unless ``--budget`` says else:
+attach's default overhead budget (``--overhead-budget 1%``, diagnose/capture/overhead.py) unless ``--budget`` says else:
   attach      what ``diagnose attach`` runs with no probe flags: the /metrics scraper (1 s, adapting to the
               budget), the /proc counters (``host``) and NVML (unavailable without a GPU)
   prometheus  the /metrics scraper alone (on by default in attach), 1 s interval
@@ -28,7 +28,7 @@ attach's default overhead budget (``--overhead-budget 1%``, diagnose/overhead.py
     python benchmarks/overhead.py [--pairs 6] [--block-s 12] [--concurrency 8] [--budget 1%]
         [--probes attach prometheus_nobudget pyspy otel defaults] [--results benchmarks/results/overhead.md]
 
-Per pair the summary also gives what the probes measured they cost (diagnose/overhead.py, the share of one
+Per pair the summary also gives what the probes measured they cost (diagnose/capture/overhead.py, the share of one
 core the report states), the median over the "on" blocks, beside the throughput and CPU ratios.
 Each median of pair ratios (throughput, engine CPU per output token) comes with a distribution-free
 confidence interval (``median_ci``: order statistics, coverage from the binomial distribution), so a run
@@ -54,10 +54,13 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
-from diagnose.capture import run_capture  # noqa: E402
+from diagnose.capture.overhead import DEFAULT_BUDGET, parse_budget, probe_cost  # noqa: E402
+from diagnose.capture.realtime import RealtimePriority  # noqa: E402
+from diagnose.capture.run import run_capture  # noqa: E402
+from diagnose.capture.workload import Phase, WorkloadSpec  # noqa: E402
+from diagnose.io.bundle import open_bundle  # noqa: E402
+from diagnose.io.writer import BundleWriter  # noqa: E402
 from diagnose.model import ProbeStatus  # noqa: E402
-from diagnose.overhead import DEFAULT_BUDGET, parse_budget, probe_cost  # noqa: E402
 from diagnose.probes.base import CaptureContext, Probe, Target  # noqa: E402
 from diagnose.probes.load import LoadProbe  # noqa: E402
 from diagnose.probes.nvml import NvmlProbe  # noqa: E402
@@ -65,8 +68,6 @@ from diagnose.probes.otel import OtlpReceiverProbe  # noqa: E402
 from diagnose.probes.profiler import ProfilerProbe  # noqa: E402
 from diagnose.probes.prometheus import PrometheusProbe  # noqa: E402
 from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
-from diagnose.realtime import RealtimePriority  # noqa: E402
-from diagnose.workload import Phase, WorkloadSpec  # noqa: E402
 from harness.engine import VllmServer, ensure_engine  # noqa: E402
 
 LAG_VALID_MS = 50.0  # client loop lag P99 above this: the block measured a starved client

@@ -28,7 +28,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from diagnose.bundle import BundleWriter  # noqa: E402
+from diagnose.io.writer import BundleWriter  # noqa: E402
 from diagnose.probes.base import CaptureContext, Target  # noqa: E402
 from diagnose.probes.pyspy import PySpyProbe  # noqa: E402
 from harness.engine import VllmServer  # noqa: E402

@@ -42,7 +42,8 @@ def _trace(rate: float, seconds: float, seed: int) -> list[dict[str, Any]]:
 
 
 async def _capture(url: str, spec: Any, out: Path) -> list[dict[str, Any]]:
-    from diagnose.bundle import BundleWriter, open_bundle
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.writer import BundleWriter
     from diagnose.probes.base import CaptureContext, Target
     from diagnose.probes.load import LoadProbe
 
@@ -70,8 +71,8 @@ def main() -> None:
     args = ap.parse_args()
     import uvloop
 
-    from diagnose.workload import Phase, WorkloadSpec
-    from diagnose.workload_file import read_workload
+    from diagnose.capture.workload import Phase, WorkloadSpec
+    from diagnose.io.workload_file import read_workload
     from tests.servers.truth import truth_server
 
     rows = []

@@ -35,8 +35,9 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 
 from diagnose.analysis import Window  # noqa: E402
-from diagnose.bundle import BundleWriter, open_bundle  # noqa: E402
 from diagnose.errors import DiagnoseError  # noqa: E402
+from diagnose.io.bundle import open_bundle  # noqa: E402
+from diagnose.io.writer import BundleWriter  # noqa: E402
 from diagnose.normalize import prometheus as prom  # noqa: E402
 from diagnose.normalize.prom_hist import cross_check, empirical_cdf_at  # noqa: E402
 from diagnose.probes.base import CaptureContext, Target  # noqa: E402

@@ -28,7 +28,7 @@ class Analysis:
     verdict: Verdict | None = None
     run_window: Window | None = None
     thresholds: dict[str, float] = field(default_factory=dict)  # those the rules judged by (with overrides)
-    # the workload card (diagnose/workload_card.py), computed once by the pipeline; None: no capture
+    # the workload card (diagnose/signals/workload_card.py), computed once by the pipeline; None: no capture
     workload_card: dict[str, Any] | None = None
 
     @property

@@ -64,8 +64,8 @@ class Experiment:
 
     change: str
     expect: tuple[tuple[str, str], ...] = ()  # (signal name, "down" | "up" | "flat")
-    # the one variable it changes (diagnose/experiments.py): kind (engine_flag | env | client | deployment),
-    # name (an engine flag's neutral name, spelt per engine by diagnose.experiments.ENGINE_FLAGS), and the
+    # the one variable it changes (diagnose/engines/experiments.py): kind (engine_flag | env | client | deployment),
+    # name (an engine flag's neutral name, spelt per engine by diagnose.engines.experiments.ENGINE_FLAGS), and the
     # suggested value computed from this bundle's signals ('' when none is suggested or computable)
     variable_kind: str = ""
     variable: str = ""

@@ -2,7 +2,7 @@
 
 Stages, each callable alone, none reaching back into an earlier one:
   open_input  a bundle directory, a sample folder, a profiler trace (file or directory of per-rank traces) or an
-              OTLP span file; the last two are adapted into an in-memory bundle (diagnose.bundle.MemoryBundle)
+              OTLP span file; the last two are adapted into an in-memory bundle (diagnose.io.bundle.MemoryBundle)
   normalize   bundle streams and artifacts -> tidy tables (diagnose/normalize/, one module per source)
   signals     tables -> named signals for the run window and each phase, then the derived ones
   judge       signals -> findings, rules not evaluated, and the one verdict (rules/)
@@ -21,16 +21,16 @@ from types import ModuleType
 import pandas as pd
 
 from diagnose.analysis import Analysis
-from diagnose.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
+from diagnose.engines.experiments import spell_change, spell_text
 from diagnose.errors import BundleError, InputError
-from diagnose.experiments import spell_change, spell_text
+from diagnose.io.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.model import Finding, NotEvaluated, Phase, Signal, Window, level_phases
 from diagnose.normalize import derived, load_normalizers
 from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
-from diagnose.workload_card import workload_card
+from diagnose.signals.workload_card import workload_card
 
 InputKind = str  # "bundle" | "trace" | "spans"
 
@@ -178,7 +178,7 @@ def compute_signals(tables: dict[str, pd.DataFrame], window: Window,
 # -- stage 3: judgement -------------------------------------------------------------------------------------
 def _spelt(f: Finding, engine: str | None) -> Finding:
     """The finding in the engine's own words: each experiment's text naming the engine's flag
-    (diagnose.experiments.spell_change), and the prose around it (spell_text: 'max-num-seqs' is '--parallel'
+    (diagnose.engines.experiments.spell_change), and the prose around it (spell_text: 'max-num-seqs' is '--parallel'
     on llama.cpp)."""
     def words(t: str) -> str:
         return spell_text(t, engine)

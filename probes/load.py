@@ -42,8 +42,10 @@ from typing import Any
 
 import orjson
 
-from diagnose.bundle import StreamWriter, serialize_records
+from diagnose.capture.redact import Redactor, excerpt, scrub_text
+from diagnose.capture.workload import Phase, Replay, ReplayRequest, WorkloadSpec
 from diagnose.errors import InputError
+from diagnose.io.writer import StreamWriter, serialize_records
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient, RequestFailed
@@ -52,8 +54,6 @@ from diagnose.probes.load_options import workload_from_options
 from diagnose.probes.prompts import Prompt, PromptFactory
 from diagnose.probes.sessions import Conversation, TaskPlan, Turn, run_task
 from diagnose.probes.sse import StreamResult, now_ns, sleep_until
-from diagnose.redact import Redactor, excerpt, scrub_text
-from diagnose.workload import Phase, Replay, ReplayRequest, WorkloadSpec
 
 # a replayed request: (its index in the workload file, the loop it belongs to, the recorded request)
 ReplayItem = tuple[int, int, ReplayRequest]

@@ -13,9 +13,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from diagnose.capture.workload import (
+    Mode,
+    Phase,
+    Replay,
+    WorkloadSpec,
+    build_phases,
+    parse_duration,
+    repeat_phases,
+)
 from diagnose.errors import InputError
 from diagnose.probes.base import Options
-from diagnose.workload import Mode, Phase, Replay, WorkloadSpec, build_phases, parse_duration, repeat_phases
 
 MAX_DURATION_S = 7 * 86400.0  # --duration: a week (the longest replay is as long)
 MAX_CONCURRENCY = 100_000
@@ -34,8 +42,8 @@ def check_duration(text: str | None) -> float | None:
 def check_options(o: Options) -> None:
     """The values of the options this module owns, checked before anything is set up (attach calls it
     first, for every way it runs: one server, --launch, --find-max-goodput)."""
-    from diagnose.workload import parse_slo
-    from diagnose.workload_file import MAX_LOOP, MAX_SPEED, MIN_SPEED
+    from diagnose.capture.workload import parse_slo
+    from diagnose.io.workload_file import MAX_LOOP, MAX_SPEED, MIN_SPEED
 
     check_duration(o.get("duration"))
     parse_slo(o.get("slo"))
@@ -114,7 +122,7 @@ def _replay_from_options(o: Options) -> Replay | None:
         return None
     if o["concurrency"] or o["rate"]:
         raise InputError("--workload replays the file's own arrivals: drop --concurrency/--rate")
-    from diagnose.workload_file import read_workload
+    from diagnose.io.workload_file import read_workload
 
     replay = read_workload(Path(o["workload"]), speed=1.0 if speed is None else float(speed),
                            loop=1 if loop is None else int(loop), bounded=bool(o["duration"] or o["num_requests"]))

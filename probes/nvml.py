@@ -35,10 +35,10 @@ import threading
 import time
 from typing import Any
 
+from diagnose.capture.overhead import cost
+from diagnose.capture.workload import parse_duration
 from diagnose.model import ProbeStatus
-from diagnose.overhead import cost
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
-from diagnose.workload import parse_duration
 
 NAME = "nvml"
 # clock-event (throttle) reasons that mean "slowed down" rather than idle or set by the user

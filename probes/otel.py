@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
+from diagnose.capture.overhead import cost, is_local
+from diagnose.io.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
 from diagnose.model import ProbeStatus
-from diagnose.otlp import OtlpDecodeError, decode_request, parse_json, parse_protobuf
-from diagnose.overhead import cost, is_local
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 
 DEFAULT_GRPC_PORT = 4317

@@ -11,7 +11,7 @@ part of it until the answer's headers (the server rendering the page; the rest i
 ``interval_s`` the interval the scrape was taken at. Each metric family's type and help are written once to
 ``metric_families`` as ``{name, type, help}``.
 
-Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds the server's time for the scrapes
+Cost (issue 17, diagnose/capture/overhead.py): the status detail's ``cost`` holds the server's time for the scrapes
 (the sum of ``scrape_ms``) and this probe's own CPU (the parse worker's, or the parsing thread's, plus
 decoding and writing here). Within a capture budget (``attach --overhead-budget``, default 1% of one core)
 the interval adapts: a scrape costing ``c`` seconds of the server's time (the median of the last
@@ -19,7 +19,7 @@ the interval adapts: a scrape costing ``c`` seconds of the server's time (the me
 budget's ``factor()`` (1 while every adapting probe's want fits) divides the interval asked; the status and
 each record's ``interval_s`` say when the budget made it coarser (docs/probe-cost.md).
 
-Bundle size: only engine-relevant families are kept (``diagnose.engines.is_engine_relevant``: the engine
+Bundle size: only engine-relevant families are kept (``diagnose.engines.detect.is_engine_relevant``: the engine
 namespaces ``vllm:``, ``sglang:``, ``tgi_``, ``llamacpp:``, ``trtllm_``, ``nv_``, ``dynamo_`` plus
 ``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ``process_start_time_seconds``), never
 ``*_created`` samples. The filter runs on the raw text before parsing, which also makes parsing cheaper.
@@ -45,12 +45,12 @@ from typing import Any, Literal
 
 import aiohttp
 
-from diagnose.bundle import serialize_records
+from diagnose.capture.overhead import OverheadBudget, budget_of, cost, is_local
+from diagnose.capture.workload import parse_duration
+from diagnose.io.writer import serialize_records
 from diagnose.model import ProbeStatus
-from diagnose.overhead import OverheadBudget, budget_of, cost, is_local
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, wait_tick
 from diagnose.probes.prometheus_worker import ParseWorker, ScrapeError, WorkerGone, parse_scrape, prefilter
-from diagnose.workload import parse_duration
 
 __all__ = ["PrometheusProbe", "ScrapeError", "parse_scrape", "prefilter"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from diagnose.capture.redact import Redactor, excerpt, safe_url, url_secrets
 from diagnose.errors import InputError, TargetError
-from diagnose.redact import Redactor, excerpt, safe_url, url_secrets
 
 #: Prometheus refuses a range query of more than 11,000 points per series
 MAX_POINTS = 11_000

@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnose.engines import is_engine_relevant
-from diagnose.realtime import normal_priority_in_child
+from diagnose.capture.realtime import normal_priority_in_child
+from diagnose.engines.detect import is_engine_relevant
 
 MODULE = "diagnose.probes.prometheus_worker"
 

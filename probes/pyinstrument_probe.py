@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from diagnose.bundle import BundleWriter
 from diagnose.errors import InputError
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 

@@ -33,7 +33,7 @@ Stream ``host_samples`` (records by ``kind``; times are CLOCK_MONOTONIC ns):
                windows}                                      py-spy's own CPU (os.wait4 rusage)
 The raw py-spy outputs are kept as artifacts ``pyspy_<pid>.txt`` (flamegraph.pl input).
 
-Cost (issue 17, diagnose/overhead.py): the status detail's ``cost`` holds py-spy's own CPU (records and
+Cost (issue 17, diagnose/capture/overhead.py): the status detail's ``cost`` holds py-spy's own CPU (records and
 dumps) and, with ``--pyspy-blocking``, the time the processes were paused (py-spy's CPU while they were
 stopped stands in for it: the cost on the server); the ``host`` probe's is its own CPU for the /proc reads.
 Within a capture budget (``attach --overhead-budget``) blocking py-spy measures its pauses before each window
@@ -60,8 +60,9 @@ from typing import Any
 import orjson
 import psutil
 
+from diagnose.capture.overhead import OverheadBudget, budget_of, cost, rate_of
+from diagnose.capture.realtime import normal_priority_in_child
 from diagnose.model import ProbeStatus
-from diagnose.overhead import OverheadBudget, budget_of, cost, rate_of
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.host_procs import (
     ForeignCpu,
@@ -74,7 +75,6 @@ from diagnose.probes.host_procs import (
     read_system_cpu,
     read_thread_cpu,
 )
-from diagnose.realtime import normal_priority_in_child
 
 NAME = "pyspy"
 HOST_NAME = "host"

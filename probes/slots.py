@@ -15,7 +15,7 @@ every token generated so far. An idle slot keeps its last request's numbers (``b
 
 Only those numbers are kept: older builds put the prompt and the generated text in ``/slots``, and nothing
 of them reaches the bundle. A server started with ``--no-slots`` answers 501: the probe is unavailable and
-says so. Its cost is the server's time for each exchange (``cost``, diagnose/overhead.py); under a budget
+says so. Its cost is the server's time for each exchange (``cost``, diagnose/capture/overhead.py); under a budget
 the interval grows as the Prometheus probe's does.
 """
 
@@ -31,10 +31,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from diagnose.capture.overhead import budget_of, cost, is_local
+from diagnose.capture.workload import parse_duration
 from diagnose.model import ProbeStatus
-from diagnose.overhead import budget_of, cost, is_local
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, wait_tick
-from diagnose.workload import parse_duration
 
 NAME = "slots"
 MAX_BYTES = 4 << 20  # a /slots answer of 4 MiB is far past any real slot count

@@ -493,7 +493,7 @@ class SseConnection(asyncio.Protocol):
         if not self.expect_sse:
             pass  # a plain call: the caller reads status and body
         elif status != 200:
-            # the whole kept body (2 KiB): the load probe redacts it, then keeps an excerpt (diagnose.redact)
+            # the whole kept body (2 KiB): the load probe redacts it, then keeps an excerpt (diagnose.capture.redact)
             detail = bytes(self.body).decode("utf-8", "replace").strip().replace("\n", " ")
             res.error = status_category(status)
             res.error_detail = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"

@@ -1,4 +1,4 @@
-"""The comparison of two runs (diagnose/compare.py) as one self-contained HTML file: the verdict of the
+"""The comparison of two runs (diagnose/compare/core.py) as one self-contained HTML file: the verdict of the
 comparison first (what got worse, what got better, whether the runs are comparable), then per load level
 every metric with its interval, differences first; the findings diff; the CI gate. Autoescaped jinja2,
 inline CSS, no external URL."""

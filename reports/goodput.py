@@ -1,4 +1,4 @@
-"""The SLO-edge search (``attach --find-max-goodput``; diagnose/goodput.py) as one self-contained HTML file:
+"""The SLO-edge search (``attach --find-max-goodput``; diagnose/runs/goodput.py) as one self-contained HTML file:
 the max-goodput level and saturation first, then the throughput-latency curve, then one row per level with
 each SLO term's interval. Autoescaped jinja2, inline CSS and SVG, no external URL."""
 

@@ -105,9 +105,9 @@ def render_html(analysis: Analysis, sections: Sequence[Section] | None = None) -
 
 def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None) -> Path:
     """Render and write the report; returns the path written. Raises ReportError with a one-line reason.
-    Written as every output is (diagnose/outputs.py): through a temporary file that a failure (a full disk)
+    Written as every output is (diagnose/io/outputs.py): through a temporary file that a failure (a full disk)
     or a signal removes, or in place onto a device or FIFO."""
-    from diagnose.outputs import OutputError, write_bytes
+    from diagnose.io.outputs import OutputError, write_bytes
 
     p = Path(path)
     html = render_html(analysis, sections)

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Analysis
+from diagnose.capture.profiler_window import excluded_note
 from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window, level_phases
-from diagnose.profiler_window import excluded_note
 from diagnose.requests import select
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 from .formatting import fmt_value
 from .sections import Section, build_sections
@@ -120,7 +120,7 @@ def _cold_warm(w: dict[str, Any]) -> str | None:
 
 
 def _workload_card(a: Analysis) -> list[dict[str, str]]:
-    """The workload card as (label, value) rows for the top of the report (diagnose/workload_card.py)."""
+    """The workload card as (label, value) rows for the top of the report (diagnose/signals/workload_card.py)."""
     card = a.workload_card
     if card is None:
         return []
@@ -215,7 +215,7 @@ SETTING_FLAG = {"context_size": "context_length"}  # a setting read -> the ENGIN
 def engine_settings(manifest: dict[str, Any]) -> str:
     """The engine's settings the capture read (its /props, /server_info or command line), each by the
     engine's own flag where diagnose knows it: '--parallel 2, --ctx-size 4096, --threads 1'. '' when none."""
-    from diagnose.experiments import flag_for
+    from diagnose.engines.experiments import flag_for
 
     t = manifest.get("target") or {}
     cfg = t.get("engine_config")
@@ -246,8 +246,8 @@ def _title(manifest: dict[str, Any], source: str) -> str:
 
 
 def _probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """What the probes cost the server (diagnose/overhead.py): the line, and the budget's adaptations."""
-    from diagnose.overhead import probe_cost
+    """What the probes cost the server (diagnose/capture/overhead.py): the line, and the budget's adaptations."""
+    from diagnose.capture.overhead import probe_cost
 
     pc = probe_cost(manifest)
     if pc is None:
@@ -302,10 +302,10 @@ def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
 def _curve(a: Analysis) -> dict[str, Any] | None:
     """A sweep's throughput-latency curve: each level (a repeated one by its first run, as the sweep rules see
     it) from its phase signals, the SLO lines, the knee and, on a valid run, the highest level whose point
-    values meet the SLO (diagnose.goodput: one definition of each)."""
-    from diagnose.goodput import CURVE_METRICS, knee, meets
+    values meet the SLO (diagnose.runs.goodput: one definition of each)."""
     from diagnose.normalize.derived import slo_terms
     from diagnose.reports.curve import curve_spec
+    from diagnose.runs.goodput import CURVE_METRICS, knee, meets
 
     levels = level_phases(a.phases)
     if len(levels) < 2:

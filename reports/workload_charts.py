@@ -71,7 +71,7 @@ def lengths(a: Analysis, key: str) -> dict[str, Any]:
         if b["n"] == 0:
             return unavailable(what, "no successful measured request to plot")
         return _binned(what, b, note)
-    from diagnose.observed import traffic_spans
+    from diagnose.signals.observed import traffic_spans
 
     # the engine's request spans where the workload card takes its lengths from them (the same decision)
     spans = traffic_spans(a.tables, _window(a))

@@ -25,7 +25,7 @@ import yaml
 from diagnose.model import Signal
 from diagnose.rules.engine import EvaluationResult, evaluate
 from diagnose.rules.spec import RuleSpec, load_thresholds
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 EXPECTS = ("fires", "quiet", "not_evaluated")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
-from diagnose.experiments import resolve_value
+from diagnose.engines.experiments import resolve_value
 from diagnose.model import (
     SEVERITY_WEIGHT,
     Cause,

@@ -1,6 +1,6 @@
 """`diagnose rules lint`: schema, undeclared signal and threshold names, duplicate ids, missing test cases.
 
-A signal name must be an exact entry of diagnose/signal_catalog.py: in a condition, ``requires``,
+A signal name must be an exact entry of diagnose/signals/catalog.py: in a condition, ``requires``,
 ``evidence``, ``impact``, an experiment's ``expect``, a ``{name}`` field of a text template (title,
 hypothesis, causes), and a test case's signals.
 """
@@ -24,7 +24,7 @@ from diagnose.rules.spec import (
     rule_files,
     spec_problems,
 )
-from diagnose.signal_catalog import CATALOG, is_known
+from diagnose.signals.catalog import CATALOG, is_known
 
 # template fields that are not signals (rules/engine.py render_text)
 TEMPLATE_NAMES = ("thr", "phase", "label")
@@ -34,7 +34,7 @@ def unknown_signal(name: str, where: str) -> str:
     """The lint message for an undeclared name, with the closest declared names when there are any."""
     close = difflib.get_close_matches(name, CATALOG, n=3, cutoff=0.75)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    return f"{where}: unknown signal {name!r} (not declared in diagnose/signal_catalog.py){hint}"
+    return f"{where}: unknown signal {name!r} (not declared in diagnose/signals/catalog.py){hint}"
 
 
 def template_fields(texts: Iterable[str]) -> set[str]:

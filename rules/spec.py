@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from diagnose.engines.experiments import variable_problems
 from diagnose.errors import InputError
-from diagnose.experiments import variable_problems
 from diagnose.model import SEVERITY_WEIGHT
 from diagnose.rules.conditions import referenced_signals
 

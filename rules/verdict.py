@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
-from diagnose.experiments import describe
+from diagnose.engines.experiments import describe
 from diagnose.model import Finding, Signal, Verdict, VerdictLevel
 from diagnose.rules.engine import rank_key
 

@@ -112,8 +112,8 @@ def serve(fake: FakePrometheus) -> Iterator[str]:
 
 def recorded_bundle(out: Path, recording: dict[str, Any] | None = None) -> Path:
     """The fleet bundle a capture writes from a recording, over the recorded window (no time shift)."""
-    from diagnose.bundle import BundleWriter
     from diagnose.fleet.capture import FleetWindow, capture_fleet
+    from diagnose.io.writer import BundleWriter
     from diagnose.probes.prometheus_api import PrometheusAPI
 
     rec = recording or load_recording()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagnose.bundle import Bundle
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Window
 from diagnose.normalize import derived, load_normalizers
 from diagnose.pipeline import open_input, run_window

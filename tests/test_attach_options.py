@@ -16,10 +16,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from diagnose.bundle import open_bundle
 from diagnose.cli.attach import attach, build_probes
 from diagnose.cli.main import cli
 from diagnose.errors import InputError
+from diagnose.io.bundle import open_bundle
 from diagnose.model import ProbeStatus
 from diagnose.probes import PROBE_MODULES, probe_specs, register, unregister
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, Target

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import SCHEMA_VERSION, BundleWriter, open_bundle
 from diagnose.errors import BundleError
+from diagnose.io.bundle import SCHEMA_VERSION, open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Analysis
-from diagnose.experiments import spell_text
+from diagnose.engines.experiments import spell_text
 from diagnose.model import Finding, Signal
 from diagnose.pipeline import analyze_bundle
 from diagnose.rules.conditions import Evaluator
@@ -42,7 +42,7 @@ def _evidence_signals(f: Finding) -> dict[str, Signal]:
 
 
 def _raw_cause(spec: RuleSpec, text: str, signals: Mapping[str, Signal], engine: str | None) -> Mapping[str, Any]:
-    for c in spec.causes:  # as the pipeline shows it: in the engine's words (diagnose.experiments.spell_text)
+    for c in spec.causes:  # as the pipeline shows it: in the engine's words (diagnose.engines.experiments.spell_text)
         if spell_text(render_text(str(c["cause"]), signals, THRESHOLDS), engine) == text:
             return c
     raise AssertionError(f"{spec.id}: no cause renders as {text!r}")

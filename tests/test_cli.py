@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import open_bundle
 from diagnose.cli import exits
+from diagnose.io.bundle import open_bundle
 from tests.servers.truth import free_port, truth_server
 
 DIAG = [sys.executable, "-m", "diagnose"]

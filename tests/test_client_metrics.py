@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import client
 from diagnose.reports.sections.client import sections as client_sections
 from diagnose.reports.sections.model import Quantity

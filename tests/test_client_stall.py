@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, StreamWriter, open_bundle
+from diagnose.capture.workload import WorkloadSpec, build_phases
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter, StreamWriter
 from diagnose.model import ProbeStatus
 from diagnose.normalize import client as norm
 from diagnose.probes.base import CaptureContext, Target
@@ -30,7 +32,6 @@ from diagnose.probes.load import LoadProbe
 from diagnose.reports.sections.client import sections as client_sections
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
-from diagnose.workload import WorkloadSpec, build_phases
 from tests.load_testserver import TestServer
 
 

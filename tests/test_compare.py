@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose import compare as cmp
-from diagnose import gate
 from diagnose.cli import exits
 from diagnose.cli.main import cli
+from diagnose.compare import gate
 from diagnose.pipeline import analyze
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"

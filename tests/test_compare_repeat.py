@@ -14,12 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose import compare as cmp
+from diagnose.capture.workload import Phase as PlannedPhase
+from diagnose.capture.workload import repeat_phases
 from diagnose.cli.main import cli
+from diagnose.compare.samples import _run_weights
 from diagnose.model import Phase, level_phases
 from diagnose.pipeline import analyze
 from diagnose.probes.load import workload_from_options
-from diagnose.workload import Phase as PlannedPhase
-from diagnose.workload import repeat_phases
 from tests.test_compare import _rows
 from tests.test_compare import _write_rows as _write
 
@@ -167,7 +168,7 @@ def test_pooled_sample_keeps_the_runs_apart() -> None:
     assert tps == pytest.approx(190 * 32 / sum(p.span_s for p in parts))
     boot = cmp.bootstrap(s, cmp.METRIC_BY_NAME["output_tps"], 300, rng)
     assert np.isfinite(boot).all() and np.median(boot) == pytest.approx(tps, rel=0.1)
-    w = cmp._run_weights(rng, np.asarray([0, 2, 5]), 1000)
+    w = _run_weights(rng, np.asarray([0, 2, 5]), 1000)
     assert w.shape == (1000, 5)
     # every resample draws 2 runs: as many units as the drawn runs hold (2+2, 2+3 or 3+3)
     assert set(w.sum(axis=1)) <= {4, 5, 6} and len(set(w.sum(axis=1))) == 3

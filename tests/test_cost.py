@@ -1,4 +1,4 @@
-"""What a run cost (diagnose/cost.py): the price of an hour of the deployment, recorded by `attach
+"""What a run cost (diagnose/signals/cost.py): the price of an hour of the deployment, recorded by `attach
 --cost-per-hour` or given to `analyze --cost-per-hour`, as cost per million output tokens, per successful
 request and per request within the SLO, in the report's workload card and --json; `compare` reads the recorded
 prices when it is given none (issue 16, item 5)."""
@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from diagnose import compare as cmp
 from diagnose.cli import exits
 from diagnose.cli.main import cli
-from diagnose.cost import parse_price, per_unit, recorded_price
 from diagnose.errors import InputError
 from diagnose.pipeline import analyze
-from diagnose.workload_card import workload_card
+from diagnose.signals.cost import parse_price, per_unit, recorded_price
+from diagnose.signals.workload_card import workload_card
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 HEALTHY = SAMPLES / "vllm_cpu_healthy" / "bundle"
@@ -112,7 +112,7 @@ def test_a_priced_capture_against_the_truth_server(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from diagnose.bundle import open_bundle
+    from diagnose.io.bundle import open_bundle
     from tests.servers.truth import truth_server
 
     with truth_server(ttft_ms=5, itl_ms=2) as (url, _):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from diagnose.engines import server_cmdline_settings, settings_from_cmdline
+from diagnose.engines.detect import server_cmdline_settings, settings_from_cmdline
 
 
 def test_vllm_sglang_llamacpp_flags() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from diagnose.engines import (
+from diagnose.engines.detect import (
     METRIC_MAPS,
     EngineInfo,
     detect_engine,

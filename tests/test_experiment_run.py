@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from diagnose.cli import exits
 from diagnose.cli.main import cli
-from diagnose.experiment_run import LaunchError, apply_flag, launch, plan
+from diagnose.runs.experiment import LaunchError, apply_flag, launch, plan
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 CMD = ["vllm", "serve", "m", "--port", "8000", "--max-num-seqs", "2", "--enforce-eager"]
@@ -84,8 +84,8 @@ def test_plan_refuses_an_invalid_first_run() -> None:
 def test_an_invalid_run_is_repeated_once_and_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import types
 
-    import diagnose.experiment_run as er
     import diagnose.pipeline as pipeline
+    import diagnose.runs.experiment as er
 
     captures: list[Path] = []
     monkeypatch.setattr(er, "capture", lambda argv, url, out, args, log, t, w: captures.append(out))
@@ -139,7 +139,7 @@ def test_sigterm_stops_the_server_it_started(tmp_path: Path) -> None:
 
 
 def test_warmup_args_keep_the_load_shape_and_nothing_else() -> None:
-    import diagnose.experiment_run as er
+    import diagnose.runs.experiment as er
 
     args = ["--concurrency", "8", "--duration", "12s", "--input-tokens=128", "--output-tokens", "32", "--realtime",
             "--pyspy", "--profile-iterations", "5", "-n", "40", "--slo", "ttft_p99<500ms", "--no-ignore-eos"]
@@ -154,7 +154,7 @@ def test_capture_warms_the_fresh_server_before_measuring(monkeypatch: pytest.Mon
     import subprocess
     import types
 
-    import diagnose.experiment_run as er
+    import diagnose.runs.experiment as er
 
     events: list[str] = []
     server = types.SimpleNamespace(stop=lambda: events.append("stop"))

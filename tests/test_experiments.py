@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diagnose.experiments import ENGINE_FLAGS, describe, flag_for, resolve_value, variable_problems
+from diagnose.engines.experiments import ENGINE_FLAGS, describe, flag_for, resolve_value, variable_problems
 from diagnose.model import Signal
 from diagnose.pipeline import analyze
 
@@ -56,7 +56,7 @@ def test_values_resolve_from_signals() -> None:
 
 @pytest.mark.parametrize("bad, needle", [
     ({"kind": "flag", "name": "x"}, "variable kind 'flag'"),
-    ({"kind": "engine_flag", "name": "max_seqs"}, "not in diagnose/experiments.py ENGINE_FLAGS"),
+    ({"kind": "engine_flag", "name": "max_seqs"}, "not in diagnose/engines/experiments.py ENGINE_FLAGS"),
     ({"kind": "client"}, "needs a name"),
     ({"kind": "client", "name": "--rate", "value": {"times": 2}}, "needs {signal: NAME}"),
     ({"kind": "client", "name": "--rate", "extra": 1}, "unknown variable key 'extra'"),

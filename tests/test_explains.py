@@ -66,7 +66,7 @@ def test_the_verdict_names_cause_share_refutation_and_experiment() -> None:
     assert "The experiment to run" in html and "Would refute it" in html
     from markupsafe import escape
 
-    from diagnose.signal_catalog import SIGNALS
+    from diagnose.signals.catalog import SIGNALS
     assert f"({escape(SIGNALS[v.share_of])})" in html  # the share says what it is a share of (as the page escapes it)
     lat = next(f for f in a.findings if f.rule_id == "LAT001")
     assert lat.explained_by == "SCH001"

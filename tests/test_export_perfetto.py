@@ -19,11 +19,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from diagnose.bundle import BundleWriter
 from diagnose.cli.main import cli
 from diagnose.export import perfetto
 from diagnose.export.chrome import lanes
 from diagnose.export.files import write_file
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import client, gpu, host, prometheus
 from diagnose.pipeline import normalize, open_input
 from diagnose.trace.parse import read_trace

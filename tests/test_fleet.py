@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from diagnose.bundle import open_bundle
 from diagnose.cli.main import cli
+from diagnose.io.bundle import open_bundle
 from diagnose.pipeline import analyze
 from diagnose.reports.sections import build_sections
 from tests.fleet_prom import FakePrometheus, load_recording, serve

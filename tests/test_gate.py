@@ -5,7 +5,6 @@ malformed gate or seed is a one-line error, exit 2."""
 
 from __future__ import annotations
 
-import gzip
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,24 +13,15 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
+from test_compare import _rows, _write_rows
 
-from diagnose import gate
 from diagnose.cli import exits
 from diagnose.cli.main import cli
+from diagnose.compare import gate
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 HEALTHY = SAMPLES / "vllm_cpu_healthy" / "bundle"  # c=2, 148 measured requests: too few for a P99 interval
 QUEUE = SAMPLES / "vllm_cpu_queue_bound" / "bundle"  # c=16: no level in common with HEALTHY
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    with gzip.open(path, "rb") as f:
-        return [orjson.loads(line) for line in f]
-
-
-def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    with gzip.open(path, "wb") as f:
-        f.write(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
 
 
 def _delay_first_token(dst: Path, delay_ns: Callable[[dict[str, Any]], int]) -> Path:

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from diagnose import goodput as gp
 from diagnose.errors import InputError
+from diagnose.runs import goodput as gp
 from tests.servers.faults import fault_server
 
 DIAG = [sys.executable, "-m", "diagnose"]

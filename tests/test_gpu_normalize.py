@@ -62,7 +62,8 @@ def test_two_gpus_min(tmp_path: Path) -> None:
 
 
 def test_no_stream_no_signals(tmp_path: Path) -> None:
-    from diagnose.bundle import BundleWriter, open_bundle
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.writer import BundleWriter
 
     BundleWriter(tmp_path / "e").finish()
     t = gpu.tables(open_bundle(tmp_path / "e"))

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from diagnose.bundle import MANIFEST, BundleWriter, open_bundle
 from diagnose.cli import exits
+from diagnose.io.bundle import MANIFEST, open_bundle
+from diagnose.io.writer import BundleWriter
 from tests.servers.faults import fault_server, free_port
 from tests.servers.truth import truth_server
 
@@ -28,7 +29,7 @@ DIAG = [sys.executable, "-m", "diagnose"]
 KEY = "sk-PLANTEDkey0123456789abcdef"
 URL_PASSWORD = "sk-URLPASSWORD987654321"
 QUERY_SECRET = "sk-QUERYSECRET1357924680"
-RESERVE = ".diagnose-reserve"  # diagnose.bundle.RESERVE (spelled out: the test also runs against older code)
+RESERVE = ".diagnose-reserve"  # diagnose.io.bundle.RESERVE (spelled out: the test also runs against older code)
 
 
 def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
@@ -126,7 +127,7 @@ def test_credentials_in_the_url_are_used_but_never_stored(tmp_path: Path) -> Non
 
 
 def test_redactor_units() -> None:
-    from diagnose.redact import Redactor, excerpt, join_url, safe_url, scrub_text
+    from diagnose.capture.redact import Redactor, excerpt, join_url, safe_url, scrub_text
 
     r = Redactor([KEY])
     s = r.text(f'Authorization: Bearer {KEY} x-api-key=abc123 {{"password": "hunter22"}} http://a:b@h/ sk-otherkey99')
@@ -155,7 +156,7 @@ def _enospc_after(limit: int) -> Any:
 
 def test_enospc_at_the_write_layer_keeps_whole_records_and_marks_the_capture_failed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import diagnose.bundle as bundle_mod
+    import diagnose.io.bundle as bundle_mod
 
     bw = BundleWriter(tmp_path / "b")
     errors: list[str] = []

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner, Result
 
-from diagnose.bundle import open_bundle
 from diagnose.cli.main import cli
+from diagnose.io.bundle import open_bundle
 from tests.fleet_prom import FakePrometheus, load_recording, serve
 
 USER, PASSWORD = "alice", "s3cr3t"

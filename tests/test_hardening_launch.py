@@ -110,7 +110,7 @@ def _kill_leftovers(pids: list[int]) -> None:
 
 @pytest.mark.parametrize("kinds", ["setsid,ignore,daemon", "setsid,ignore,daemon,term"])
 def test_stop_leaves_no_process_of_the_server(kinds: str, tmp_path: Path) -> None:
-    from diagnose.experiment_run import launch
+    from diagnose.runs.experiment import launch
 
     port = _free_port()
     cmd, pidfile = _command(tmp_path, kinds, port)
@@ -128,7 +128,7 @@ def test_stop_leaves_no_process_of_the_server(kinds: str, tmp_path: Path) -> Non
 
 def test_a_command_that_exits_leaving_a_daemon_behind_is_cleaned_up(tmp_path: Path) -> None:
     """The command starts a daemon and exits before answering: the launch fails, and the daemon is stopped."""
-    from diagnose.experiment_run import LaunchError, launch
+    from diagnose.runs.experiment import LaunchError, launch
 
     pidfile = tmp_path / "pids"
     code = ("import os, time\n"

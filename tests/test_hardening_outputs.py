@@ -1,7 +1,7 @@
 """Outputs, signals and exports of the analysis-side commands (issue 33, items 1, 7 and 8).
 
 * Every writer (analyze -o/--json, compare -o/--json, export perfetto/speedscope/parquet, workload -o) goes
-  through diagnose/outputs.py: a device node or a FIFO is written in place and stays what it was (as root a
+  through diagnose/io/outputs.py: a device node or a FIFO is written in place and stays what it was (as root a
   rename onto /dev/null used to turn it into a regular file holding the report), a FIFO without a reader is a
   one-line error at once, a directory is a one-line error, and an output that is, lies inside, or links to an
   input is refused (exit 2) before anything is written: `compare A B --json B/manifest.json` used to destroy B.

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from diagnose.bundle import open_bundle
 from diagnose.errors import DiagnoseError
+from diagnose.io.bundle import open_bundle
 from diagnose.pipeline import analyze as analyze_lib
 from diagnose.trace.parse import read_trace
 from tests.badinput import (
@@ -260,7 +260,7 @@ def test_huge_stream_line_is_skipped_with_bounded_memory(tmp_path: Path) -> None
     edit_manifest(b, lambda m: m["streams"]["requests"].update(file="requests.jsonl"))
     # the peak from /proc (VmHWM: this process's own, unlike ru_maxrss, which a child inherits from pytest)
     code = textwrap.dedent(f"""
-        from diagnose.bundle import open_bundle
+        from diagnose.io.bundle import open_bundle
         b = open_bundle({str(b)!r})
         n = sum(1 for _ in b.iter_records("requests"))
         hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")).split()[1]

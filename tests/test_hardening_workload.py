@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.capture.workload import Phase, WorkloadSpec, parse_slo
 from diagnose.errors import InputError
-from diagnose.workload import Phase, WorkloadSpec, parse_slo
-from diagnose.workload_file import read_workload
+from diagnose.io.bundle import open_bundle
+from diagnose.io.workload_file import read_workload
+from diagnose.io.writer import BundleWriter
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
 

@@ -66,7 +66,7 @@ def test_slow_dumps_never_thin_out_the_counters(tmp_path: Path) -> None:
 
 
 def test_a_lost_counter_stream_fails_the_host_probe_not_pyspy(tmp_path: Path) -> None:
-    from diagnose.bundle import open_bundle
+    from diagnose.io.bundle import open_bundle
 
     sleeper = subprocess.Popen(["sleep", "30"])
     try:

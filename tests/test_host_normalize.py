@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle, BundleWriter, open_bundle
+from diagnose.io.bundle import Bundle, open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import host
 from diagnose.normalize.host_stacks import categorize, flame_tree
 from diagnose.probes.pyspy import parse_raw

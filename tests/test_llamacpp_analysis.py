@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.engines import settings_from_cmdline
-from diagnose.experiments import spell_change
+from diagnose.engines.detect import settings_from_cmdline
+from diagnose.engines.experiments import spell_change
 from diagnose.model import Signal
 from diagnose.pipeline import analyze
 from diagnose.reports.render import render_html
@@ -102,7 +102,7 @@ def test_a_client_near_its_limit_does_not_hold_back_cut_outputs() -> None:
 def test_a_llamacpp_report_speaks_llamacpps_words() -> None:
     """Issue 32: the llama.cpp sample's top cause said 'the batch-size cap (max-num-seqs)' and 'max_num_seqs = 2'
     beside the right experiment (--parallel); every finding's prose now uses the engine map's spelling."""
-    from diagnose.experiments import spell_text
+    from diagnose.engines.experiments import spell_text
 
     a = analyze(SAMPLES / "llama_slots_saturated")
     texts = [f.title + f.hypothesis for f in a.findings]

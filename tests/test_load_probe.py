@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from diagnose.bundle import Bundle, BundleWriter, open_bundle
+from diagnose.capture.workload import Phase, WorkloadSpec, build_phases
+from diagnose.io.bundle import Bundle, open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.load import LoadProbe, _gap_fn
 from diagnose.probes.prompts import PromptFactory
-from diagnose.workload import Phase, WorkloadSpec, build_phases
 from tests.load_testserver import TestServer
 
 

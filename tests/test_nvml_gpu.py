@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import gpu as gpu_norm
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.nvml import NvmlProbe

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.nvml import NvmlProbe, throttle_names
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, frame, recorded, scenario

@@ -1,5 +1,5 @@
 """Observed traffic (issue 16, item 2): the workload card and a replayable workload of an observe-mode bundle,
-from the server's counters and length histograms alone (diagnose/observed.py). The bundles here are written
+from the server's counters and length histograms alone (diagnose/signals/observed.py). The bundles here are written
 scrape by scrape from a known list of requests, in vLLM's metric names and its 1-2-5 length buckets."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import orjson
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.errors import DiagnoseError
+from diagnose.io.bundle import open_bundle
+from diagnose.io.workload_file import from_bundle, read_workload
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import prometheus
-from diagnose.observed import observed_requests, observed_workload
-from diagnose.workload_file import from_bundle, read_workload
+from diagnose.signals.observed import observed_requests, observed_workload
 
 DIAG = [sys.executable, "-m", "diagnose"]
 BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # vLLM's request_prompt_tokens buckets to 2048
@@ -149,7 +150,7 @@ def test_a_workload_derived_from_observed_traffic(tmp_path: Path) -> None:
 def test_the_prefix_share_holds_with_large_blocks() -> None:
     """vLLM's CPU engine caches blocks of 128 tokens: a 200-token prompt's 27% is a quarter of one block, so
     rounding each prompt alone gives 0 blocks to most prompts; the rounding error is carried on instead."""
-    from diagnose.observed import _shared_blocks
+    from diagnose.signals.observed import _shared_blocks
 
     rng = random.Random(2)
     inputs = [rng.randint(64, 400) for _ in range(200)]
@@ -186,7 +187,7 @@ def test_the_engines_spans_give_exact_lengths_and_arrivals(tmp_path: Path) -> No
     reqs = _known()
     write_observe_bundle(tmp_path / "obs", reqs, hit=0.5, spans=len(reqs))
     from diagnose.pipeline import analyze
-    from diagnose.workload_card import workload_card
+    from diagnose.signals.workload_card import workload_card
 
     card = workload_card(analyze(tmp_path / "obs"))
     assert card is not None and card["lengths_from"] == "engine spans (120 requests)"
@@ -205,7 +206,7 @@ def test_the_engines_spans_give_exact_lengths_and_arrivals(tmp_path: Path) -> No
 def test_spans_of_too_few_requests_leave_the_histograms(tmp_path: Path) -> None:
     write_observe_bundle(tmp_path / "obs", _known(), spans=60)  # half the requests exported spans
     from diagnose.pipeline import analyze
-    from diagnose.workload_card import workload_card
+    from diagnose.signals.workload_card import workload_card
 
     card = workload_card(analyze(tmp_path / "obs"))
     assert card is not None and card["lengths_from"] == "server histograms" and "input_tokens_bounds" in card

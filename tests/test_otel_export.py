@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.otel import OtlpReceiverProbe

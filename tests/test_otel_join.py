@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.errors import InputError
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import otel
 from diagnose.reports.formatting import fmt_text
 from diagnose.reports.sections.otel import sections as otel_sections

@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.otel import OtlpReceiverProbe, expected_trace_ids
@@ -119,7 +120,7 @@ def test_http_json_and_gzip_protobuf_and_garbage(tmp_path: Path) -> None:
             from google.protobuf import json_format
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-            from diagnose.otlp import _fix_ids
+            from diagnose.io.otlp import _fix_ids
             req = ExportTraceServiceRequest()
             json_format.ParseDict(_fix_ids(_otlp_json("11" * 16, "22" * 8)), req)
             await post("gzip_pb", gzip.compress(req.SerializeToString()), "application/x-protobuf",

@@ -13,11 +13,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from diagnose.bundle import BundleWriter, open_bundle
-from diagnose.cli.main import cli
-from diagnose.errors import InputError
-from diagnose.model import ProbeStatus
-from diagnose.overhead import (
+from diagnose.capture.overhead import (
     AMORTISE_S,
     MIN_FACTOR,
     OverheadBudget,
@@ -28,6 +24,11 @@ from diagnose.overhead import (
     rate_of,
     share_of,
 )
+from diagnose.cli.main import cli
+from diagnose.errors import InputError
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
+from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from tests.test_prometheus_probe import _run_probe
 

@@ -15,7 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.profiler import ProfilerProbe, classify

@@ -1,5 +1,5 @@
 """Requests overlapping the engine profiler's window are left out of the statistics (the profiler slows the
-engine): diagnose/profiler_window.py, normalize/client.py, normalize/otel.py, the report's note."""
+engine): diagnose/capture/profiler_window.py, normalize/client.py, normalize/otel.py, the report's note."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.capture.profiler_window import overlaps, profiler_windows
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.normalize import client, otel
 from diagnose.pipeline import analyze_bundle
-from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.reports.formatting import fmt_text
 from diagnose.reports.render import render_html
 from diagnose.reports.sections import build_sections

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import prometheus as prom
 from diagnose.probes.prometheus import parse_scrape
 from diagnose.reports.formatting import fmt_text

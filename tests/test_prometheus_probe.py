@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.prometheus import PrometheusProbe, parse_scrape, prefilter
@@ -111,7 +112,7 @@ def test_no_stream_write_or_manifest_write_on_the_event_loop_thread(tmp_path: Pa
     timers and reads stamp the chunks. Every record still arrives, in scrape order."""
     import threading
 
-    from diagnose.bundle import StreamWriter
+    from diagnose.io.writer import StreamWriter
 
     seen: list[tuple[str, int]] = []
     orig_ser, orig_stream = StreamWriter.write_serialized, BundleWriter.stream

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import BundleWriter, open_bundle
 from diagnose.errors import InputError
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.pyinstrument_probe import ClientProfilerProbe, load_summary, redact, run_under_profiler
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle, BundleWriter, open_bundle
+from diagnose.io.bundle import Bundle, open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.normalize import host
 from diagnose.probes.base import CaptureContext, Target

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from diagnose.bundle import open_bundle
+from diagnose.capture.realtime import NOT_PERMITTED, RealtimePriority
 from diagnose.cli.main import cli
-from diagnose.realtime import NOT_PERMITTED, RealtimePriority
+from diagnose.io.bundle import open_bundle
 from tests.servers.truth import truth_server
 
 
@@ -126,8 +126,8 @@ def test_probe_children_go_back_to_normal_priority() -> None:
     import subprocess
     import sys
 
+    from diagnose.capture.realtime import normal_priority_in_child
     from diagnose.probes.prometheus_worker import ParseWorker
-    from diagnose.realtime import normal_priority_in_child
 
     show = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
     permitted = _rt_permitted()

@@ -303,7 +303,7 @@ def test_workload_card_counts_the_requests_the_tables_count() -> None:
     """One request filter everywhere (issue 32): the kv-pressure sample's card counted 52 requests (warm-up
     included, its own filter) where every table and requests_measured count 48."""
     from diagnose.pipeline import analyze_bundle
-    from diagnose.workload_card import workload_card
+    from diagnose.signals.workload_card import workload_card
 
     a = analyze_bundle(Path(__file__).resolve().parent.parent / "sample_traces" / "vllm_cpu_kv_pressure" / "bundle")
     card = workload_card(a)

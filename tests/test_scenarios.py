@@ -98,7 +98,8 @@ def test_export_writes_a_trimmed_sample_and_leaves_foreign_folders_alone(tmp_pat
     import gzip
     import json
 
-    from diagnose.bundle import BundleWriter, open_bundle
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.writer import BundleWriter
     from scenarios.export import MARKER, export_sample
 
     src = tmp_path / "b"

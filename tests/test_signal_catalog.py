@@ -1,4 +1,4 @@
-"""The signal catalogue (diagnose/signal_catalog.py) is exact and complete, and lint holds rules to it.
+"""The signal catalogue (diagnose/signals/catalog.py) is exact and complete, and lint holds rules to it.
 
 Both directions, on every shipped sample and trace plus small synthetic inputs for the paths no sample takes
 (tests/signal_producers.py): every emitted signal is declared, with the unit, source and producer it was
@@ -18,7 +18,7 @@ import yaml
 
 from diagnose.normalize import derived, host_stacks, prometheus
 from diagnose.rules.lint import lint
-from diagnose.signal_catalog import (
+from diagnose.signals.catalog import (
     CATALOG,
     ENGINE_SETTINGS,
     HOST_CATEGORIES,
@@ -57,7 +57,7 @@ def test_every_emitted_signal_is_declared_with_its_unit_source_and_producer(emit
         got, want = (e.unit, e.source, e.producer), (spec.unit, spec.source, spec.producer)
         if got != want:
             wrong.append(f"{e.name}: emitted as (unit, source, producer) {got} on {e.where}, declared {want}")
-    assert not undeclared, f"signals emitted but not declared in diagnose/signal_catalog.py: {undeclared}"
+    assert not undeclared, f"signals emitted but not declared in diagnose/signals/catalog.py: {undeclared}"
     assert not wrong, "\n".join(sorted(set(wrong)))
 
 
@@ -124,7 +124,7 @@ def test_lint_accepts_a_rule_on_declared_names(tmp_path: Path) -> None:
 def test_lint_rejects_an_undeclared_name(tmp_path: Path, kw: dict[str, str], bad: str, where: str) -> None:
     problems = lint([_user_rule(tmp_path, **kw)], [CASES_DIR])
     hits = [p for p in problems if repr(bad) in p]
-    assert hits and all("not declared in diagnose/signal_catalog.py" in p for p in hits), problems
+    assert hits and all("not declared in diagnose/signals/catalog.py" in p for p in hits), problems
     assert any(where in p for p in hits), hits
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from diagnose.bundle import BundleWriter
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus, Window
 from diagnose.normalize import slots as slots_norm
 from diagnose.pipeline import analyze
@@ -88,7 +88,7 @@ def test_samples_of_a_llama_server_become_context_signals(tmp_path: Path) -> Non
 
 
 def _open(path: Path) -> Any:
-    from diagnose.bundle import open_bundle
+    from diagnose.io.bundle import open_bundle
 
     return open_bundle(path)
 

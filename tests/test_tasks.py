@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from diagnose.bundle import open_bundle
 from diagnose.cli import exits
 from diagnose.cli.main import cli
+from diagnose.io.bundle import open_bundle
 from diagnose.model import Window
 from diagnose.normalize import client, tasks
 from diagnose.pipeline import analyze

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from diagnose.bundle import Bundle, BundleWriter, open_bundle
+from diagnose.capture.workload import Phase, Replay, WorkloadSpec, prefix_share
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.workload import Phase, Replay, WorkloadSpec, prefix_share
-from diagnose.workload_file import encode_workload, from_bundle, read_workload
+from diagnose.io.bundle import Bundle, open_bundle
+from diagnose.io.workload_file import encode_workload, from_bundle, read_workload
+from diagnose.io.writer import BundleWriter
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
 
@@ -243,7 +244,7 @@ def test_a_replayed_session_turn_waits_for_the_previous_answer(tmp_path: Path, w
     lone = by[(None, None)]
     assert abs((lone["intended_ns"] - by[("a", 0)]["intended_ns"]) / 1e9 - 0.05) < 1e-6  # not held back
     from diagnose.pipeline import analyze
-    from diagnose.workload_card import workload_card
+    from diagnose.signals.workload_card import workload_card
 
     a = analyze(b.path)
     card = workload_card(a)

@@ -32,20 +32,18 @@ STAGES = ("input/output", "orchestrator", "tables", "signals", "judgement", "vie
 # a call from a later one into an earlier one reaches back; signals are computed from tables (one rank)
 ORDERED = ("tables", "signals", "judgement", "view", "cli")
 RANK = {"tables": 0, "signals": 0, "judgement": 1, "view": 2, "cli": 3}
-# module name prefixes -> stage (both the flat layout and the regrouped one); first match wins
+# module name prefixes -> stage; first match wins
 STAGE_OF: tuple[tuple[str, str | None], ...] = (
     ("diagnose.model", None), ("diagnose.analysis", None), ("diagnose.errors", None), ("diagnose.numbers", None),
-    ("diagnose.redact", None), ("diagnose.capture.redact", None),
+    ("diagnose.capture.redact", None),
     ("diagnose.cli", "cli"),
-    ("diagnose.reports", "view"), ("diagnose.workload_card", "signals"),
-    ("diagnose.rules", "judgement"), ("diagnose.experiments", "judgement"), ("diagnose.engines.experiments", "judgement"),
+    ("diagnose.reports", "view"),
+    ("diagnose.rules", "judgement"), ("diagnose.engines.experiments", "judgement"),
     ("diagnose.pipeline", "orchestrator"),
-    ("diagnose.signal_catalog", "signals"), ("diagnose.signals", "signals"), ("diagnose.normalize.derived", "signals"),
-    ("diagnose.observed", "signals"),
+    ("diagnose.signals", "signals"), ("diagnose.normalize.derived", "signals"),
     ("diagnose.normalize", "tables"), ("diagnose.trace", "tables"), ("diagnose.requests", "tables"),
-    ("diagnose.engines", "tables"), ("diagnose.cost", "tables"), ("diagnose.compare.cost", "tables"),
-    ("diagnose.profiler_window", "tables"), ("diagnose.capture.profiler_window", "tables"),
-    ("diagnose.overhead", "tables"), ("diagnose.capture.overhead", "tables"),
+    ("diagnose.engines.detect", "tables"), ("diagnose.capture.profiler_window", "tables"),
+    ("diagnose.capture.overhead", "tables"),
     ("diagnose.", "input/output"),
 )
 

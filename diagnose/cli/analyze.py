@@ -81,15 +81,15 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
 
 
 def _probe_cost_json(a: Analysis) -> dict[str, Any]:
-    """What the probes cost the server (diagnose/overhead.py; docs/probe-cost.md); nothing when not recorded."""
-    from diagnose.overhead import probe_cost
+    """What the probes cost the server (diagnose/capture/overhead.py; docs/probe-cost.md); nothing when not recorded."""
+    from diagnose.capture.overhead import probe_cost
 
     pc = probe_cost(a.manifest or {})
     return {"probe_cost": pc} if pc is not None else {}
 
 
 def _workload_json(a: Analysis) -> dict[str, Any]:
-    """The bundle's workload card (diagnose/workload_card.py; docs/workload.md); nothing for a trace."""
+    """The bundle's workload card (diagnose/signals/workload_card.py; docs/workload.md); nothing for a trace."""
     card = a.workload_card
     return {"workload_card": card} if card is not None else {}
 
@@ -142,7 +142,7 @@ def analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tuple
     An invalid run (a validity check failed: the load client was the bottleneck, say) is still reported,
     and then exits with status 5, so that a script never takes it for a result.
     """
-    from diagnose.outputs import check_outputs, terminate_interrupts
+    from diagnose.io.outputs import check_outputs, terminate_interrupts
 
     check_outputs((("-o", output), ("--json", json_out)), (source, *rules_dirs, *threshold_files))
     with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
@@ -155,11 +155,11 @@ def _analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tupl
              fail_on: str | None, quiet: bool, scheduler: str | None, workers: int | None, cost: str | None) -> None:
     import orjson
 
-    from diagnose.outputs import write_bytes
+    from diagnose.io.outputs import write_bytes
     from diagnose.reports.render import write_report
 
     overrides = parse_threshold_overrides(threshold_values)
-    from diagnose.cost import parse_price
+    from diagnose.signals.cost import parse_price
     from diagnose.trace.distributed import ScaleOut, scale_out
 
     price = parse_price(cost) if cost is not None else None  # a bad price fails before any work

@@ -18,16 +18,16 @@ from typing import Any
 
 import click
 
-from diagnose.bundle import BundleWriter
-from diagnose.cost import parse_price
+from diagnose.capture.overhead import parse_budget
+from diagnose.capture.realtime import RealtimePriority
+from diagnose.capture.redact import Redactor, safe_url, url_secrets
+from diagnose.capture.workload import WorkloadSpec, parse_duration, parse_slo
 from diagnose.errors import InputError
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
-from diagnose.overhead import parse_budget
 from diagnose.probes import probe_specs
 from diagnose.probes.base import Options, Probe, ProbeOption, ProbeSetup, ProbeSpec, Target
-from diagnose.realtime import RealtimePriority
-from diagnose.redact import Redactor, safe_url, url_secrets
-from diagnose.workload import WorkloadSpec, parse_duration, parse_slo
+from diagnose.signals.cost import parse_price
 
 HELP_COL_MAX = 30  # click's default: the option column of every help section is this wide
 FD_MARGIN = 128  # files besides the load's connections: streams, probes' pipes and sockets, the interpreter's
@@ -244,7 +244,7 @@ def attach(**o: Any) -> None:
         _launched(o)
         return
     if o["find_max_goodput"]:
-        from diagnose.goodput_run import run_search
+        from diagnose.runs.goodput_search import run_search
 
         if not o["url"]:
             raise click.UsageError("Missing option '--url'.")
@@ -286,8 +286,8 @@ def attach(**o: Any) -> None:
 def _launched(o: Options) -> None:
     """``--launch`` (and ``--verify``): the server started, captured and stopped by diagnose, or the whole
     experiment (``diagnose experiment``, which this delegates to)."""
-    from diagnose import experiment_run as er
-    from diagnose.goodput_run import _OWN, level_args
+    from diagnose.runs import experiment as er
+    from diagnose.runs.goodput_search import _OWN, level_args
 
     if not o["launch"]:
         raise click.UsageError("--verify needs --launch COMMAND: diagnose only changes a server it started")
@@ -315,7 +315,7 @@ def _launched(o: Options) -> None:
 
 async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Probe], out: Path, o: Options,
                   slo: dict[str, float], rt: RealtimePriority | None = None) -> int:
-    from diagnose.capture import check_target, run_capture
+    from diagnose.capture.run import check_target, run_capture
 
     redactor = Redactor(target.secrets())
 

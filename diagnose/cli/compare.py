@@ -13,7 +13,8 @@ from diagnose.cli import exits
 from diagnose.errors import DiagnoseError, InputError
 
 if TYPE_CHECKING:  # pandas/numpy: `diagnose --help` must not pay for them
-    from diagnose.compare import Comparison, Verification
+    from diagnose.compare.core import Comparison
+    from diagnose.compare.verify import Verification
 
 
 def _analyze(path: Path) -> Any:
@@ -23,11 +24,11 @@ def _analyze(path: Path) -> Any:
 
 
 def _write(path: Path | None, data: bytes) -> None:
-    """Through the one output writer (diagnose/outputs.py: temp file and rename, or in place onto a device or
+    """Through the one output writer (diagnose/io/outputs.py: temp file and rename, or in place onto a device or
     FIFO; nothing left behind on failure); one-line error."""
     if path is None:
         return
-    from diagnose.outputs import write_bytes
+    from diagnose.io.outputs import write_bytes
 
     write_bytes(path, data, parents=True)
 
@@ -130,8 +131,8 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     A is the baseline, B the new run. With --fail-on-regression it is a CI gate.
     """
     from diagnose import compare as cmp
-    from diagnose import gate as gate_rules
-    from diagnose.outputs import check_outputs, terminate_interrupts
+    from diagnose.compare import gate as gate_rules
+    from diagnose.io.outputs import check_outputs, terminate_interrupts
 
     cmp.check_options(confidence, resamples, resample)
     cmp.check_noise(noise)
@@ -168,7 +169,7 @@ def _compare(cmp: Any, a: Path, b: Path, output: Path | None, json_out: Path | N
     c = cmp.compare(an_a, an_b, confidence=confidence, resamples=resamples, seed=seed,
                     resample=resample, cost_per_hour=prices or recorded, noise=noise)
     if rules:
-        from diagnose.gate import apply_gate
+        from diagnose.compare.gate import apply_gate
 
         apply_gate(c, rules)
     _write(json_out, _json(c.to_json()))
@@ -205,7 +206,7 @@ def verify(before: Path, after: Path, finding: str | None, json_out: Path | None
     """Confirm or refute a finding of BEFORE from AFTER, a run with the finding's experiment applied: did
     the signals its hypothesis names move the predicted way, significantly, without breaking the SLO?"""
     from diagnose import compare as cmp
-    from diagnose.outputs import check_outputs, terminate_interrupts
+    from diagnose.io.outputs import check_outputs, terminate_interrupts
 
     cmp.check_options(confidence, resamples, "blocks")
     check_seed(seed)
@@ -254,7 +255,7 @@ def experiment(launch_cmd: str, url: str, output: Path, finding: str | None, ove
     flag the experiment names changed, capture the same workload again, and verify: confirmed (0),
     refuted (7) or inconclusive (8). diagnose only ever changes the server it started here."""
     from diagnose import compare as cmp
-    from diagnose import experiment_run as er
+    from diagnose.runs import experiment as er
 
     def log(msg: str) -> None:
         click.echo(msg, err=True)

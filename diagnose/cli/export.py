@@ -46,7 +46,7 @@ def export(source: Path, fmt: str, output: Path | None, include_text: bool, quie
     """
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: unknown export format (expected {', '.join(FORMATS)})")
-    from diagnose.outputs import check_outputs, terminate_interrupts
+    from diagnose.io.outputs import check_outputs, terminate_interrupts
 
     out = output if output is not None else default_output(source, fmt)
     check_outputs((("-o", out),), (source,))

@@ -115,7 +115,7 @@ def thresholds() -> None:
               help="Only the signals of this source.")
 def signals(source: str | None) -> None:
     """Every declared signal: name, unit, source, producer and meaning (the names rules may use)."""
-    from diagnose.signal_catalog import CATALOG
+    from diagnose.signals.catalog import CATALOG
 
     n = 0
     for name, spec in sorted(CATALOG.items()):

@@ -26,7 +26,7 @@ def workload(bundle: Path, output: Path, quiet: bool) -> None:
     histograms (token totals exact), one prefix group as large as its prefix-cache hit ratio. Replay it with
     `diagnose attach --workload FILE`.
     """
-    from diagnose.outputs import check_outputs, terminate_interrupts
+    from diagnose.io.outputs import check_outputs, terminate_interrupts
 
     check_outputs((("-o", output),), (bundle,))
     with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
@@ -34,10 +34,10 @@ def workload(bundle: Path, output: Path, quiet: bool) -> None:
 
 
 def _workload(bundle: Path, output: Path, quiet: bool) -> None:
-    from diagnose.bundle import open_bundle
-    from diagnose.outputs import write_bytes
-    from diagnose.workload import prefix_share
-    from diagnose.workload_file import encode_workload, from_bundle
+    from diagnose.capture.workload import prefix_share
+    from diagnose.io.bundle import open_bundle
+    from diagnose.io.outputs import write_bytes
+    from diagnose.io.workload_file import encode_workload, from_bundle
 
     b = open_bundle(bundle)
     reqs, block, note = from_bundle(b)

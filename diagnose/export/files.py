@@ -1,6 +1,6 @@
 """Writing an export: through a temporary file (or folder) beside the target, renamed into place only when
 complete, and removed when anything fails (Ctrl-C and SIGTERM included), so a failed export never leaves a
-half-written file behind. Files go through diagnose/outputs.py, the writer of every output."""
+half-written file behind. Files go through diagnose/io/outputs.py, the writer of every output."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from diagnose import outputs
 from diagnose.errors import DiagnoseError
+from diagnose.io import outputs
 
 # the file a parquet export writes into its folder; a folder that has it may be replaced by a new export
 SCHEMA_FILE = "schema.json"
@@ -37,7 +37,7 @@ class NothingExported(DiagnoseError):
         self.warnings = warnings
 
 
-# one writer for every output (diagnose/outputs.py): temp file and rename for a regular file, in place for
+# one writer for every output (diagnose/io/outputs.py): temp file and rename for a regular file, in place for
 # a device or FIFO, refused for a directory
 write_file = outputs.write_file
 write_bytes = outputs.write_bytes

@@ -23,9 +23,9 @@ import pandas as pd
 
 from diagnose import __version__
 from diagnose.analysis import Analysis
-from diagnose.bundle import Bundle
 from diagnose.errors import require
 from diagnose.export.files import SCHEMA_FILE, NothingExported, output_dir
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
 
 SIGNAL_COLUMNS = ["window", "phase", "name", "value", "unit", "source", "description", "series_points"]

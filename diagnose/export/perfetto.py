@@ -37,11 +37,11 @@ import orjson
 import pandas as pd
 
 from diagnose import __version__
-from diagnose.bundle import Bundle
+from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.export.chrome import TraceBuilder, lanes
 from diagnose.export.files import NothingExported, write_bytes
 from diagnose.export.profiler import add_traces
-from diagnose.profiler_window import overlaps, profiler_windows
+from diagnose.io.bundle import Bundle
 
 CAT_REQUEST = "request"
 CAT_SPAN = "otel_span"

@@ -20,9 +20,9 @@ import orjson
 import pandas as pd
 
 from diagnose import __version__
-from diagnose.bundle import Bundle
 from diagnose.errors import DiagnoseError
 from diagnose.export.files import write_bytes
+from diagnose.io.bundle import Bundle
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from diagnose.bundle import BundleWriter, utc_iso
+from diagnose.capture.workload import parse_duration
 from diagnose.errors import DiagnoseError, InputError
 from diagnose.fleet.capture import DETAIL_MAX, FleetWindow, capture_fleet
 from diagnose.fleet.queries import selector_matchers
+from diagnose.io.writer import BundleWriter, utc_iso
 from diagnose.probes.prometheus_api import PrometheusAPI
-from diagnose.workload import parse_duration
 
 DEFAULT_SINCE_S = 3600.0
 DEFAULT_OBSERVE_S = 30.0

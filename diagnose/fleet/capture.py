@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from diagnose.bundle import BundleWriter, utc_iso
-from diagnose.engines import ENGINE_PREFIXES, engine_from_metric_names
+from diagnose.engines.detect import ENGINE_PREFIXES, engine_from_metric_names
 from diagnose.errors import TargetError
 from diagnose.fleet.queries import REPLICA_LABELS, FleetQueries, replica_key, replica_name
+from diagnose.io.writer import BundleWriter, utc_iso
 from diagnose.model import ProbeStatus
 from diagnose.probes.prometheus_api import VALUE_ABS_MAX, PrometheusAPI
 

@@ -1,4 +1,4 @@
-"""PromQL for a fleet, built from the engine maps (diagnose/engines.py) so every engine the single-server
+"""PromQL for a fleet, built from the engine maps (diagnose/engines/detect.py) so every engine the single-server
 path knows is read the same way across replicas.
 
 Aggregation happens on the server: each query sums (or maxes) by the replica labels (:data:`REPLICA_LABELS`),
@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from diagnose.engines import MetricRef, metric_map
+from diagnose.engines.detect import MetricRef, metric_map
 from diagnose.errors import InputError
 
 #: the labels that tell replicas apart (those a series lacks are simply empty), most general first

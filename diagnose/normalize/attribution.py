@@ -27,7 +27,7 @@ from diagnose.model import Signal, Window
 from diagnose.normalize.otel import tail_pct
 from diagnose.normalize.prometheus import client_ttft_s, counter_increase, hist_tail_mean
 from diagnose.requests import select
-from diagnose.signal_catalog import CATALOG, SIGNALS
+from diagnose.signals.catalog import CATALOG, SIGNALS
 
 STALL_FACTOR = 2.0  # a token gap longer than this many ITL P50s is a stall (its part above that line)
 TAIL_MIN_REQUESTS = 5  # the slow requests' split needs at least this many of them

@@ -11,7 +11,7 @@ Every metric is defined once, here, and in docs/metrics.md (same names):
   error rate  failed / (ok + failed) (``incomplete`` = stopped by the capture, in neither)
   goodput     requests meeting every SLO term / span, and / all measured requests (failed ones never meet it)
 Percentiles: numpy linear interpolation (P50/P90/P95/P99), max. Warm-up requests are never in statistics,
-nor are requests overlapping the engine profiler's window (diagnose/profiler_window.py: the profiler slows
+nor are requests overlapping the engine profiler's window (diagnose/capture/profiler_window.py: the profiler slows
 the engine); with such a window the span is summed over the stretches of kept requests on either side of it.
 """
 
@@ -25,12 +25,12 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.capture.profiler_window import overlaps, profiler_windows
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
 from diagnose.normalize import client_stalls
-from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.requests import PCTS, finite, in_flight_mean, percentiles, select, span_s
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 COLD_REQUESTS = 3  # ttft_cold_ratio: median TTFT of the first N requests vs the rest of their phase
 # burst_tail_share_ratio: a request is sent in a burst when the client already has more than this many times

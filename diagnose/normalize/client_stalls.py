@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.bundle import Bundle
+from diagnose.io.bundle import Bundle
 
 TICK_S = 0.1  # one health sample covers this much time before its stamp (the health stream's period)
 # the judgement numbers live in rules/thresholds.yaml (overridable with --threshold); the pipeline hands the

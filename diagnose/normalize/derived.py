@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from diagnose.model import Phase, Signal
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 SLO_METRICS = ("ttft", "itl", "tpot", "e2e")
 PCTS = ("p50", "p90", "p95", "p99", "max")

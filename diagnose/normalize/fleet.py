@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle, MemoryBundle
+from diagnose.io.bundle import Bundle, MemoryBundle
 from diagnose.model import Signal, Source
 from diagnose.normalize import prometheus
 

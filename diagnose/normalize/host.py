@@ -43,7 +43,7 @@ from typing import Any
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Source
 from diagnose.normalize.host_stacks import CATEGORIES, CATEGORY_TEXT, categorize
 

@@ -11,7 +11,7 @@ Per joined request (client TTFT/E2E from the load probe's requests, ms):
   E2E:  client+network = client E2E - server E2E    frontend = server E2E - queue - prefill - decode
 Shares of TTFT are ratios of sums over the window's joined, successful, non-warm-up requests (so
 they add up to 1). Requests overlapping the engine profiler's window (column ``profiled``,
-diagnose/profiler_window.py) are left out of the signals and sections, like the client statistics.
+diagnose/capture/profiler_window.py) are left out of the signals and sections, like the client statistics.
 Without client timings (observe mode, a span file) the shares are of server TTFT and there is no
 client+network share.
 """
@@ -29,12 +29,12 @@ import orjson
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.errors import InputError
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
-from diagnose.profiler_window import overlaps, profiler_windows
 from diagnose.requests import window_mask
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 LAT = "gen_ai.latency."
 REQUEST_SPAN_NAMES = ("llm_request",)
@@ -93,7 +93,7 @@ def _request_spans(spans: pd.DataFrame) -> pd.DataFrame:
 
 def build_tables(spans: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]], *, anchor_unix_ns: int,
                  anchor_mono_ns: int, windows: Sequence[tuple[float, float]] = ()) -> dict[str, pd.DataFrame]:
-    """``windows``: the profiler's excluded spans in CLOCK_MONOTONIC ns (diagnose/profiler_window.py)."""
+    """``windows``: the profiler's excluded spans in CLOCK_MONOTONIC ns (diagnose/capture/profiler_window.py)."""
     rel = [((a - anchor_mono_ns) / 1e9, (b - anchor_mono_ns) / 1e9) for a, b in windows]
     st = spans_table(spans, anchor_unix_ns)
     server = _request_spans(st).set_index("trace_id", drop=False)
@@ -144,7 +144,7 @@ def _fill_server(row: dict[str, Any], sp: pd.Series) -> None:
 def read_spans_file(path: str | Path) -> list[dict[str, Any]]:
     """Normalised spans from an OTLP JSON file: one export object, a list of them, JSON lines of them (the
     OpenTelemetry Collector file exporter), or diagnose's own spans.jsonl; optionally gzipped."""
-    from diagnose.otlp import OtlpDecodeError, decode_request, parse_json_obj
+    from diagnose.io.otlp import OtlpDecodeError, decode_request, parse_json_obj
 
     p = Path(path)
     try:

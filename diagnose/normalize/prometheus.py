@@ -1,6 +1,6 @@
 """Server metrics: Prometheus scrapes (streams ``metrics`` + ``metric_families``) -> tables and signals.
 
-Engine-specific names are mapped to engine-neutral signals with ``diagnose.engines.METRIC_MAPS``
+Engine-specific names are mapped to engine-neutral signals with ``diagnose.engines.detect.METRIC_MAPS``
 (docs/engine-signals.md). Tables:
 
 * ``metrics``: long table, one row per scrape x neutral signal x data-parallel engine index:
@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle, lines_text
-from diagnose.engines import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
+from diagnose.engines.detect import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
+from diagnose.io.bundle import Bundle, lines_text
 from diagnose.model import Signal, Source
 from diagnose.normalize.prom_hist import (
     QuantileEstimate,

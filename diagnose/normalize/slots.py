@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Source
 from diagnose.normalize import sampled_in
 

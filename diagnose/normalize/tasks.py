@@ -18,7 +18,7 @@ import pandas as pd
 from diagnose.model import Signal, Source, Window
 from diagnose.normalize.client import good_mask
 from diagnose.requests import span_s, window_mask
-from diagnose.signal_catalog import SIGNALS
+from diagnose.signals.catalog import SIGNALS
 
 SOURCE: Source = "client"
 PCTS = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("max", 100.0))

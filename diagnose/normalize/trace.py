@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from diagnose.analysis import Window
-from diagnose.bundle import Bundle
 from diagnose.errors import DiagnoseError
+from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
 from diagnose.trace.analyze import analyze_files
 from diagnose.trace.signals import trace_signals

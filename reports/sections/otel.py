@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.capture.profiler_window import excluded_note
 from diagnose.normalize.otel import joined
-from diagnose.profiler_window import excluded_note
 
 from .model import (
     BarSeries,

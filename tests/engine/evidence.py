@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 
 KEY_SIGNALS = (
     "requests_measured", "client_in_flight_mean", "queue_depth_mean", "queue_depth_max", "running_requests_mean",

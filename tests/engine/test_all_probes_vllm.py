@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from diagnose.normalize import otel
 from diagnose.normalize import prometheus as prom
 from harness.engine import free_port

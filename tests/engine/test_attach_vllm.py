@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from tests.engine.evidence import run_evidence
 
 pytestmark = pytest.mark.engine

@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from diagnose.bundle import open_bundle
 from diagnose.cli import exits
+from diagnose.io.bundle import open_bundle
 from harness.engine import VllmServer
 
 pytestmark = pytest.mark.engine

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from diagnose.pipeline import analyze
 from harness.engine import VllmServer, ensure_engine
 from harness.prometheus import PrometheusServer, prometheus_binary

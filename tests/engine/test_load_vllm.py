@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.capture.realtime import RealtimePriority
+from diagnose.capture.workload import WorkloadSpec, build_phases
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import client as norm
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.load import LoadProbe
-from diagnose.realtime import RealtimePriority
-from diagnose.workload import WorkloadSpec, build_phases
 
 pytestmark = pytest.mark.engine
 

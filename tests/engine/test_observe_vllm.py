@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.workload_file import encode_workload
 from diagnose.model import Window
 from diagnose.normalize import prometheus
-from diagnose.observed import observed_requests, observed_workload
-from diagnose.workload_file import encode_workload
+from diagnose.signals.observed import observed_requests, observed_workload
 from harness.engine import free_port
 from tests.engine.test_attach_vllm import DIAG, _analyze
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from diagnose.normalize import otel
 from diagnose.reports.sections.otel import sections as otel_sections
 from harness.engine import free_port

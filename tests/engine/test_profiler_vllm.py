@@ -14,7 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.profiler import ProfilerProbe
 from harness.engine import free_port

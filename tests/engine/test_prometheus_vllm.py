@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
-from diagnose.engines import detect_engine
+from diagnose.engines.detect import detect_engine
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.normalize import prometheus as prom
 from diagnose.probes.base import CaptureContext, Target

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from diagnose.analysis import Window
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from diagnose.normalize import host
 from harness.engine import VllmServer
 

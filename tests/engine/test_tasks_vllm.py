@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnose.bundle import open_bundle
+from diagnose.io.bundle import open_bundle
 from tests.engine.test_attach_vllm import _analyze, _attach
 
 pytestmark = pytest.mark.engine

@@ -199,7 +199,7 @@ def gpm(dram: float, sm: float, occ: float, tensor: float) -> dict[int, float]:
 def recorded(bundle_dir: str | Path) -> FakeNvml:
     """Replay a REAL recording: the NVML samples a capture bundle holds (``gpu_samples``, e.g. the H200
     captures in sample_traces/h200_*), turned back into NVML's own units, one frame per recorded sample."""
-    from diagnose.bundle import open_bundle
+    from diagnose.io.bundle import open_bundle
     from diagnose.probes.nvml import GPM_METRICS
 
     recs = open_bundle(Path(bundle_dir)).records("gpu_samples")

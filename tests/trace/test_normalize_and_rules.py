@@ -6,7 +6,8 @@ import shutil
 from pathlib import Path
 
 from diagnose.analysis import Window
-from diagnose.bundle import BundleWriter, open_bundle
+from diagnose.io.bundle import open_bundle
+from diagnose.io.writer import BundleWriter
 from diagnose.normalize import trace as trace_norm
 from diagnose.reports.formatting import fmt_text
 from diagnose.reports.sections import build_sections

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from diagnose.compare import METRIC_BY_NAME, Comparison, LevelSample, MetricDef, MetricDiff
+from diagnose.compare.core import Comparison, MetricDiff
+from diagnose.compare.samples import METRIC_BY_NAME, LevelSample, MetricDef
 from diagnose.errors import InputError
 
 Gate = list[tuple[MetricDef, float]]

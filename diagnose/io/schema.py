@@ -5,7 +5,7 @@ states the type and range of every field the analysis reads; fields nobody reads
 checked by converting the decoded dict to its Struct (:func:`check`); the reader keeps the dict, so the
 normalisers read records exactly as before, but only records that passed. A record that does not match (a
 string where a number belongs, a timestamp outside int64, a negative latency) is skipped, and the reader
-counts it with its file and line (diagnose/bundle.py ``Bundle.iter_records``).
+counts it with its file and line (diagnose/io/bundle.py ``Bundle.iter_records``).
 
 Ranges: timestamps (``*_ns``) are integers within +-2**62 ns (so differences never overflow int64); other
 numbers are finite and within +-1e18 (so sums and unit conversions stay finite); counts are non-negative.
@@ -284,7 +284,7 @@ class Slots(_Rec):
     slots: list[Slot] = []
 
 
-# -- OTLP spans (normalised, diagnose/otlp.py) ----------------------------------------------------------------
+# -- OTLP spans (normalised, diagnose/io/otlp.py) ----------------------------------------------------------------
 class Span(_Rec):
     trace_id: str | None = None
     span_id: str | None = None

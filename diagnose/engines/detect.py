@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from diagnose.redact import join_url
+from diagnose.capture.redact import join_url
 
 if TYPE_CHECKING:  # aiohttp is imported where it is used: the parse worker imports this module too
     import aiohttp
@@ -112,7 +112,7 @@ METRIC_MAPS: dict[str, tuple[MetricRef, ...]] = {
         _h("e2e_seconds", "vllm:e2e_request_latency_seconds", "s"),
         _h("batch_tokens_per_step", "vllm:iteration_tokens_total", "tokens",
            note="prompt + generation tokens per engine step"),
-        # the lengths of finished requests: an observed workload's length distributions (diagnose/observed.py)
+        # the lengths of finished requests: an observed workload's length distributions (diagnose/signals/observed.py)
         _h("request_prompt_tokens", "vllm:request_prompt_tokens", "tokens", note="prompt tokens per finished request"),
         _h("request_output_tokens", "vllm:request_generation_tokens", "tokens",
            note="generated tokens per finished request"),

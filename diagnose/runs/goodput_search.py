@@ -1,6 +1,6 @@
 """``attach --find-max-goodput``: one ``diagnose attach`` capture per load level the search asks for (each its
 own bundle under ``<out>/levels/``, analysed by the normal pipeline), then ``search.json`` and ``report.html``
-in ``<out>`` (diagnose/goodput.py has the search, docs/compare.md the method)."""
+in ``<out>`` (diagnose/runs/goodput.py has the search, docs/compare.md the method)."""
 
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ def _label(kind: str, level: float) -> str:
 
 def run_search(o: Mapping[str, Any], ctx: click.Context, slo: dict[str, float],
                log: Callable[[str], None]) -> int:
-    from diagnose.goodput import level_point, search, slo_metrics, summary_lines
+    from diagnose.capture.workload import parse_levels
     from diagnose.pipeline import analyze
-    from diagnose.workload import parse_levels
+    from diagnose.runs.goodput import level_point, search, slo_metrics, summary_lines
 
     slo_metrics(slo)  # a one-line error before anything runs
     for opt in ("observe", "workload", "prometheus"):

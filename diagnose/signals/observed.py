@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
+from diagnose.capture.workload import ReplayRequest
 from diagnose.normalize.prom_hist import monotone
 from diagnose.normalize.prometheus import (
     counter_increase,
@@ -47,7 +48,6 @@ from diagnose.normalize.prometheus import (
     hist_window,
 )
 from diagnose.requests import percentiles
-from diagnose.workload import ReplayRequest
 
 LENGTHS = {"input_tokens": "request_prompt_tokens", "output_tokens": "request_output_tokens"}
 PCTS = (50, 90, 99)

@@ -75,7 +75,7 @@ def variable_problems(v: Any, where: str) -> list[str]:
     if not isinstance(name, str) or not name:
         probs.append(f"{where}: variable needs a name")
     elif kind == "engine_flag" and name not in ENGINE_FLAGS:
-        probs.append(f"{where}: engine flag {name!r} is not in diagnose/experiments.py ENGINE_FLAGS")
+        probs.append(f"{where}: engine flag {name!r} is not in diagnose/engines/experiments.py ENGINE_FLAGS")
     for k in v:
         if k not in ("kind", "name", "value"):
             probs.append(f"{where}: unknown variable key {k!r}")

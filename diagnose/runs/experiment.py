@@ -27,8 +27,8 @@ from typing import IO
 
 import psutil
 
+from diagnose.engines.experiments import ENGINE_FLAGS, flag_for
 from diagnose.errors import DiagnoseError, InputError, TargetError
-from diagnose.experiments import ENGINE_FLAGS, flag_for
 
 
 class LaunchError(TargetError):
@@ -251,7 +251,7 @@ def plan(before_dir: Path, argv: Sequence[str], finding: str | None = None,
     """What to change for the experiment of BEFORE's top finding (or ``finding``); ``override`` = (flag,
     value) sets that flag instead (to test a variable that is not the finding's). Returns (plan, '') or
     (None, why it cannot be run automatically)."""
-    from diagnose.compare import chosen_cause
+    from diagnose.compare.verify import chosen_cause
     from diagnose.pipeline import analyze
 
     a = analyze(before_dir)

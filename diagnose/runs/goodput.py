@@ -24,6 +24,7 @@ import numpy as np
 
 from diagnose import compare as cmp
 from diagnose.analysis import Analysis
+from diagnose.compare.samples import _PCT, _too_few
 from diagnose.errors import InputError
 
 SATURATION_SHARE = 0.95  # a level within 5% of the best output tok/s is saturated
@@ -40,7 +41,7 @@ def slo_metrics(slo: Mapping[str, float]) -> dict[str, tuple[cmp.MetricDef, floa
     for key, limit in slo.items():
         name = key.removesuffix("_ms")
         base, _, pct = name.rpartition("_")
-        if base not in ("ttft", "itl", "tpot", "e2e") or pct not in cmp._PCT:
+        if base not in ("ttft", "itl", "tpot", "e2e") or pct not in _PCT:
             raise InputError(f"--slo {key}: --find-max-goodput judges ttft, itl, tpot or e2e at p50, p90, p95 "
                              "or p99")
         out[name] = (cmp.MetricDef(name, "ms", "lower", "requests", key), float(limit))
@@ -93,7 +94,7 @@ def _finite(v: Any) -> Any:
 
 def _interval(s: cmp.LevelSample, m: cmp.MetricDef, resamples: int, rng: np.random.Generator,
               confidence: float) -> tuple[float, float]:
-    if cmp._too_few(s, m):
+    if _too_few(s, m):
         return math.nan, math.nan
     boot = cmp.bootstrap(s, m, resamples, rng)
     boot = boot[np.isfinite(boot)]

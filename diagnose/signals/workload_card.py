@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from diagnose.cost import COST_BASE, per_unit, recorded_price
-from diagnose.observed import observed_workload
 from diagnose.requests import select
+from diagnose.signals.cost import COST_BASE, per_unit, recorded_price
+from diagnose.signals.observed import observed_workload
 
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis
@@ -150,7 +150,7 @@ def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | N
         if known.any() and prompt[known].sum() > 0:
             card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
     price = price if price is not None else recorded_price(a.manifest)
-    if price is not None:  # what the run cost (diagnose/cost.py): one definition, compare's too
+    if price is not None:  # what the run cost (diagnose/signals/cost.py): one definition, compare's too
         slo = (a.manifest.get("options") or {}).get("slo") or {}
         per = {name: per_unit(price, s(base) or 0.0, scale) for name, (base, scale) in COST_BASE.items()}
         card["cost"] = {"price_per_hour": price, "per_mtok": _num(per["cost_per_mtok"]),
@@ -171,7 +171,7 @@ def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | N
 
 
 def _observed(card: dict[str, Any], seen: dict[str, Any], running: float | None, waiting: float | None) -> None:
-    """Fill an observe-mode card from the server's telemetry (diagnose/observed.py): rate, lengths with the
+    """Fill an observe-mode card from the server's telemetry (diagnose/signals/observed.py): rate, lengths with the
     buckets that bound their percentiles, prefix-cache hit ratio as the prefix share's lower bound."""
     card["requests"] = int(round(seen["requests"]))
     card["rate_rps"] = seen["rate_rps"]

@@ -64,7 +64,7 @@ class Replay:
     file: str  # as given (the manifest records it)
     format: str  # diagnose | mooncake | azure
     block_tokens: int
-    requests: Sequence[ReplayRequest]  # sorted by offset (a tuple, or diagnose.workload_store's compact store)
+    requests: Sequence[ReplayRequest]  # sorted by offset (a tuple, or diagnose.io.workload_store's compact store)
     speed: float = 1.0
     loop: int = 1
     skipped: int = 0  # records of the file that could not be read

@@ -16,12 +16,12 @@ from typing import Any
 
 import aiohttp
 
-from diagnose.bundle import BundleWriter
-from diagnose.engines import EngineInfo, detect_engine
+from diagnose.capture.redact import Redactor, excerpt
+from diagnose.engines.detect import EngineInfo, detect_engine
 from diagnose.errors import TargetError
+from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Probe, Target
-from diagnose.redact import Redactor, excerpt
 
 STOP_GRACE_S = 45.0  # how long probes get to finish after the stop signal (profiler stop can be slow)
 

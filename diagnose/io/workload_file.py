@@ -25,12 +25,12 @@ import msgspec
 import orjson
 from msgspec import Meta
 
+from diagnose.capture.workload import Replay, ReplayRequest
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.workload import Replay, ReplayRequest
-from diagnose.workload_store import MAX_GAP_S, MAX_REPLAY_SPAN_S, RequestStore, check_span, human_s
+from diagnose.io.workload_store import MAX_GAP_S, MAX_REPLAY_SPAN_S, RequestStore, check_span, human_s
 
 if TYPE_CHECKING:
-    from diagnose.bundle import Bundle
+    from diagnose.io.bundle import Bundle
 
 FORMAT_VERSION = 1
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default KV-cache block: prefix caching hits whole blocks of this many tokens
@@ -77,7 +77,7 @@ def _open(path: Path) -> IO[bytes]:
 def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1, bounded: bool = False) -> Replay:
     """The workload in ``path`` (format detected), offsets made relative to its first request and sorted.
 
-    Read line by line; only the fields a replay needs are kept, compactly (diagnose/workload_store.py). A
+    Read line by line; only the fields a replay needs are kept, compactly (diagnose/io/workload_store.py). A
     replay longer than ``MAX_REPLAY_SPAN_S`` or with a gap over ``MAX_GAP_S`` (--speed and --loop applied)
     is refused with the file and line of the record that makes it so; ``bounded`` (--duration or --num-requests
     ends the replay anyway): only the gap is checked."""
@@ -331,7 +331,7 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     that succeeded, else what was asked. Prefix groups: a replayed bundle's recorded block hashes; a synthetic
     run's shared prefix (the same for every request) as whole blocks of ``DEFAULT_BLOCK_TOKENS``. An
     observe-mode bundle has no request records: its workload comes from the server's telemetry
-    (diagnose/observed.py)."""
+    (diagnose/signals/observed.py)."""
     recs = bundle.records("requests") if bundle.has_stream("requests") else []
     if not recs:
         if (bundle.manifest.get("workload") or {}).get("mode") == "observe":
@@ -408,11 +408,11 @@ def _warn_span(bundle: Bundle, reqs: Sequence[ReplayRequest]) -> None:
 
 def _from_observed(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     """The workload of an observe-mode bundle, from the server's counters and length histograms over the
-    capture, or its request spans where they cover the traffic (diagnose/observed.py), in blocks of the
+    capture, or its request spans where they cover the traffic (diagnose/signals/observed.py), in blocks of the
     server's KV block size where it stated one."""
     from diagnose.analysis import Window
     from diagnose.normalize import otel, prometheus
-    from diagnose.observed import observed_requests
+    from diagnose.signals.observed import observed_requests
 
     tables = prometheus.tables(bundle) if bundle.has_stream("metrics") else {}
     if tables and bundle.has_stream("spans"):  # the engine's request spans (attach --observe --otlp)

@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from diagnose.workload import ReplayRequest
+from diagnose.capture.workload import ReplayRequest
 
 # A replay lasts at most this long, --speed and --loop applied (one outlier offset such as 1e9 s, a Mooncake
 # timestamp of 1e12 ms or an Azure date in another century would otherwise plan a replay of years, silently),

@@ -1,0 +1,1 @@
+"""Multi-capture orchestrations: the SLO-edge search (goodput, goodput_search) and experiment."""
