@@ -69,3 +69,16 @@ def test_server_ttft_p50_has_one_value_on_the_page() -> None:
     assert "rank ceil(q·n)" in xc["columns"][1]  # the client column's own definition, labelled
     hist = next(s for g in view["section_groups"] for s in g["sections"] if s["id"] == "server_histograms")
     assert "whole capture" in hist["title"]  # a different window, and it says so
+
+
+def test_the_headline_never_calls_high_a_latency_the_symptom_calls_normal() -> None:
+    """Issue 32: the host-bound sample's headline cited 'TTFT P99 86 ms' as high latency and the symptom line
+    under it called the same 86 ms normal. On every sample, a latency the symptom calls normal is not quoted in
+    the headline."""
+    import re
+
+    for sample in sorted(p.parent for p in SAMPLES.glob("*/expected_findings.json")):
+        v = analyze(sample).verdict
+        assert v is not None
+        for metric, value in re.findall(r"normal (TTFT|ITL) \(P99 ([\d.]+) ms\)", v.symptom):
+            assert f"{metric} P99 {value}" not in v.headline, (sample.name, v.headline, v.symptom)
