@@ -82,3 +82,17 @@ def test_the_headline_never_calls_high_a_latency_the_symptom_calls_normal() -> N
         assert v is not None
         for metric, value in re.findall(r"normal (TTFT|ITL) \(P99 ([\d.]+) ms\)", v.symptom):
             assert f"{metric} P99 {value}" not in v.headline, (sample.name, v.headline, v.symptom)
+
+
+def test_no_experiment_asks_for_host_stacks_the_bundle_already_has() -> None:
+    """Issue 32: the host-bound sample, captured with py-spy, was told to 'profile with py-spy (--pyspy)'. On every
+    sample with py-spy stacks, the verdict's experiment and no cause's experiment is a --pyspy capture."""
+    for sample in sorted(p.parent for p in SAMPLES.glob("*/expected_findings.json")):
+        a = analyze(sample)
+        if not any(p.name == "pyspy" and p.state == "ok" for p in a.probe_statuses):
+            continue
+        assert a.verdict is not None and "--pyspy" not in a.verdict.experiment, (sample.name, a.verdict.experiment)
+        for f in a.findings:
+            for c in f.causes:
+                if c.experiment is not None:
+                    assert "--pyspy" not in c.experiment.variable, (sample.name, f.rule_id, c.experiment.variable)
