@@ -3,7 +3,7 @@
 For each scenario of scenarios/scenarios.yaml: start the engine with the scenario's flags (scenarios with
 the same engine flags share one start unless --fresh-engine), inject the bottleneck (workload flags, or
 busy processes pinned with taskset), run ``diagnose attach`` with its workload as a subprocess, then
-``diagnose analyze BUNDLE -o report.html --json findings.json``, and compare the top finding with the
+``diagnose analyze BUNDLE -o BUNDLE.report.html --json BUNDLE.findings.json``, and compare the top finding with the
 expected one. Prints a confusion table (expected vs top-1) and top-1 / top-3 accuracy, and writes them to
 scenarios/runs/<UTC timestamp>.md (not committed) and one line in scenarios/results/runs.md.
 
@@ -224,6 +224,12 @@ def engine_description(scn: Scenario) -> str:
             f"{SERVED_MODEL_NAME} --host 127.0.0.1 --max-model-len 2048 --dtype bfloat16 {' '.join(scn.engine_args)}").strip()
 
 
+def analysis_outputs(bundle: Path) -> tuple[Path, Path]:
+    """Where the suite writes a bundle's report and findings: beside it, never inside it (an output never
+    lands inside an input; diagnose refuses that with exit 2)."""
+    return bundle.with_name(bundle.name + ".report.html"), bundle.with_name(bundle.name + ".findings.json")
+
+
 def run_scenario(scn: Scenario, server: ServerProcess, work: Path, repeat: int, nice: int = 0,
                  client_rt: bool = True) -> ScenarioResult:
     res = ScenarioResult(scn.name, scn.expect_top, scn.expect_top3, repeat=repeat, loadavg=os.getloadavg()[0])
@@ -276,12 +282,13 @@ def run_scenario(scn: Scenario, server: ServerProcess, work: Path, repeat: int, 
         if rc != 0 and not (bundle / "manifest.json").exists():
             res.error = f"attach exited {rc}: {tail}"
             return res
-        rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(bundle / "report.html"),
-                         "--json", str(bundle / "findings.json")], log_path, 180)
-        if rc not in (0, 5) or not (bundle / "findings.json").exists():  # 5: invalid run, findings written
+        report, findings = analysis_outputs(bundle)
+        rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(report), "--json", str(findings)],
+                        log_path, 180)
+        if rc not in (0, 5) or not findings.exists():  # 5: invalid run, findings written
             res.error = f"analyze exited {rc}: {tail}"
             return res
-        res.findings = findings_from_json(bundle / "findings.json")
+        res.findings = findings_from_json(findings)
     finally:
         res.seconds = time.monotonic() - t0
     return res
@@ -355,12 +362,13 @@ def rescore(scenarios: list[Scenario], work: Path) -> list[ScenarioResult]:
             continue
         scn = by_name[name]
         r = ScenarioResult(name, scn.expect_top, scn.expect_top3, repeat=int(rep))
-        rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(bundle / "report.html"),
-                         "--json", str(bundle / "findings.json")], work / f"{bundle.name}.log", 180)
-        if rc not in (0, 5) or not (bundle / "findings.json").exists():  # 5: invalid run, findings written
+        report, findings = analysis_outputs(bundle)
+        rc, tail = _run([*DIAGNOSE, "analyze", str(bundle), "-o", str(report), "--json", str(findings)],
+                        work / f"{bundle.name}.log", 180)
+        if rc not in (0, 5) or not findings.exists():  # 5: invalid run, findings written
             r.error = f"analyze exited {rc}: {tail}"
         else:
-            r.findings = findings_from_json(bundle / "findings.json")
+            r.findings = findings_from_json(findings)
         results.append(r)
     return sorted(results, key=lambda r: (r.repeat, r.name))
 

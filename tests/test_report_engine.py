@@ -41,7 +41,11 @@ def test_report_of_a_real_sweep(vllm_server: object, tmp_path: Path) -> None:
     assert ttft["p50"] is not None and 0 < ttft["p50"] <= ttft["p99"] <= ttft["max"]
     assert {t["signal"] for t in run["throughput"]} >= {"output_tps", "request_rps", "goodput_rps"}
     assert [r["label"] for r in view["percentiles"]["sweep"]["rows"]] == ["c=1", "c=4"]
-    assert view["charts"]["ttft"]["kind"] == "histogram" and view["charts"]["itl"]["kind"] == "histogram"
+    # A sweep is never pooled: no whole-run histogram, one CDF per load level instead (issue 32).
+    assert view["charts"]["ttft"] is None and view["charts"]["itl"] is None
+    for key in ("ttft_by_phase", "itl_by_phase"):
+        levels = [s["name"].split(" (")[0] for s in view["charts"][key]["series"]]
+        assert levels == ["c=1", "c=4"], levels
     names = [s["name"] for s in view["charts"]["timeline"]["series"]]
     assert "requests in flight (client)" in names and "server queue depth" in names  # from real /metrics
     inflight = next(s for s in view["charts"]["timeline"]["series"] if s["name"].startswith("requests in flight"))

@@ -16,7 +16,7 @@ import pytest
 
 from harness.llama_server import ensure_llama
 from scenarios.spec import load_scenarios
-from scenarios.suite import make_server, run_scenario
+from scenarios.suite import analysis_outputs, make_server, run_scenario
 
 SCENARIOS = {s.name: s for s in load_scenarios(Path(__file__).resolve().parents[2] / "scenarios" / "llamacpp.yaml")}
 
@@ -42,17 +42,18 @@ def test_llama_scenario_is_diagnosed_with_the_engines_own_flag(llama_built: None
     server = make_server(scn, 0, 18690 + sorted(CASES).index(name), tmp_path / "engine.log", 60.0)
     with server:
         res = run_scenario(scn, server, tmp_path, 1, nice=0, client_rt=False)
+    report, findings_path = analysis_outputs(tmp_path / f"{name}-r1")
     evidence = ""
-    if (tmp_path / f"{name}-r1" / "findings.json").exists():
+    if findings_path.exists():
         evidence = json.dumps({k: v["value"] for k, v in json.loads(
-            (tmp_path / f"{name}-r1" / "findings.json").read_text())["signals"].items()}, indent=0)[:3000]
+            findings_path.read_text())["signals"].items()}, indent=0)[:3000]
     assert res.error is None, res.error
     assert res.top1 == top, f"top {res.top3}, expected {top}; signals: {evidence}"
-    findings = json.loads((tmp_path / f"{name}-r1" / "findings.json").read_text())
+    findings = json.loads(findings_path.read_text())
     experiment = findings["diagnosis"]["experiment"]
     assert flag_text in experiment, findings["diagnosis"]
     assert "--max-num-seqs" not in experiment  # never vLLM's spelling on llama.cpp
-    html = (tmp_path / f"{name}-r1" / "report.html").read_text()
+    html = report.read_text()
     assert "llamacpp" in html and "b0-0c1e57098" in html  # the engine and its build
     assert "Engine settings read from the server: --ctx-size " in html and "--parallel " in html and "--threads " in html
     manifest = json.loads((tmp_path / f"{name}-r1" / "manifest.json").read_text())
