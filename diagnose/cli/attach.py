@@ -299,7 +299,7 @@ def _launched(o: Options) -> None:
     ctx = click.get_current_context()
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
     if o["verify"]:
-        from diagnose.cli.compare import experiment
+        from diagnose.cli.experiment import experiment
 
         args = level_args(ctx, _OWN - {"concurrency", "rate", "baseline", "workload", "speed", "loop"} | {"url"})
         ctx.invoke(experiment, launch_cmd=o["launch"], url=o["url"], output=out, finding=None, override=None,

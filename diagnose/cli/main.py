@@ -24,11 +24,11 @@ COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
     "analyze": "diagnose.cli.analyze:analyze",
     "compare": "diagnose.cli.compare:compare",
-    "experiment": "diagnose.cli.compare:experiment",
+    "experiment": "diagnose.cli.experiment:experiment",
     "export": "diagnose.cli.export:export",
     "rules": "diagnose.cli.rules:rules",
     "run": "diagnose.cli.run:run",
-    "verify": "diagnose.cli.compare:verify",
+    "verify": "diagnose.cli.verify:verify",
     "workload": "diagnose.cli.workload:workload",
 }
 
