@@ -9,6 +9,7 @@ probe statuses, environment.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import pandas as pd
 
 from diagnose.analysis import Analysis
 from diagnose.capture.profiler_window import excluded_note
-from diagnose.model import SEVERITY_WEIGHT, Finding, Phase, Signal, Window, level_phases
+from diagnose.model import SEVERITY_WEIGHT, Cause, Finding, Phase, Signal, Window, level_phases
 from diagnose.requests import select
 from diagnose.signals.catalog import SIGNALS
 
@@ -55,9 +56,12 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                                  s["order"], s["id"]))
     cost = _probe_cost(manifest)
     sweep = _sweep_levels(a) > 1
+    kind = page_kind(a)
+    requests_page = kind == "serving"  # a kernel trace or a fleet read holds no request: no request section
     # the judgement stage hands the findings ranked (rules.engine.evaluate): the view keeps their order
     judged = [f for f in a.findings if a.run_valid or f.family == "validity"]
     not_judged = [f for f in a.findings if not (a.run_valid or f.family == "validity")]
+    verdict = _verdict(a, kind)
     return {
         "schema": VIEW_SCHEMA,
         "title": _title(manifest, str(a.source)),
@@ -67,14 +71,15 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
         "banners": _banners(a, cost),
         "run_label": _run_label(a),
-        "verdict": _verdict(a),
-        "findings": [_finding(f, _run_label(a)) for f in judged],
+        "page": {"kind": kind, "omitted": [] if requests_page else list(REQUEST_SECTIONS)},
+        "verdict": verdict,
+        "findings": _cards(judged, _run_label(a), verdict.get("top_rule")),
         "not_judged": [{"rule_id": f.rule_id, "title": f.title, "severity": f.severity} for f in not_judged],
         "not_evaluated": [{"rule_id": n.rule_id, "name": n.name, "missing": list(n.missing)}
                           for n in sorted(a.not_evaluated, key=lambda n: n.rule_id)],
-        "percentiles": _percentiles(a),
+        "percentiles": _percentiles(a) if requests_page else None,
         "errors": _errors(a.tables.get("requests")),
-        "charts": {
+        "charts": {} if not requests_page else {
             # a sweep: one distribution per level, never the levels pooled into one histogram
             "ttft": None if sweep else _guard("TTFT distribution", lambda: _distribution(a, "ttft")),
             "itl": None if sweep else _guard("ITL distribution", lambda: _distribution(a, "itl")),
@@ -90,6 +95,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "section_groups": [{"group": g, "title": GROUP_TITLES.get(g, g.capitalize()),
                             "sections": [s for s in sections if s["group"] == g]}
                            for g in dict.fromkeys(s["group"] for s in sections)],
+        "show_probes": bool(requests_page or a.probe_statuses or cost),
         "probes": [{"name": p.name, "state": p.state, "reason": redact_value("reason", p.reason),
                     "detail": [[k, v] for k, v in flatten(p.detail) if v != "—" and not k.startswith("cost")]}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
@@ -97,6 +103,56 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
         "environment": _environment(manifest),
         "workload_card": _workload_card(a),
     }
+
+
+# -- the page's kind: what it can show ------------------------------------------------------------------
+# the request sections (latency percentiles and throughput, failed requests, the distributions, the timeline,
+# the workload charts): a page of another kind omits them instead of printing "not available" for each
+REQUEST_SECTIONS = ("latency percentiles and throughput", "failed requests", "distributions", "timeline",
+                    "workload charts")
+
+
+def page_kind(a: Analysis) -> str:
+    """What the input is, as the page shows it: "trace" (a kernel trace alone: no request was sent or read),
+    "fleet" (a fleet read from its Prometheus: per-replica aggregates, no request) or "serving" (every other
+    capture: the request sections apply, and say "not available" where a table is missing)."""
+    req = a.tables.get("requests")
+    if req is not None and not req.empty:
+        return "serving"
+    if any(n in a.signals for n, _, _ in KEY_NUMBERS):
+        return "serving"
+    manifest = a.manifest or {}
+    reps = a.tables.get("fleet_replicas")
+    if (reps is not None and not reps.empty) or (manifest.get("target") or {}).get("kind") == "fleet":
+        return "fleet"
+    if manifest.get("kind") == "trace" or (a.signals and all(n.startswith("trace_") for n in a.signals)):
+        return "trace"
+    return "serving"
+
+
+# each page kind's own headline tiles: (signal, label, unit shown); only signals already computed, never a
+# number made here. Units: "ratio" is shown as a percentage, "×" a multiple of a mean, "" a count
+TRACE_TILES = (("trace_gpu_busy_ratio", "GPU busy (traced window)", "ratio"),
+               ("trace_step_gpu_busy_ratio", "GPU busy inside steps", "ratio"),
+               ("trace_step_dur_p50_ms", "step time P50", "ms"), ("trace_step_dur_p99_ms", "step time P99", "ms"),
+               ("trace_inter_step_gap_p50_ms", "CPU gap between steps P50", "ms"),
+               ("trace_steps_count", "steps counted", ""), ("trace_gpu_kernels_count", "GPU kernels", ""))
+FLEET_TILES = (("fleet_replicas", "replicas found", ""),
+               ("fleet_load_mean", "in flight per replica (mean)", "requests"),
+               ("fleet_load_busiest_mean", "busiest replica in flight", "requests"),
+               ("fleet_load_idlest_mean", "idlest replica in flight", "requests"),
+               ("fleet_load_imbalance_ratio", "busiest / mean load", "×"),
+               ("fleet_request_rate_imbalance_ratio", "busiest / mean request rate", "×"),
+               ("fleet_queue_busiest_mean", "waiting on the most queued", "requests"),
+               ("fleet_restarts_total", "replica restarts", ""))
+TILE_WINDOW = {"trace": "kernel trace (the traced window)", "fleet": "fleet (each replica over the read window)"}
+
+
+def _kind_tiles(signals: dict[str, Signal], kind: str) -> list[dict[str, Any]]:
+    """A trace or fleet page's tiles, from its signals."""
+    tiles = {"trace": TRACE_TILES, "fleet": FLEET_TILES}.get(kind, ())
+    return [{"signal": n, "label": lab, "value": v, "unit": u, "window": TILE_WINDOW[kind]}
+            for n, lab, u in tiles if (v := _sig(signals, n)) is not None]
 
 
 def _requests_cell(card: dict[str, Any]) -> Any:
@@ -379,26 +435,64 @@ def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
     return rows
 
 
-def _verdict(a: Analysis) -> dict[str, Any]:
-    """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep."""
+FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?%?")
+
+
+def _figures(text: str) -> set[str]:
+    """The figures a sentence quotes ('22%', '454', '4,422'), as written."""
+    return set(FIGURE.findall(text))
+
+
+def restated(text: str, by: str) -> bool:
+    """Whether ``text`` says nothing ``by`` does not: it quotes figures and every one of them is in ``by``
+    (the symptom 'GPU idle 22% of the traced window (454 idle gaps, 7 steps)' under the headline 'GPU idle 22%
+    of the trace, 92% of it waiting for the CPU (454 idle gaps, 7 steps)'), or ``by`` holds it word for word."""
+    if not text.strip():
+        return True
+    if text.strip().rstrip(".").lower() in by.lower():
+        return True
+    figs = _figures(text)
+    return bool(figs) and figs <= _figures(by)
+
+
+def _hero(headline: str, detail: str, symptom: str) -> tuple[str, str]:
+    """The verdict's detail and symptom as the page shows them: the symptom once, in the headline when the
+    headline states it. A detail that opens with a labelled "Symptom: ..." sentence the headline restates
+    starts at its next sentence; each clause of the symptom line ('A; in the kernel trace: B') the headline
+    restates is left out, and the line with it when none is left. The judgement's texts are unchanged: --json
+    and the CLI print them whole."""
+    first, sep, rest = detail.partition(". ")
+    if first.startswith("Symptom:") and sep and rest[:1].isupper() and restated(first, headline):
+        detail = rest
+    symptom = "; ".join(part for part in symptom.split("; ") if not restated(part, headline))
+    return detail, symptom
+
+
+def _verdict(a: Analysis, kind: str = "serving") -> dict[str, Any]:
+    """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep, a trace
+    or fleet page's own tiles for those."""
     v = a.verdict
     levels = _measured_phases(a)
-    if _sweep_levels(a) > 1:
-        keys: list[dict[str, Any]] = []
+    keys: list[dict[str, Any]] = []
+    by_level: list[dict[str, Any]] = []
+    if kind != "serving":
+        keys = _kind_tiles(a.signals, kind)
+    elif _sweep_levels(a) > 1:
         # one column set for every level: a number any level has, with None where a level lacks it
         shown = {k["signal"] for p, s in levels for k in _key_numbers(s, p.name, a.run_valid)}
-        by_level: list[dict[str, Any]] = [
+        by_level = [
             {"label": p.name, "key_numbers": [{"signal": n, "label": lab, "value": _sig(s, n), "unit": u,
                                                "window": p.name} for n, lab, u in KEY_NUMBERS if n in shown]}
             for p, s in levels]
     else:
         keys = _key_numbers(a.signals, _run_label(a), a.run_valid)
-        by_level = []
     note = "" if a.run_valid else "SLO figures are not shown: the run is invalid, so they are not judged."
     if v is None:
         return {"level": "ok", "headline": "No verdict", "detail": "", "key_numbers": keys, "by_level": by_level,
-                "partial": a.partial, "note": note}
+                "partial": a.partial, "note": note, "top_rule": None, "detail_shown": "", "symptom_shown": ""}
+    detail_shown, symptom_shown = _hero(v.headline, v.detail, v.symptom)
     return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
+            "detail_shown": detail_shown, "symptom_shown": symptom_shown, "top_rule": v.top_rule,
             "attribution": _attribution(a.signals) if v.judged else [], "symptom": v.symptom,
             "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
             "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
@@ -416,6 +510,83 @@ def _run_label(a: Analysis) -> str:
         return f"{levels[0][0].level_name}, {len(levels)} runs pooled"
     return levels[0][0].name if levels else "whole run"
 
+
+
+def experiment_key(c: Cause) -> tuple[str, ...] | None:
+    """What an experiment changes, to tell two apart: its variable and suggested value when it names one (the
+    same flag to the same value is one experiment, however each rule words it), else its wording."""
+    e = c.experiment
+    if e is None:
+        return None
+    return (e.variable_kind, e.variable, e.value) if e.variable else ("change", e.change)
+
+
+def _best_experiment(f: Finding) -> tuple[str, ...] | None:
+    """The experiment of the finding's best cause: supported before open, never a ruled-out one (the cause
+    the verdict names, rules.verdict.best_cause)."""
+    for status in ("supported", "open"):
+        for c in f.causes:
+            if c.status == status:
+                return experiment_key(c)
+    return None
+
+
+def _experiment_words(key: tuple[str, ...]) -> str:
+    """An experiment key as the also-seen line names it: 'max_num_seqs = 16', or the change's own words."""
+    if key[0] == "change":
+        return key[1]
+    return f"{key[1]} = {key[2]}" if key[2] else key[1]
+
+
+def folds(findings: Sequence[Finding], top_rule: str | None = None) -> dict[str, str]:
+    """Which findings restate another, and which: {rule id: the rule id of the card it folds into}.
+
+    A finding folds into a higher-ranked one (``findings`` come ranked) when its best cause proposes the same
+    experiment (:func:`experiment_key`: SCH003 'raise --max-num-seqs towards the offered concurrency' under
+    SCH001 'raise --max-num-seqs (for example to the offered concurrency)', both max_num_seqs = 16): one card
+    per change to try. Never folded: the verdict's own finding, validity findings (they judge the run, not the
+    server), held-back ones, a consequence of a third finding, nor a finding more severe than the card."""
+    out: dict[str, str] = {}
+    cards: list[tuple[Finding, tuple[str, ...] | None]] = []
+    for f in findings:
+        key = _best_experiment(f)
+        into = None
+        if key is not None and f.rule_id != top_rule and f.family != "validity" and not f.held_back:
+            into = next((g for g, gk in cards if gk == key and g.family != "validity"
+                         and SEVERITY_WEIGHT.get(g.severity, 0.0) >= SEVERITY_WEIGHT.get(f.severity, 0.0)
+                         and f.explained_by in ("", g.rule_id)), None)
+        if into is not None:
+            out[f.rule_id] = into.rule_id
+        else:
+            cards.append((f, key))
+    return out
+
+
+def _cards(findings: Sequence[Finding], run_label: str, top_rule: str | None) -> list[dict[str, Any]]:
+    """The finding cards, ranked: the verdict's own finding marked (its title and hypothesis are the verdict,
+    shown once, above), and each finding that restates a card (:func:`folds`) inside that card as an "also
+    seen" entry holding only what the card does not already show: its evidence rows that are not the card's,
+    its causes whose experiment the card does not propose."""
+    into = folds(findings, top_rule)
+    cards: dict[str, dict[str, Any]] = {}
+    keys: dict[str, set[tuple[str, ...] | None]] = {}
+    for f in findings:
+        view = _finding(f, run_label)
+        host = cards.get(into.get(f.rule_id, ""))
+        if host is None:
+            view["in_verdict"] = f.rule_id == top_rule
+            view["also_seen"] = []
+            cards[f.rule_id] = view
+            keys[f.rule_id] = {experiment_key(c) for c in f.causes}
+            continue
+        shown = {e["signal"] for e in host["evidence"]}
+        key = _best_experiment(f)
+        view["why"] = f"proposes the same experiment: {_experiment_words(key)}" if key else ""
+        view["evidence"] = [e for e in view["evidence"] if e["signal"] not in shown]
+        view["causes"] = [cv for c, cv in zip(f.causes, view["causes"], strict=True)
+                          if experiment_key(c) is None or experiment_key(c) not in keys[host["rule_id"]]]
+        host["also_seen"].append(view)
+    return list(cards.values())
 
 
 def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:

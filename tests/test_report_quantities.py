@@ -42,8 +42,9 @@ def quantities(view: dict[str, Any]) -> dict[tuple[str, str], set[float]]:
         for c in row["cells"]:
             add(c["signal"], row["label"], c["value"])
     for f in view["findings"]:
-        for e in f["evidence"]:
-            add(e["signal"], e["window"], e["value"])
+        for x in (f, *f["also_seen"]):  # a card, and the findings folded into it
+            for e in x["evidence"]:
+                add(e["signal"], e["window"], e["value"])
     return seen
 
 
