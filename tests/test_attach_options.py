@@ -16,7 +16,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from diagnose.cli.attach import attach, build_probes
+from diagnose.cli.attach import attach
+from diagnose.cli.attach_capture import build_probes
 from diagnose.cli.main import cli
 from diagnose.errors import InputError
 from diagnose.io.bundle import open_bundle
