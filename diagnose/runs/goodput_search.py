@@ -95,7 +95,7 @@ def run_search(o: Mapping[str, Any], ctx: click.Context, slo: dict[str, float],
     result = search(measure, ladder, kind, max_bisections=steps)
     result.slo = dict(slo)
     lines = summary_lines(result)
-    from diagnose.cli.compare import _json, _write
+    from diagnose.cli.common import _json, _write
     from diagnose.reports.goodput import render_search
 
     data = result.to_json()
