@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from diagnose.model import Finding, NotEvaluated, Phase, ProbeStatus, Signal, Verdict, Window
+from diagnose.model import Finding, NotEvaluated, Phase, ProbeStatus, Signal, Verdict, Window, level_phases
 
 __all__ = ["Analysis", "Window"]
 
@@ -41,3 +41,18 @@ class Analysis:
     @property
     def run_valid(self) -> bool:
         return self.verdict is None or self.verdict.judged
+
+    def verdict_window(self) -> tuple[dict[str, Signal], str]:
+        """The signals the verdict's figures quote, and their label: the run's (label "") for one level; on a
+        sweep never the pooled levels (issue 32) but the level the top finding was judged on (its rule is
+        phase-scoped), else the highest level measured ("c=16")."""
+        levels = level_phases(self.phases)
+        if len(levels) <= 1:
+            return self.signals, ""
+        by_name = {p.name: ps for p, ps in zip(self.phases, self.phase_signals, strict=False)}
+        top_rule = self.verdict.top_rule if self.verdict is not None else ""
+        top = next((f for f in self.findings if f.rule_id == top_rule), None)
+        label = next((e.window for e in (top.evidence if top else ()) if e.window != "run"), None)
+        if label is None or label not in by_name:
+            label = levels[-1].name
+        return by_name.get(label, self.signals), label

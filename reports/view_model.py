@@ -493,7 +493,8 @@ def _verdict(a: Analysis, kind: str = "serving") -> dict[str, Any]:
     detail_shown, symptom_shown = _hero(v.headline, v.detail, v.symptom)
     return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
             "detail_shown": detail_shown, "symptom_shown": symptom_shown, "top_rule": v.top_rule,
-            "attribution": _attribution(a.signals) if v.judged else [], "symptom": v.symptom,
+            "attribution": _attribution(a.verdict_window()[0]) if v.judged else [], "symptom": v.symptom,
+            "attribution_level": a.verdict_window()[1],
             "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
             "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
             "refute": v.refute, "experiment": v.experiment, "share": finite(v.share) if v.share is not None else None,

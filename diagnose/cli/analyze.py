@@ -11,7 +11,7 @@ import click
 
 from diagnose.cli import exits
 from diagnose.errors import InputError
-from diagnose.model import SEVERITY_WEIGHT, level_phases
+from diagnose.model import SEVERITY_WEIGHT
 
 if TYPE_CHECKING:  # diagnose.analysis imports pandas: `diagnose --help` must not pay for it
     from diagnose.analysis import Analysis
@@ -48,8 +48,8 @@ def verdict_line(a: Analysis) -> str:
 
     if a.verdict is None:
         return ""
-    pooled = len(level_phases(a.phases)) > 1
-    nums = key_numbers(a.signals, "all levels pooled: " if pooled else "") if a.verdict.judged else ""
+    signals, level = a.verdict_window()
+    nums = key_numbers(signals, f"at {level}: " if level else "") if a.verdict.judged else ""
     return a.verdict.headline + (f" ({nums})" if nums else "")
 
 
