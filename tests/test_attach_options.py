@@ -260,3 +260,15 @@ def test_a_probe_may_not_take_another_ones_option_or_name() -> None:
         unregister("own")
     with pytest.raises(ValueError, match="a probe named 'load' is already registered"):
         register(ProbeSpec(name="load", title="Load again", enabled=lambda o: False, build=dummy))
+
+
+def test_every_command_answers_h_on_its_own() -> None:
+    """-h is each command's own setting, not only the group's: click caches a command's help option from the
+    first context it sees, so attach answered -h or not depending on which test invoked it first."""
+    from diagnose.cli.main import COMMANDS, cli
+
+    for name in COMMANDS:
+        cmd = cli.get_command(click.Context(cli), name)
+        assert cmd is not None
+        res = CliRunner().invoke(cmd, ["-h"])
+        assert res.exit_code == 0 and "Usage:" in res.output, (name, res.output)

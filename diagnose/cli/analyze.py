@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.errors import InputError
 from diagnose.model import SEVERITY_WEIGHT
 
@@ -103,7 +103,7 @@ def _trace_json(a: Analysis) -> dict[str, Any]:
     return {"trace": out} if out else {}
 
 
-@click.command(epilog=exits.epilog(exits.ANALYZE_CODES))
+@click.command(epilog=exits.epilog(exits.ANALYZE_CODES), context_settings=settings())
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("report.html"), show_default=True,
               help="Where to write the HTML report.")

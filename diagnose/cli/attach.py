@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from diagnose.capture.workload import parse_slo
+from diagnose.cli import settings
 from diagnose.probes import probe_specs
 from diagnose.probes.base import ProbeOption, ProbeSpec
 
@@ -101,7 +102,7 @@ class AttachCommand(click.Command):
                     formatter.write_dl([(name.ljust(width), text) for name, text in rs], col_max=HELP_COL_MAX)
 
 
-@click.command(cls=AttachCommand)
+@click.command(cls=AttachCommand, context_settings=settings())
 @click.option("--url", help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Bundle directory (default: ./diagnose-<time>).")
 @click.option("--force", is_flag=True, help="Replace the output directory if it exists.")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.cli.common import _analyze, _json, _pct, _write, check_seed
 from diagnose.errors import InputError
 
@@ -60,7 +60,7 @@ def comparison_lines(c: Comparison) -> list[str]:
     return lines
 
 
-@click.command(epilog=exits.epilog(exits.COMPARE_CODES))
+@click.command(epilog=exits.epilog(exits.COMPARE_CODES), context_settings=settings())
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the comparison as an HTML report.")

@@ -9,13 +9,13 @@ from typing import Any
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.cli.common import _analyze, _json, _write, verification_lines
 from diagnose.errors import DiagnoseError
 
 
 @click.command(epilog=exits.epilog(exits.VERIFY_CODES + (exits.TARGET,)),
-               context_settings={"ignore_unknown_options": True})
+               context_settings=settings(ignore_unknown_options=True))
 @click.option("--launch", "launch_cmd", required=True, metavar="COMMAND",
               help="The server command line, e.g. \"vllm serve MODEL --port 8000 --max-num-seqs 2\". diagnose "
                    "starts it, and restarts it with the experiment's one flag changed.")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.errors import InputError
 from diagnose.export import FORMATS, SUFFIX
 
@@ -24,7 +24,7 @@ def default_output(source: Path, fmt: str) -> Path:
     return Path(name + SUFFIX[fmt])
 
 
-@click.command(epilog=exits.epilog(EXPORT_CODES))
+@click.command(epilog=exits.epilog(EXPORT_CODES), context_settings=settings())
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-f", "--format", "fmt", metavar="FORMAT", default="perfetto", show_default=True,
               help="perfetto | speedscope | parquet.")

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from diagnose import __version__
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.errors import DiagnoseError
 
 # name -> "module:attribute" of the click command
@@ -74,7 +74,7 @@ class Group(click.Group):
             sys.exit(exits.INTERNAL)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+@click.group(cls=Group, context_settings=settings(max_content_width=110),
              epilog=exits.epilog(extra="diagnose run: the server's own exit status (97: pyinstrument is not installed)"))
 @click.version_option(__version__, "--version", prog_name="diagnose")
 def cli() -> None:

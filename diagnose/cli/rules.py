@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from diagnose.cli import settings
 from diagnose.errors import InputError
 from diagnose.rules.conditions import referenced_thresholds
 from diagnose.rules.lint import lint
@@ -15,7 +16,7 @@ RULES_DIR_OPT = click.option("--rules", "rules_dirs", multiple=True, type=click.
                              help="A directory of your own rules (repeatable).")
 
 
-@click.group()
+@click.group(context_settings=settings())
 def rules() -> None:
     """List, explain and lint the diagnosis rules."""
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
+from diagnose.cli import settings
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+
+@click.command(context_settings=settings(ignore_unknown_options=True, allow_interspersed_args=False))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Bundle directory for the profile.")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(output: Path, argv: tuple[str, ...]) -> None:

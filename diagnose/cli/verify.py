@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 from diagnose.cli.common import _analyze, _json, _write, check_seed, verification_lines
 
 
-@click.command(epilog=exits.epilog(exits.VERIFY_CODES))
+@click.command(epilog=exits.epilog(exits.VERIFY_CODES), context_settings=settings())
 @click.argument("before", type=click.Path(path_type=Path))
 @click.argument("after", type=click.Path(path_type=Path))
 @click.option("--finding", metavar="RULE_ID", help="The finding of BEFORE to verify (default: the verdict's top one).")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from diagnose.cli import exits
+from diagnose.cli import exits, settings
 
 WORKLOAD_CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.INTERNAL, exits.INTERRUPTED)
 
 
-@click.command(epilog=exits.epilog(WORKLOAD_CODES))
+@click.command(epilog=exits.epilog(WORKLOAD_CODES), context_settings=settings())
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("workload.jsonl"), show_default=True,
               help="Where to write the workload file (JSONL).")
