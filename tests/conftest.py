@@ -30,6 +30,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from harness.engine import VllmServer, ensure_engine  # noqa: E402
+from tests.hostload import (  # noqa: E402, F401 - hooks: the host-load report of engine and timing tests
+    pytest_runtest_call,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -69,15 +69,20 @@ def fleet() -> Iterator[Fleet]:
             s.stop()
 
 
-async def _drive(url: str, seconds: float) -> int:
-    """``STREAMS`` concurrent streamed completions, back to back, for ``seconds``; the number finished."""
-    end = time.monotonic() + seconds
+async def _drive(url: str, seconds: float, until: subprocess.Popen[str] | None = None) -> int:
+    """``STREAMS`` concurrent streamed completions, back to back, for ``seconds`` (or, given ``until``, until
+    that process has exited, at most 300 s); the number finished."""
+    end = time.monotonic() + (300.0 if until is not None else seconds)
+
+    def going() -> bool:
+        return time.monotonic() < end and (until is None or until.poll() is None)
+
     done = 0
     async with aiohttp.ClientSession() as session:
         async def worker(k: int) -> None:
             nonlocal done
             i = 0
-            while time.monotonic() < end:
+            while going():
                 body = {"model": "tiny-llama", "prompt": f"request {k}-{i}: " + "lorem ipsum dolor " * 30,
                         "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True}
                 async with session.post(f"{url}/v1/completions", json=body) as r:
@@ -133,12 +138,14 @@ def test_the_loaded_replica_and_the_imbalance_are_named(fleet: Fleet, tmp_path: 
 
 
 def test_observe_mode_over_the_fleet_sends_nothing(fleet: Fleet, tmp_path: Path) -> None:
-    """diagnose watches the fleet for 15 s while the test (not diagnose) loads the other replica."""
+    """diagnose watches the fleet for 15 s while the test (not diagnose) loads the other replica: for the whole
+    time diagnose runs, so the observed window holds load however long diagnose takes to start on a busy
+    machine (a fixed 14 s drive left part of the window idle: replica load 0.43 on a loaded CI host)."""
     t0 = time.monotonic()
     before = {s.url: _finished(fleet.prom, s) for s in (fleet.a, fleet.b)}
     proc = subprocess.Popen([*DIAG, "attach", "--prometheus", fleet.prom.url, "--observe", "-d", "15s", "-o",
                              str(tmp_path / "b")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    done = asyncio.run(_drive(fleet.b.url, 14.0))
+    done = asyncio.run(_drive(fleet.b.url, 0.0, until=proc))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "no requests are sent" in err
