@@ -16,6 +16,7 @@ A SIGTERM to pytest is turned into KeyboardInterrupt so these fixtures still sto
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -44,6 +45,52 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     # Startup takes 30-70 s on an idle 2-core machine but several minutes when it is shared.
     os.environ.setdefault("DIAGNOSE_ENGINE_STARTUP_TIMEOUT", "600")
+
+
+# -- test tiers (issue 39) ----------------------------------------------------------------------------------
+# The README's command (`python -m pytest -q`) runs the unit tier; pyproject's addopts leave out `slow`,
+# `timing`, `engine` and `gpu`, which .ci/run runs after it. Timing-sensitive tests measure time or CPU use
+# or need an idle CPU: they go red on a busy machine, so they run in their own tier, whose failures
+# tests/hostload.py puts beside the machine's load ("load check"). `slow`: tests/tiers.json (tools/tiers.py:
+# every test of 0.5 s or more on 2 idle cores) and the rest of the fuzz corpus (tests/test_fuzz_read.py).
+TIMING = (
+    "tests/test_probe_cost.py::test_a_slow_metrics_page_is_scraped_less_often_within_the_budget",
+    "tests/test_probe_cost.py::test_a_capture_records_its_budget_and_the_report_states_its_cost",
+    "tests/test_probe_cost.py::test_the_proc_counters_cost_the_server_nothing_and_keep_their_interval",
+    "tests/test_probe_cost.py::test_blocking_pyspy_lowers_its_rate_within_a_tiny_budget",
+    "tests/test_probe_cost.py::test_nonblocking_pyspy_never_pauses_the_server",
+    "tests/test_client_stall.py::test_full_gc_deferred_during_capture_and_recorded_as_stall_cause",
+    "tests/test_client_stall.py::test_off_cpu_stall_says_why_the_thread_did_not_run",
+    "tests/test_client_stall.py::test_stall_in_a_blocking_call_is_off_cpu_even_in_a_busy_sample",
+    "tests/test_client_stall.py::test_stall_waiting_for_pages_read_back_from_disk_is_a_page_fault",
+    "tests/test_client_stall.py::test_stall_behind_another_task_on_the_cpu_is_preempted",
+    "tests/test_prometheus_probe.py::test_a_parser_starved_of_cpu_does_not_stop_the_scraping",
+    "tests/test_prometheus_probe.py::test_a_starved_parser_delays_the_writing_not_the_sampling",
+    "tests/test_prometheus_probe.py::test_the_backlog_of_unparsed_scrapes_is_bounded",
+    "tests/test_prometheus_probe.py::test_a_parse_that_costs_too_much_cpu_stops_the_scraping",
+    "tests/test_prometheus_probe.py::test_the_worker_ends_a_parse_at_its_cpu_limit",
+    "tests/test_pyspy_probe.py::test_discovers_pid_from_listening_port",
+    "tests/test_goodput.py::test_find_max_goodput_finds_the_servers_capacity",
+    "tests/test_realtime.py::test_attach_realtime_is_recorded_in_the_bundle",
+)
+TIERS_FILE = Path(__file__).resolve().parent / "tiers.json"
+
+
+def _slow_listed() -> set[str]:
+    try:
+        return set(json.loads(TIERS_FILE.read_text())["slow"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = _slow_listed()
+    for item in items:
+        base = item.nodeid.split("[", 1)[0]
+        if base in TIMING:
+            item.add_marker(pytest.mark.timing)
+        elif item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
