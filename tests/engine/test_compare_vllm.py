@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import with_eager
 from tests.engine.evidence import analyzed_evidence, runs_evidence
 
 pytestmark = pytest.mark.engine
@@ -126,7 +127,7 @@ def _launch_cmd(extra: list[str]) -> tuple[str, str]:
 
     from harness.engine import VllmServer
 
-    s = VllmServer(extra_args=extra)
+    s = VllmServer(extra_args=with_eager(extra))
     env = {k: v for k, v in s.environment().items()
            if k in ("VLLM_CPU_KVCACHE_SPACE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
                     "DO_NOT_TRACK", "PYTHONUNBUFFERED")}

@@ -22,6 +22,7 @@ from diagnose.io.bundle import open_bundle
 from diagnose.pipeline import analyze
 from harness.engine import VllmServer, ensure_engine
 from harness.prometheus import PrometheusServer, prometheus_binary
+from tests.conftest import with_eager
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -44,7 +45,7 @@ def fleet() -> Iterator[Fleet]:
     if prometheus_binary() is None:
         pytest.fail("no prometheus binary: run `bash harness/ensure_prometheus.sh` (CI does, before the engine tests)")
     ensure_engine()
-    servers = [VllmServer(extra_args=["--max-num-seqs", "4"]) for _ in range(2)]
+    servers = [VllmServer(extra_args=with_eager(["--max-num-seqs", "4"])) for _ in range(2)]
     errors: list[BaseException] = []
 
     def start(s: VllmServer) -> None:
