@@ -62,3 +62,10 @@ def test_per_level_rules_are_phase_scoped() -> None:
     for rid in ("SCH001", "SCH003", "LAT001", "LAT002", "LAT004"):
         assert scopes[rid] == "phase", rid
     assert scopes["LAT003"] == "run"  # it compares the levels with each other
+
+
+def test_the_json_document_states_its_schema_version(sweep) -> None:  # type: ignore[no-untyped-def]
+    from diagnose.cli.analyze import JSON_SCHEMA_VERSION
+
+    doc = analysis_json(sweep)
+    assert next(iter(doc)) == "schema_version" and doc["schema_version"] == JSON_SCHEMA_VERSION == 1

@@ -53,8 +53,14 @@ def verdict_line(a: Analysis) -> str:
     return a.verdict.headline + (f" ({nums})" if nums else "")
 
 
+# The version of the `analyze --json` document: raised when a key is removed, renamed or changes meaning (new
+# keys do not raise it); a consumer checks it before reading (README, "analyse").
+JSON_SCHEMA_VERSION = 1
+
+
 def analysis_json(a: Analysis) -> dict[str, Any]:
     return {
+        "schema_version": JSON_SCHEMA_VERSION,
         "source": a.source,
         "verdict": verdict_line(a),
         "verdict_level": a.verdict.level if a.verdict else None,
