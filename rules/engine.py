@@ -149,12 +149,14 @@ def _impact(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[s
     return max(0.1, min(1.0, 1.0 - 1.0 / ratio))
 
 
-def rank_key(f: Finding) -> tuple[bool, bool, bool, bool, float, str]:
+def rank_key(f: Finding) -> tuple[bool, bool, bool, bool, float, float, str]:
     """Findings most important first: a finding that invalidates the run (critical validity: the verdict says
-    "run invalid" whatever else fired), then held-back and explained ones last, causes before symptoms, then
-    score."""
+    "run invalid" whatever else fired), then held-back and explained ones last, causes before symptoms (and
+    consequences: goodput, cost, SLO misses are symptoms), then severity, then score (issue 34: a critical
+    finding never ranks below an error-level one)."""
     invalidates = f.family == "validity" and f.severity == "critical"
-    return (not invalidates, bool(f.held_back), bool(f.explained_by), f.kind == "symptom", -f.score, f.rule_id)
+    return (not invalidates, bool(f.held_back), bool(f.explained_by), f.kind == "symptom",
+            -SEVERITY_WEIGHT[f.severity], -f.score, f.rule_id)
 
 
 def _shown(s: Signal) -> str:

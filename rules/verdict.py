@@ -112,5 +112,14 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
     if not signals and findings:
         f = ranked(findings)[0]
         return Verdict("info", f"{prefix}Most likely: {f.title}", f.hypothesis, partial=partial, top_rule=f.rule_id)
+    held = ranked([f for f in findings if f.severity in ALARM and f.held_back])
+    if held:  # never "no bottleneck found" beside findings at warning or above (issue 34)
+        by = sorted({f.held_back for f in held})
+        n = len(held)
+        return Verdict("info", f"{prefix}Not judged: {n} finding{'s' if n > 1 else ''} at warning or above "
+                       f"held back ({', '.join(by)}): {held[0].title}",
+                       f"{held[0].hypothesis} Its evidence rests on measurements that {', '.join(by)} doubts, so "
+                       "it is shown below but not called a bottleneck; fix what holds it back and capture again.",
+                       partial=partial, top_rule=held[0].rule_id)
     return Verdict("ok", f"{prefix}No bottleneck found at warning level or above.",
                    "No rule found a bottleneck in the evidence captured.", partial=partial)
