@@ -491,10 +491,11 @@ def _verdict(a: Analysis, kind: str = "serving") -> dict[str, Any]:
         return {"level": "ok", "headline": "No verdict", "detail": "", "key_numbers": keys, "by_level": by_level,
                 "partial": a.partial, "note": note, "top_rule": None, "detail_shown": "", "symptom_shown": ""}
     detail_shown, symptom_shown = _hero(v.headline, v.detail, v.symptom)
+    window_signals, window_level = a.verdict_window()
     return {"level": v.level, "headline": v.headline, "detail": v.detail, "key_numbers": keys,
             "detail_shown": detail_shown, "symptom_shown": symptom_shown, "top_rule": v.top_rule,
-            "attribution": _attribution(a.verdict_window()[0]) if v.judged else [], "symptom": v.symptom,
-            "attribution_level": a.verdict_window()[1],
+            "attribution": _attribution(window_signals) if v.judged else [], "symptom": v.symptom,
+            "attribution_level": window_level,
             "by_level": by_level, "partial": v.partial, "judged": v.judged, "note": note,
             "cause": v.cause, "cause_status": v.cause_status, "cause_evidence": v.cause_evidence,
             "refute": v.refute, "experiment": v.experiment, "share": finite(v.share) if v.share is not None else None,
