@@ -22,6 +22,7 @@ from diagnose.cli import exits
 from diagnose.cli.main import cli
 from diagnose.compare import gate
 from diagnose.pipeline import analyze
+from diagnose.pipeline import analyze as _analyze
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 QUEUE = SAMPLES / "vllm_cpu_queue_bound" / "bundle"
@@ -390,12 +391,22 @@ def test_a_cold_server_against_a_warm_one_is_a_variable_changed() -> None:
 def test_a_reference_phase_that_moved_is_reported_as_host_drift(tmp_path: Path) -> None:
     """Same run against itself: no drift; the B side's concurrency-1 reference 50% slower throughout:
     reported in comparability, in the text and in the HTML, verdicts untouched. A move its own 8 requests
-    cannot tell from noise is not (CI: the point value of such a reference moved 24-61% in A/A pairs)."""
+    cannot tell from noise is not (CI: the point value of such a reference moved 24-61% in A/A pairs).
+    The reference decides where the engine's CPU per output token is not measured (no host probe: dropped
+    here) or a setting changed; with neither, the measured runs' own CPU per token does (next test)."""
     from diagnose.cli.compare import comparison_lines
     from diagnose.reports.compare import render_comparison
 
+    def analyze(path: Path) -> Any:  # a capture without the host probe
+        an = _analyze(path)
+        an.tables.pop("host_threads", None)
+        return an
+
     a = analyze(QUEUE)
     assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["host_drift"] == []
+    with_host = cmp.compare(_analyze(QUEUE), _analyze(_reference_scaled(QUEUE, tmp_path / "held", 1.5)),
+                            resamples=100)
+    assert with_host.comparability["host_drift"] == []  # the measured runs' CPU per token held
     b = analyze(_reference_scaled(QUEUE, tmp_path / "slow", 1.5))
     assert b.signals["baseline_itl_p50_ms"].value == pytest.approx(1.5 * a.signals["baseline_itl_p50_ms"].value)
     c = cmp.compare(a, b, resamples=100)
@@ -512,3 +523,34 @@ def test_occupancy_in_a_closed_loop_settles_what_host_speed_cannot(tmp_path: Pat
     assert [cmp.occupancy_outcome(m, 0.05) for m in moves] == ["no change", "as expected"]
     assert cmp.occupancy_outcome(cmp.Move("queue_depth_mean", "down", 11.8, 11.2, -0.05, None, ""), 0.05) == \
         "no change"
+
+
+def test_the_engine_spending_more_cpu_per_token_on_the_same_setting_is_host_drift() -> None:
+    """CI: an A/A pair (same server, same setting) whose second capture ran 26% slower in throughput on all
+    three of its runs, the engine using 39% more CPU per output token, while the concurrency-1 reference moved
+    under 10%: the host's cores delivered less work per second, and nothing said so. The same work costing
+    more CPU on the same setting is reported now; under the threshold, or with a setting changed (a batch cap
+    changes the CPU per token for real), it is not."""
+    a = analyze(QUEUE)
+    assert a.tables["host_threads"]["cpu_s"].sum() > 0
+
+    def scaled(factor: float) -> Any:
+        b = analyze(QUEUE)
+        th = b.tables["host_threads"]
+        b.tables["host_threads"] = th.assign(cpu_s=th["cpu_s"] * factor)
+        return b
+
+    assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["host_drift"] == []
+    assert cmp.compare(a, scaled(1.10), resamples=100).comparability["host_drift"] == []
+    slow = cmp.compare(a, scaled(1.39), resamples=100)
+    [d] = slow.comparability["host_drift"]
+    assert "+39% CPU time per output token" in d and "less work per second" in d, d
+    assert slow.to_json()["levels"] == cmp.compare(a, analyze(QUEUE), resamples=100).to_json()["levels"]
+    fast = cmp.compare(a, scaled(0.7), resamples=100).comparability["host_drift"]
+    assert len(fast) == 1 and "-30%" in fast[0] and "more work per second" in fast[0]
+    b = scaled(1.39)
+    b.manifest["target"] = {**(b.manifest.get("target") or {}),
+                            "engine_config": {**((b.manifest.get("target") or {}).get("engine_config") or {}),
+                                              "max_num_seqs": 999}}
+    changed = cmp.compare(a, b, resamples=100).comparability
+    assert changed["changed"] and changed["host_drift"] == []

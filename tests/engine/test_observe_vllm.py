@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from diagnose.io.bundle import open_bundle
 from diagnose.io.workload_file import encode_workload
 from diagnose.model import Window
 from diagnose.normalize import prometheus
-from diagnose.signals.observed import observed_requests, observed_workload
+from diagnose.signals.observed import _dispersion, observed_requests, observed_workload
 from harness.engine import free_port
 from tests.engine.test_attach_vllm import DIAG, _analyze
 
@@ -125,9 +126,20 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     # within a scrape of the window's edge can fall either side)
     assert abs(hist["requests"] - len(seen)) <= 2, (hist["requests"], len(seen))
     assert hist["rate_rps"] == pytest.approx(true_rate, rel=0.1)
-    # the driver's arrivals are evenly spaced: not "bursty" (the card's label above 1.5), whatever the
-    # probe's interval (stretched by its overhead budget here); the plain variance / mean of the counts read 1.67
-    assert hist["dispersion"] is not None and hist["dispersion"] < 1.5, hist["dispersion"]
+    # dispersion: that of the requests the client saw finish in each scrape interval (the same formula over
+    # the same intervals), whatever the probe's interval (stretched by its overhead budget here; the plain
+    # variance / mean of the counts read 1.67 on evenly spaced arrivals). Not a fixed bound: the driver sends
+    # evenly, but on a starved host the completions bunch for real (CI met 2.86), and the card must say so.
+    # A request ending within a scrape's round trip of a boundary may be counted in either interval.
+    truth_counts = np.histogram([r["end_ns"] for r in seen], bins=np.array(t_ns, dtype=float))[0]
+    truth_dispersion = _dispersion(pd.DataFrame({"delta": truth_counts, "t0_s": np.array(t_ns[:-1]) / 1e9,
+                                                 "t_s": np.array(t_ns[1:]) / 1e9}))
+    print("dispersion: card", hist["dispersion"], "client", truth_dispersion)
+    assert hist["dispersion"] is not None and truth_dispersion is not None
+    assert abs(hist["dispersion"] - truth_dispersion) <= 0.25 + 0.25 * truth_dispersion, (
+        hist["dispersion"], truth_dispersion)
+    if truth_dispersion < 1.2:  # the requests finished evenly: the card does not call them bursty
+        assert hist["dispersion"] < 1.5, (hist["dispersion"], truth_dispersion)
     # lengths: the means exact (histogram sums) up to the edge requests; each percentile in its bucket
     assert hist["input_tokens"]["mean"] == pytest.approx(inp.mean(), rel=0.05)
     assert hist["output_tokens"]["mean"] == pytest.approx(outp.mean(), rel=0.05)
