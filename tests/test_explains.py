@@ -4,6 +4,7 @@ share of the symptom it explains, what would refute it and the one experiment (i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +218,30 @@ def test_the_burst_share_is_the_tails_excess_carried_by_requests_sent_in_a_burst
     v = analyze(SAMPLES / "vllm_cpu_bursty").verdict
     assert v is not None and v.top_rule == "SCH008" and v.share_of == "burst_tail_share_ratio"
     assert v.share is not None and 0.0 < v.share <= 1.0
+
+
+def _finding(rule_id: str, severity: str, held_back: str = "", kind: str = "cause") -> Any:
+    from diagnose.model import Finding
+
+    return Finding(rule_id, rule_id.lower(), "scheduling", severity, f"{rule_id} title",  # type: ignore[arg-type]
+                   f"{rule_id} hypothesis.", 0.9, 0.5, 0.5, kind=kind, held_back=held_back)
+
+
+def test_a_verdict_never_says_no_bottleneck_beside_held_back_findings() -> None:
+    """Issue 34: every finding at warning or above held back by a validity rule (its evidence suspect) made
+    the verdict 'No bottleneck found at warning level or above' right above those findings. It says they are
+    not judged, how many, what holds them back and the first of them; an info finding held back changes
+    nothing, and one finding not held back leads as before."""
+    sig = _sig({"requests_measured": 100.0})
+    held = [_finding("SCH001", "error", "VAL002"), _finding("LAT001", "warning", "VAL004")]
+    v = decide(held, sig, load_ran=True)
+    assert v.level == "info" and v.headline.startswith("Not judged: 2 findings at warning or above held back")
+    assert "(VAL002, VAL004)" in v.headline and "SCH001 title" in v.headline, v.headline
+    assert "No bottleneck" not in v.headline and "not called a bottleneck" in v.detail
+    assert v.top_rule == "SCH001"
+    one = decide(held[:1], sig, load_ran=True)
+    assert one.headline.startswith("Not judged: 1 finding at warning") and "(VAL002)" in one.headline
+    quiet = decide([_finding("SCH001", "info", "VAL002")], sig, load_ran=True)
+    assert quiet.level == "ok" and quiet.headline.startswith("No bottleneck found")
+    lead = decide([*held, _finding("KV001", "warning")], sig, load_ran=True)
+    assert lead.headline == "Most likely: KV001 title" and lead.top_rule == "KV001"

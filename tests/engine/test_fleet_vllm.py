@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 DIAG = [sys.executable, "-m", "diagnose"]
 STREAMS = 8  # against --max-num-seqs 4: four run, four wait
+SINCE = 60  # seconds of history read after a 25 s drive
 MAX_TOKENS = 32
 
 
@@ -111,10 +112,12 @@ def _figures(path: Path) -> dict[str, object]:
 
 def test_the_loaded_replica_and_the_imbalance_are_named(fleet: Fleet, tmp_path: Path) -> None:
     t0 = time.monotonic()
+    drive_start = time.time()
     done = asyncio.run(_drive(fleet.a.url, 25.0))
+    drive_end = time.time()
     time.sleep(2.0)  # the last scrape of the drive lands
     t1 = time.monotonic()
-    p = _attach(fleet.prom.url, tmp_path / "b", "--since", "35s", "--report", str(tmp_path / "r.html"))
+    p = _attach(fleet.prom.url, tmp_path / "b", "--since", f"{SINCE}s", "--report", str(tmp_path / "r.html"))
     t_attach = time.monotonic() - t1
     assert p.returncode == 0, p.stderr
     fig = _figures(tmp_path / "b")
@@ -123,7 +126,18 @@ def test_the_loaded_replica_and_the_imbalance_are_named(fleet: Fleet, tmp_path: 
           f"\nrequests driven {done}; attach {t_attach:.1f} s; test {time.monotonic() - t0:.1f} s")
     load, waiting = fig["load"], fig["waiting"]
     assert isinstance(load, dict) and isinstance(waiting, dict)
-    assert load[loaded] > 3 and load[idle] < 0.1 and waiting[loaded] > 0.5
+    # the window is the SINCE seconds before attach read the fleet, which on a starved host starts many
+    # seconds after the drive (its imports: CI met a mean load of 2.05 against a fixed bound of 3), and its
+    # points begin where Prometheus began scraping: the expectation is the share of the loaded replica's
+    # points that fall in the drive (the bundle's clock starts at the window's start). In the drive, STREAMS
+    # were in flight throughout (4 running, 4 waiting); never more than STREAMS
+    start = open_bundle(tmp_path / "b").manifest["capture"]["started_unix_ns"] / 1e9
+    series = fig["analysis"].tables["fleet_series"]  # type: ignore[attr-defined]
+    t = series[(series["query"] == "in_flight") & (series["name"] == loaded)]["t_s"]
+    share = float(((t >= drive_start - start) & (t <= drive_end - start)).mean())
+    assert share >= 0.15, (share, list(t), start, drive_start, drive_end)
+    assert 0.6 * STREAMS * share < load[loaded] <= STREAMS + 0.5, (load, share)
+    assert load[idle] < 0.1 and waiting[loaded] > 0.5 * (STREAMS - 4) * share, (waiting, share)
     a = fig["analysis"]
     ids = [f.rule_id for f in a.findings]  # type: ignore[attr-defined]
     assert "FLT001" in ids and "FLT002" in ids, fig["findings"]
