@@ -193,9 +193,20 @@ def _spelt(f: Finding, engine: str | None) -> Finding:
     return f if out == f else out
 
 
+def _input_kind(bundle: Bundle) -> str:
+    """The kind of evidence an input holds: "trace", "spans", "fleet" (a fleet read from its Prometheus: per-replica
+    aggregates, no request) or "bundle"."""
+    target = bundle.manifest.get("target") if isinstance(bundle.manifest, dict) else None
+    if bundle.kind == "bundle" and isinstance(target, dict) and target.get("kind") == "fleet":
+        return "fleet"
+    return str(bundle.kind)
+
+
 def _relevant(kind: str, ne: NotEvaluated) -> bool:
-    """A lone trace cannot feed client or server rules (a span file: client rules): list as not evaluated only
-    the rules its kind of evidence could have fed."""
+    """A lone trace cannot feed client or server rules (a span file: client rules; a fleet capture: any rule
+    but the fleet's): list as not evaluated only the rules its kind of evidence could have fed."""
+    if kind == "fleet":
+        return all(m.startswith("fleet_") for m in ne.missing)
     if kind == "trace":
         return all(m.startswith("trace_") for m in ne.missing)
     if kind == "spans":
@@ -259,7 +270,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         phase_signals=[per_phase[p.phase] for p in phases],
         phases=phases,
         findings=res.findings,
-        not_evaluated=[n for n in res.not_evaluated if _relevant(bundle.kind, n)],
+        not_evaluated=[n for n in res.not_evaluated if _relevant(_input_kind(bundle), n)],
         probe_statuses=bundle.probe_statuses(),
         warnings=[*bundle.warnings, *_coverage_warnings(tables, window)],
         partial=bundle.partial,

@@ -178,3 +178,16 @@ def test_a_serving_page_still_says_what_is_missing() -> None:
     a = Analysis(source="empty", manifest={})
     assert page_kind(a) == "serving"
     assert "TTFT distribution: not available" in render_html(a)
+
+
+def test_a_fleet_page_lists_only_the_fleet_rules_it_could_not_evaluate(fleet: tuple[Analysis, str]) -> None:
+    """A fleet capture (per-replica aggregates from Prometheus, no request) listed 48 request, server and GPU
+    rules as "not evaluated" although nothing it holds could ever feed them; like a trace, it lists only the
+    rules its kind of evidence could have fed. The same rules on a serving capture are still listed."""
+    a, html = fleet
+    assert all(m.startswith("fleet_") for n in a.not_evaluated for m in n.missing), a.not_evaluated
+    assert not any(n.rule_id.startswith(("SCH", "LAT", "GPU", "KV")) for n in a.not_evaluated)
+    assert {f.rule_id for f in a.findings} & {"FLT001", "FLT002"}, [f.rule_id for f in a.findings]
+    assert "GPU001" not in html
+    serving = analyze(ROOT / "sample_traces" / "vllm_cpu_healthy" / "bundle")
+    assert any(n.rule_id.startswith("GPU") for n in serving.not_evaluated)
