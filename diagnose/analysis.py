@@ -30,6 +30,9 @@ class Analysis:
     thresholds: dict[str, float] = field(default_factory=dict)  # those the rules judged by (with overrides)
     # the workload card (diagnose/signals/workload_card.py), computed once by the pipeline; None: no capture
     workload_card: dict[str, Any] | None = None
+    # what the probes cost the server (diagnose/capture/overhead.py probe_cost), computed once by the pipeline
+    # for the HTML and --json alike; None: the probes recorded no cost (older bundles, traces)
+    probe_cost: dict[str, Any] | None = None
 
     @property
     def engine(self) -> str | None:

@@ -278,7 +278,10 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         run_window=window,
         thresholds=dict(thresholds),
     )
-    return replace(analysis, workload_card=workload_card(analysis, cost_per_hour))
+    from diagnose.capture.overhead import probe_cost
+
+    manifest = bundle.manifest if isinstance(bundle.manifest, dict) else {}
+    return replace(analysis, workload_card=workload_card(analysis, cost_per_hour), probe_cost=probe_cost(manifest))
 
 
 def _coverage_warnings(tables: dict[str, pd.DataFrame], window: Window) -> list[str]:

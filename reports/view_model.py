@@ -54,7 +54,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     sections = [section_view(s) for s in (build_sections(a.tables, a.signals, a.run_window) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
-    cost = _probe_cost(manifest)
+    cost = _probe_cost(a.probe_cost, manifest)
     sweep = _sweep_levels(a) > 1
     kind = page_kind(a)
     requests_page = kind == "serving"  # a kernel trace or a fleet read holds no request: no request section
@@ -301,11 +301,9 @@ def _title(manifest: dict[str, Any], source: str) -> str:
     return f"{model} on {engine}{' ' + str(ver) if ver else ''}"
 
 
-def _probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """What the probes cost the server (diagnose/capture/overhead.py): the line, and the budget's adaptations."""
-    from diagnose.capture.overhead import probe_cost
-
-    pc = probe_cost(manifest)
+def _probe_cost(pc: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the probes cost the server (``Analysis.probe_cost``, computed once by the pipeline): the line, and
+    the budget's adaptations."""
     if pc is None:
         if not manifest.get("probes"):
             return None

@@ -88,9 +88,7 @@ def analysis_json(a: Analysis) -> dict[str, Any]:
 
 def _probe_cost_json(a: Analysis) -> dict[str, Any]:
     """What the probes cost the server (diagnose/capture/overhead.py; docs/probe-cost.md); nothing when not recorded."""
-    from diagnose.capture.overhead import probe_cost
-
-    pc = probe_cost(a.manifest or {})
+    pc = a.probe_cost
     return {"probe_cost": pc} if pc is not None else {}
 
 
