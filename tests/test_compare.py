@@ -22,7 +22,6 @@ from diagnose.cli import exits
 from diagnose.cli.main import cli
 from diagnose.compare import gate
 from diagnose.pipeline import analyze
-from diagnose.pipeline import analyze as _analyze
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 QUEUE = SAMPLES / "vllm_cpu_queue_bound" / "bundle"
@@ -397,27 +396,27 @@ def test_a_reference_phase_that_moved_is_reported_as_host_drift(tmp_path: Path) 
     from diagnose.cli.compare import comparison_lines
     from diagnose.reports.compare import render_comparison
 
-    def analyze(path: Path) -> Any:  # a capture without the host probe
-        an = _analyze(path)
+    def no_host(path: Path) -> Any:  # a capture without the host probe
+        an = analyze(path)
         an.tables.pop("host_threads", None)
         return an
 
-    a = analyze(QUEUE)
-    assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["host_drift"] == []
-    with_host = cmp.compare(_analyze(QUEUE), _analyze(_reference_scaled(QUEUE, tmp_path / "held", 1.5)),
+    a = no_host(QUEUE)
+    assert cmp.compare(a, no_host(QUEUE), resamples=100).comparability["host_drift"] == []
+    with_host = cmp.compare(analyze(QUEUE), analyze(_reference_scaled(QUEUE, tmp_path / "held", 1.5)),
                             resamples=100)
     assert with_host.comparability["host_drift"] == []  # the measured runs' CPU per token held
-    b = analyze(_reference_scaled(QUEUE, tmp_path / "slow", 1.5))
+    b = no_host(_reference_scaled(QUEUE, tmp_path / "slow", 1.5))
     assert b.signals["baseline_itl_p50_ms"].value == pytest.approx(1.5 * a.signals["baseline_itl_p50_ms"].value)
     c = cmp.compare(a, b, resamples=100)
     [d] = c.comparability["host_drift"]
     assert "+50%" in d and "ITL P50" in d
-    assert c.to_json()["levels"] == cmp.compare(a, analyze(QUEUE), resamples=100).to_json()["levels"]
+    assert c.to_json()["levels"] == cmp.compare(a, no_host(QUEUE), resamples=100).to_json()["levels"]
     assert any(line.strip().startswith("note: the concurrency-1 reference") for line in comparison_lines(c))
     assert "+50%" in render_comparison(c.to_json())
     # +20%: beyond the 10% band as a point value, but these 8 requests' ITL medians range 4.2-7.4 ms, so
     # the interval of the move (resampling them) reaches inside it: not called a host of another speed
-    near = analyze(_reference_scaled(QUEUE, tmp_path / "near", 1.2))
+    near = no_host(_reference_scaled(QUEUE, tmp_path / "near", 1.2))
     assert near.signals["baseline_itl_p50_ms"].value / a.signals["baseline_itl_p50_ms"].value - 1 > cmp.HOST_DRIFT_MIN
     assert cmp.compare(a, near, resamples=100).comparability["host_drift"] == []
     assert cmp.reference_drift(a, near) is None

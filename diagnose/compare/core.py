@@ -266,7 +266,7 @@ def host_notes(a: Analysis, b: Analysis, same_setting: bool) -> list[str]:
         return host_drift(a, b)
     ra, rb = _runs_cpu_per_token(a), _runs_cpu_per_token(b)
     if set(ra) & set(rb):
-        return work_drift(a, b)
+        return work_drift(ra, rb)
     return host_drift(a, b)
 
 
@@ -297,14 +297,14 @@ def _runs_cpu_per_token(a: Analysis) -> dict[tuple[str, float | None], list[floa
     return out
 
 
-def work_drift(a: Analysis, b: Analysis) -> list[str]:
+def work_drift(ra: dict[tuple[str, float | None], list[float]],
+               rb: dict[tuple[str, float | None], list[float]]) -> list[str]:
     """Where no recorded setting differs (an A/A pair, a rerun): the engine's CPU time per output token at a
-    load level, the same work on the same engine, moved by more than WORK_DRIFT_MIN with every run of B
-    beyond every run of A. The cores then delivered less (or more) work per second: a slower, shared or
+    load level (``_runs_cpu_per_token`` of A and of B), the same work on the same engine, moved by more than
+    WORK_DRIFT_MIN with every run of B beyond every run of A. The cores then delivered less (or more) work per second: a slower, shared or
     stolen core that the guest's steal counter need not show (CI: an A/A pair whose second capture's three
     runs were all 26% slower in throughput, the engine using 39% more CPU per token, the concurrency-1
     reference within 10%). Reported like ``host_drift``; verdicts are untouched."""
-    ra, rb = _runs_cpu_per_token(a), _runs_cpu_per_token(b)
     out = []
     for key in sorted(set(ra) & set(rb), key=lambda k: (k[0], -1.0 if k[1] is None else k[1])):
         va, vb = ra[key], rb[key]
