@@ -13,6 +13,17 @@ Modes (``--mode``):
 * ``die``: like ok, then the process exits ``--die-after`` seconds after its start (a server killed
   mid-capture).
 
+``--leak-cancelled`` makes ``vllm:num_requests_running`` count the streams being served plus every stream whose
+client went away (an engine that goes on generating for clients that left; the readiness tests' leak).
+``--stale-gauge`` (with ``--leak-cancelled``'s metrics) shows the count as of the last stream that started or
+ended normally: a stream whose client left is not counted off until another request runs (vLLM's gauges after
+aborts, vllm#29928).
+``--slots N`` serves at most N requests at once, the rest wait in arrival order (a server at capacity, its queue
+unbounded, as vLLM's and llama-server's are); ``--max-waiting K`` bounds that queue: a request that finds K
+waiting is answered 429 with ``Retry-After: 1`` at once (a gateway's concurrency limit in front of it).
+``--unready-s S --state FILE`` says healthy at once (``/health`` 200); a first start creates FILE and serves, a
+restart (FILE there) answers completions 503 for S seconds (a server whose health check passes before its model
+serves).
 ``--models-status`` makes ``/v1/models`` answer that status; ``--metrics-mb`` makes ``/metrics`` that many
 MB of engine-looking Prometheus text; ``--log FILE`` appends every prompt received as a JSON line.
 """
@@ -50,6 +61,18 @@ class Faults:
         self.huge: bytes | None = None
         # --slots N: at most N requests served at once, the rest wait in arrival order (a server at capacity)
         self.slots = asyncio.Semaphore(a.slots) if a.slots > 0 else None
+        self.running = 0  # streams being served (--leak-cancelled: their metrics)
+        self.leaked = 0  # streams whose client left (--leak-cancelled: counted as running for ever)
+        self.shown = 0  # --stale-gauge: the running count as of the last normal start or end
+        self.waiting = 0  # --slots: requests waiting for one (--max-waiting bounds them)
+        self.t_start = time.monotonic()
+        # --unready-s: a first start (no --state file yet) creates the file and serves at once; a restart is unready
+        self.unready_s = 0.0
+        if a.unready_s and a.state:
+            if os.path.exists(a.state):
+                self.unready_s = a.unready_s
+            else:
+                open(a.state, "w").close()  # noqa: SIM115 - an empty marker
 
     def prompt_of(self, body: dict[str, Any]) -> str:
         if "prompt" in body:
@@ -63,6 +86,10 @@ class Faults:
         return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
+        if self.a.leak_cancelled or self.a.stale_gauge:
+            n = self.shown if self.a.stale_gauge else self.running + self.leaked
+            return web.Response(text=METRICS.replace("} 1.0", f"}} {n}.0"),
+                                content_type="text/plain")
         if not self.a.metrics_mb:
             return web.Response(text=METRICS, content_type="text/plain")
         if self.huge is None:
@@ -96,16 +123,39 @@ class Faults:
         echo = {"error": {"message": f"invalid credentials {auth} for request {prompt!r}",
                           "request": {"headers": {"Authorization": auth}, "prompt": prompt}}}
         mode = self.a.mode
+        if self.unready_s and time.monotonic() - self.t_start < self.unready_s:
+            return web.json_response({"error": {"message": "model still loading"}}, status=503)
         if mode == "echo401":
             return web.json_response(echo, status=401)
         if mode == "status":
             headers = {"Retry-After": str(self.a.retry_after)} if self.a.retry_after is not None else {}
             return web.json_response({"error": {"message": f"status {self.a.status} on purpose"}},
                                      status=self.a.status, headers=headers)
-        if self.slots is not None:
-            async with self.slots:
-                return await self._stream(request, body, n, echo)
-        return await self._stream(request, body, n, echo)
+        if self.slots is not None and 0 <= self.a.max_waiting <= self.waiting:
+            return web.json_response({"error": {"message": "queue full"}}, status=429, headers={"Retry-After": "1"})
+        self.running += 1
+        self.shown = self.running
+        try:
+            if self.slots is not None:
+                self.waiting += 1
+                try:
+                    await self.slots.acquire()
+                finally:
+                    self.waiting -= 1
+                try:
+                    resp = await self._stream(request, body, n, echo)
+                finally:
+                    self.slots.release()
+            else:
+                resp = await self._stream(request, body, n, echo)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.running -= 1
+            if self.a.leak_cancelled:
+                self.leaked += 1  # the client left mid-stream
+            raise
+        self.running -= 1
+        self.shown = self.running
+        return resp
 
     async def _stream(self, request: web.Request, body: dict[str, Any], n: int,
                       echo: dict[str, Any]) -> web.StreamResponse:
@@ -137,6 +187,11 @@ async def amain(a: argparse.Namespace) -> None:
     app = web.Application()
     app.router.add_get("/v1/models", f.models)
     app.router.add_get("/metrics", f.metrics)
+    if a.unready_s:
+        async def health(_r: web.Request) -> web.Response:  # healthy before ready, on purpose
+            return web.Response(text="ok")
+
+        app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", f.completions)
     app.router.add_post("/v1/chat/completions", f.completions)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
@@ -162,6 +217,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--metrics-mb", type=float, default=0.0)
     ap.add_argument("--log", default=None)
     ap.add_argument("--slots", type=int, default=0, help="serve at most N requests at once (0: no limit)")
+    ap.add_argument("--max-waiting", type=int, default=-1,
+                    help="with --slots: answer 429 (Retry-After: 1) to a request that finds this many waiting")
+    ap.add_argument("--leak-cancelled", action="store_true",
+                    help="count streams whose client left as running for ever (vllm:num_requests_running)")
+    ap.add_argument("--stale-gauge", action="store_true",
+                    help="vllm:num_requests_running as of the last normal start or end (not moved by aborts)")
+    ap.add_argument("--unready-s", type=float, default=0.0,
+                    help="/health answers 200 at once, but completions answer 503 for this long after a restart")
+    ap.add_argument("--state", default=None, help="with --unready-s: the file that tells a restart from a first start")
     ap.add_argument("--first-ms", type=float, default=0.0, help="time to the first token of a served request")
     # unknown options are ignored: an experiment run by `attach --launch --verify` may add an engine flag
     asyncio.run(amain(ap.parse_known_args(argv)[0]))

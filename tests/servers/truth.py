@@ -14,6 +14,15 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
+def answers(url: str, path: str = "/v1/models") -> bool:
+    """Whether something answers a GET of ``path`` at ``url`` within a second (a launched server still up)."""
+    try:
+        with urllib.request.urlopen(f"{url}{path}", timeout=1):  # noqa: S310 - a test's local URL
+            return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

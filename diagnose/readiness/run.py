@@ -1,0 +1,171 @@
+"""Run the readiness checks against one server and write the output folder (readiness.json, readiness.html and,
+with ``--launch``, the server's log).
+
+Order: with ``--launch`` the server is started by diagnose and the cold-start check runs first (it needs the
+server fresh), then the cancellation check and the overload check (last: on a server that queues everything it
+leaves a backlog) on the same server, which is then stopped (always). Without it the checks run against the
+server at ``--url`` and neither the cold-start check nor the failure check (which kills the launched server and
+starts it again, last) is run. ``--checks`` names the ones to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from diagnose.errors import InputError
+from diagnose.readiness import card
+from diagnose.readiness.cancel import CancelPlan
+from diagnose.readiness.coldstart import ColdPlan
+from diagnose.readiness.failure import FailurePlan
+from diagnose.readiness.overload import OverloadPlan
+from diagnose.readiness.target import Target
+
+if TYPE_CHECKING:
+    from diagnose.runs.experiment import Launched
+
+JSON_NAME = "readiness.json"
+HTML_NAME = "readiness.html"
+LOG_NAME = "server.log"
+CHECKS = ("cancellation", "cold-start", "overload", "failure")  # in the order they run
+RESTART_LOG_NAME = "server-restart.log"
+
+
+@dataclass(frozen=True)
+class Request:
+    url: str
+    output: Path
+    launch: str | None = None
+    slo: Mapping[str, float] = field(default_factory=dict)
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    cancel: CancelPlan = CancelPlan()
+    cold: ColdPlan = ColdPlan()
+    overload: OverloadPlan = OverloadPlan()
+    failure: FailurePlan = FailurePlan()
+    checks: frozenset[str] = frozenset(CHECKS)
+    force: bool = False
+
+
+def check_output(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise InputError(f"-o {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InputError(f"-o {out}: the folder is not empty (use --force to write into it)")
+
+
+@dataclass
+class _Server:
+    """The launched server: started, killed and started again by the failure check, stopped at the end
+    (``current``: the one running)."""
+
+    argv: Sequence[str]
+    url: str
+    out: Path
+    startup_timeout_s: float
+    log: Callable[[str], None]
+    current: Launched | None = None
+
+    def start(self, log_name: str = LOG_NAME) -> float:
+        """Start the command; the seconds from its start to healthy."""
+        from diagnose.readiness import coldstart
+
+        self.current, since = coldstart.start(self.argv, self.url, self.out / log_name, self.startup_timeout_s,
+                                              self.log)
+        return since
+
+    def restart(self) -> float:
+        return self.start(RESTART_LOG_NAME)
+
+    def crash(self) -> None:
+        if self.current is not None:
+            self._left(self.current.crash())
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self._left(self.current.stop())
+
+    def _left(self, pids: list[int]) -> None:
+        if pids:
+            self.log(f"warning: server processes still running after SIGKILL: {', '.join(map(str, pids))}")
+
+
+async def _checks(req: Request, target: Target, log: Callable[[str], None],
+                  healthy: tuple[float, float] | None, server: _Server | None) -> dict[str, Mapping[str, Any] | None]:
+    from diagnose.readiness import cancel, coldstart, failure, overload
+
+    try:
+        await target.connect()
+        neg = await target.negotiate()
+        if not neg.ok:
+            from diagnose.errors import TargetError
+            from diagnose.readiness import target as tg
+
+            raise TargetError(f"{req.url}/v1/completions: a streamed request failed ({tg.failure(neg)})")
+        got: dict[str, Mapping[str, Any] | None] = {name: None for name in CHECKS}
+        if healthy is not None and "cold-start" in req.checks:  # first: it needs the server fresh
+            log("cold start: timing the first requests")
+            got["cold-start"] = await coldstart.measure(target, req.cold, *healthy)
+        if "cancellation" in req.checks:
+            log(f"cancellation: {req.cancel.streams} streams, in-flight state from {target.source or 'nowhere'}")
+            got["cancellation"] = await cancel.run(target, req.cancel, req.thresholds[card.RELEASE], log)
+        if "overload" in req.checks:  # it leaves a backlog behind on a server that queues everything
+            got["overload"] = await overload.run(target, req.overload, req.thresholds[card.RECOVERED_RATIO], log)
+        if "failure" in req.checks and server is not None:  # last: it kills the server and starts another
+            log(f"failure: {req.failure.workers} clients for {req.failure.before_s:g} s, then a crash and a restart")
+            got["failure"] = await failure.run(target, req.failure, server.crash, server.restart, log)
+        return got
+    finally:
+        await target.close()
+
+
+def run(req: Request, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """Run every check that applies and write the folder; returns the readiness document."""
+    from diagnose.runs import experiment as er
+
+    check_output(req.output, req.force)
+    req.cancel.check()
+    req.overload.check()
+    req.failure.check()
+    url = er.check_url(req.url)
+    server: _Server | None = None
+    healthy: tuple[float, float] | None = None
+    if req.launch:
+        argv = er.split_launch(req.launch)
+        er.refuse_running(url)
+        req.output.mkdir(parents=True, exist_ok=True)
+        server = _Server(argv, url, req.output, req.cold.startup_timeout_s, log)
+        since = server.start()
+        healthy = (since, time.monotonic())
+        log(f"healthy {since:.2f} s after the start")
+    try:
+        target = Target(url)
+        got = asyncio.run(_checks(req, target, log, healthy, server))
+        info = {"model": target.model, "engine": target.engine, "in_flight_source": target.source}
+    finally:
+        if server is not None:
+            server.stop()
+    doc = card.document(url, req.launch, req.slo, req.thresholds, got["cancellation"], got["cold-start"], info,
+                        got["overload"], asked=req.checks, fail=got["failure"])
+    write(req.output, doc)
+    return doc
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    from diagnose.io import schemas
+    from diagnose.io.outputs import write_bytes
+    from diagnose.reports.render import Page, render_page
+
+    write_bytes(out / JSON_NAME, schemas.dumps(doc, _opt()), parents=True)
+    html = render_page(Page("readiness.html", {"d": doc}))  # numbers through the environment's fmt
+    write_bytes(out / HTML_NAME, html.encode("utf-8"), parents=True)
+
+
+def _opt() -> int:
+    import orjson
+
+    return orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+
