@@ -40,6 +40,7 @@ class Case:
     phase_signals: list[dict[str, float]] = field(default_factory=list)
     thresholds: dict[str, float] = field(default_factory=dict)
     causes: dict[str, str] = field(default_factory=dict)
+    severity: str = ""  # optional: the severity the finding must have when it fires (the impact gate)
     path: str = ""
 
 
@@ -67,6 +68,7 @@ def load_cases(path: Path) -> list[Case]:
             phase_signals=[{str(k): float(v) for k, v in ps.items()} for ps in (c.get("phase_signals") or [])],
             thresholds={str(k): float(v) for k, v in (c.get("thresholds") or {}).items()},
             causes={str(k): str(v) for k, v in (c.get("causes") or {}).items()},
+            severity=str(c.get("severity") or ""),
             path=str(path),
         ))
     return out
@@ -92,6 +94,8 @@ def run_case_causes(spec: RuleSpec, case: Case) -> tuple[str, dict[str, str]]:
     if fired is not None:
         statuses = {name: next((c.status for c in fired.causes if c.cause.startswith(name)), "no such cause")
                     for name in case.causes}
+        if case.severity and fired.severity != case.severity:
+            return f"fires at {fired.severity}, not {case.severity}", statuses
         return "fires", statuses
     return _quiet_or_missing(spec, res), {}
 

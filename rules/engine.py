@@ -238,7 +238,9 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
     share = _share(spec, signals)
     fit = round(confidence * cause_fit(causes), 3)
     explained = share["share"] if share else impact
-    score = SEVERITY_WEIGHT.get(spec.severity, 1.0) * fit * min(1.0, max(EXPLAINED_FLOOR, explained))
+    severity = "info" if spec.minor_when and Evaluator(signals, thresholds).evaluate(spec.minor_when) is True \
+        else spec.severity  # the impact gate: too small a share of the time to matter is info
+    score = SEVERITY_WEIGHT.get(severity, 1.0) * fit * min(1.0, max(EXPLAINED_FLOOR, explained))
     title = render_text(spec.title, signals, thresholds, extra)
     if phase_label:
         title = f"{title} [{phase_label}]"
@@ -246,7 +248,7 @@ def _finding(spec: RuleSpec, signals: Mapping[str, Signal], thresholds: Mapping[
         rule_id=spec.id,
         name=spec.name,
         family=spec.family,
-        severity=spec.severity,  # type: ignore[arg-type]
+        severity=severity,  # type: ignore[arg-type]
         title=title,
         hypothesis=render_text(spec.hypothesis, signals, thresholds, extra),
         confidence=round(confidence, 3),

@@ -93,7 +93,7 @@ def literal_numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:
 
 def _catalogue_literals(raw: dict[str, Any], f: Path) -> list[str]:
     """The shipped catalogue keeps every number in rules/thresholds.yaml (a user's own rules may not)."""
-    where: dict[str, Any] = {k: raw.get(k) for k in ("when", "impact")}
+    where: dict[str, Any] = {k: raw.get(k) for k in ("when", "impact", "minor_when")}
     for i, c in enumerate(raw.get("causes") or []):
         if isinstance(c, dict):
             where[f"causes[{i}]"] = {k: c.get(k) for k in ("supported_when", "refuted_when")}
@@ -137,6 +137,8 @@ def lint(extra_dirs: list[Path], cases_dirs: list[Path]) -> list[str]:
                 problems.append(f"{f}: unknown threshold ${name} (not in rules/thresholds.yaml)")
         try:
             Evaluator({}, thresholds).evaluate(spec.when)
+            if spec.minor_when:
+                Evaluator({}, thresholds).evaluate(spec.minor_when)
         except ConditionError as e:
             problems.append(f"{f}: bad condition: {e}")
         cf = case_file_for(spec, cases_dirs)

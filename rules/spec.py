@@ -32,7 +32,7 @@ CAUSE_CONDITIONS = ("supported_when", "refuted_when")
 REQUIRED_KEYS = ("id", "name", "family", "severity", "when", "title", "hypothesis", "causes")
 KNOWN_KEYS = set(REQUIRED_KEYS) | {
     "requires", "scope", "evidence", "impact", "confidence", "runbook", "description",
-    "suppressed_by", "tags", "kind", "explains", "share", "holds_back", "timing_free",
+    "suppressed_by", "tags", "kind", "explains", "share", "holds_back", "timing_free", "minor_when",
 }
 
 
@@ -67,12 +67,17 @@ class RuleSpec:
     # its condition reads no latency (counts, finish reasons): a client near its limit cannot make it fire, so
     # holds_back never holds it back
     timing_free: bool = False
+    # impact gate (issue 35): when this condition holds, what the finding explains is too small a share of the
+    # time to matter and the finding is reported at info, whatever its severity
+    minor_when: dict[str, Any] | None = None
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all_signals(self) -> set[str]:
         out = set(self.requires) | set(self.evidence) | set(self.share) | referenced_signals(self.when)
+        if self.minor_when:
+            out |= referenced_signals(self.minor_when)
         if self.impact and isinstance(self.impact.get("signal"), str):
             out.add(self.impact["signal"])
         for c in self.causes:
@@ -159,6 +164,7 @@ def parse_spec(raw: dict[str, Any], path: str) -> RuleSpec:
         family=str(raw["family"]),
         severity=str(raw["severity"]),
         when=dict(raw["when"]),
+        minor_when=dict(raw["minor_when"]) if isinstance(raw.get("minor_when"), dict) else None,
         title=str(raw["title"]),
         hypothesis=str(raw["hypothesis"]),
         causes=tuple(dict(c) for c in raw["causes"]),

@@ -15,6 +15,7 @@ from diagnose.model import Finding, Signal, Verdict, VerdictLevel
 from diagnose.rules.engine import rank_key
 
 ALARM = ("warning", "error", "critical")
+CAPTURE_RULE = "TRC009"  # the trace is a graph-capture pass (diagnose/trace/capture.py), not serving
 
 
 def ranked(findings: Sequence[Finding]) -> list[Finding]:
@@ -121,5 +122,10 @@ def decide(findings: Sequence[Finding], signals: Mapping[str, Signal], *, partia
                        f"{held[0].hypothesis} Its evidence rests on measurements that {', '.join(by)} doubts, so "
                        "it is shown below but not called a bottleneck; fix what holds it back and capture again.",
                        partial=partial, top_rule=held[0].rule_id)
+    capture = next((f for f in findings if f.rule_id == CAPTURE_RULE), None)
+    if capture is not None:  # a graph-capture pass holds no serving to judge: never "no bottleneck" (issue 35)
+        return Verdict("info", f"{prefix}Not judged: {capture.title}",
+                       f"{capture.hypothesis} Its other trace findings are withheld; profile a serving window to "
+                       "judge the engine.", partial=partial, top_rule=capture.rule_id)
     return Verdict("ok", f"{prefix}No bottleneck found at warning level or above.",
                    "No rule found a bottleneck in the evidence captured.", partial=partial)

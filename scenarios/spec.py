@@ -69,7 +69,8 @@ def _parse(raw: Any, defaults: dict[str, Any], path: Path) -> Scenario:
         raise ScenarioError(f"{path}: every scenario needs a 'name'")
     name = raw["name"]
     where = f"{path}: scenario {name!r}"
-    known = {"name", "description", "engine", "attach", "hog", "expect", "timeout_s", "otlp", "pyspy"}
+    known = {"name", "description", "engine", "attach", "hog", "expect", "timeout_s", "otlp", "pyspy",
+             "thread"}  # thread: the public report a family comes from (scenarios/user_families*.yaml)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(unknown)}")

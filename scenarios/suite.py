@@ -230,6 +230,12 @@ def analysis_outputs(bundle: Path) -> tuple[Path, Path]:
     return bundle.with_name(bundle.name + ".report.html"), bundle.with_name(bundle.name + ".findings.json")
 
 
+def realtime_client_permitted() -> bool:
+    """Whether the load client may run at real-time round-robin priority here (``chrt``, as root): how the suite
+    runs it unless told otherwise, so that other tenants of the machine cannot delay its timestamps."""
+    return shutil.which("chrt") is not None and os.geteuid() == 0
+
+
 def run_scenario(scn: Scenario, server: ServerProcess, work: Path, repeat: int, nice: int = 0,
                  client_rt: bool = True) -> ScenarioResult:
     res = ScenarioResult(scn.name, scn.expect_top, scn.expect_top3, repeat=repeat, loadavg=os.getloadavg()[0])
@@ -452,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise DiagnoseError("llama-server is not built: run `bash harness/ensure_llama.sh` first")
             nice = args.nice if args.nice >= 0 or os.geteuid() == 0 else 0
             set_group_priority("self", nice)
-            client_rt = args.client_rt and shutil.which("chrt") is not None and os.geteuid() == 0
+            client_rt = args.client_rt and realtime_client_permitted()
             results = run_suite(scenarios, max(1, args.repeat), work, args.port_base, args.fresh_engine, work,
                                 nice, args.restart_per_repeat, client_rt, args.startup_timeout)
         took = time.monotonic() - t0
