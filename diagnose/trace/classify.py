@@ -14,9 +14,19 @@ _KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"all_gather|reduce_scatter|reducescatter|alltoall|all_to_all|one_shot|two_shot|quickreduce|"
         r"mscclpp|deep_?ep|nvshmem|symm_mem")),
     ("memory", re.compile(r"^(hip)?memcpy|^(hip)?memset|^dma")),
+    # FlashInfer's non-attention kernels (flashinfer::sampling / norm / activation, also mangled:
+    # _ZN10flashinfer8sampling...) before its attention ones
+    ("sampling", re.compile(r"flashinfer\W{0,4}\d*sampling")),
+    ("norm_elementwise", re.compile(r"flashinfer\W{0,4}\d*(?:norm|activation|pos_enc|rope|quantization)")),
+    # MoE expert GEMMs before attention (aiter's fmoe_* / ck_moe_*, Triton fused_moe, Marlin MoE)
+    ("gemm", re.compile(r"fmoe_|ck_moe|fused_moe|moe_?gemm|moe_?mlp|marlin")),
     ("attention", re.compile(
         r"flash|fmha|attention|attn|paged_?attention|sdpa|xformers|mha_|_mha|mla_|flashinfer|"
-        r"reshape_and_cache|unified_attention|context_attention|decode_attention|ck_tile.*fmha")),
+        r"reshape_and_cache|unified_attention|context_attention|decode_attention|ck_tile.*fmha|"
+        # SageAttention (sage_fwd, sage_quant_kernel, its CUDA qk_int8_sv_f8_* and Triton quant_per_block_int8),
+        # FlashInfer kernels named without their namespace (BatchPrefillWithPagedKVCacheKernel, MergeStates)
+        r"(?:^|[^a-z])sage|qk_int8_sv_|quant_per_block_int8|per_warp_int8|kvcachekernel|batch(?:prefill|decode)with|"
+        r"mergestates?")),
     ("gemm", re.compile(
         r"gemm|cutlass|xmma|cublas|hipblaslt|cijk_|nvjet|matmul|_mm_|splitk|wgmma|wmma|"
         r"sgemm|hgemm|bmm|tensorop|scaled_mm|marlin|moe_align|fused_moe|grouped_mm|triton_.*mm")),

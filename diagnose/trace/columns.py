@@ -36,7 +36,9 @@ PYTHON_CATS = {"python_function", "Python"}
 # CUDA-graph capture. Matched on the unique names of each piece only, so the other frames cost no more than
 # being dropped.
 STEP_FRAME = re.compile(r"(?:^|/)(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\): "
-                        r"(?:execute_model|capture_model|_capture_cudagraphs)$")
+                        r"(?:execute_model|capture_model|_capture_cudagraphs)$|"
+                        r"(?:^|/)cuda_graph_runner\.py\(\d+\): (?:capture|capture_one_batch_size)$|"
+                        r"(?:^|/)cudagraph_trees\.py\(\d+\): (?:_record|record_function)$")
 UNSET: Any = msgspec.UNSET
 
 

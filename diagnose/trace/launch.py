@@ -110,7 +110,8 @@ def sync_intervals(runtime: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def transfers(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> pd.DataFrame:
     """Memcpy/memset activity by direction: count, bytes, time, bandwidth, pageable and async-pageable."""
     mem = gpu[gpu["kind"] != "kernel"]
-    cols = ["rank", "direction", "count", "bytes", "total_us", "bandwidth_gbps", "pageable", "async_pageable"]
+    cols = ["rank", "direction", "count", "bytes", "total_us", "bandwidth_gbps", "pageable", "async_pageable",
+            "async_pageable_us"]
     if mem.empty:
         return pd.DataFrame(columns=cols)
     cats = [str(c) for c in mem["name"].cat.categories]
@@ -122,8 +123,10 @@ def transfers(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> pd.DataFra
     async_call = mem[["corr"]].merge(calls, on="corr", how="left")["is_async"].fillna(False).to_numpy(dtype=bool)
     df = pd.DataFrame({"direction": direction, "bytes": mem["bytes"].clip(lower=0).to_numpy(),
                        "dur": mem["dur_us"].to_numpy(), "pageable": pageable, "async_pageable": pageable & async_call})
+    df["async_pageable_dur"] = np.where(df["async_pageable"], df["dur"], 0.0)
     g = df.groupby("direction").agg(count=("dur", "size"), bytes=("bytes", "sum"), total_us=("dur", "sum"),
-                                    pageable=("pageable", "sum"), async_pageable=("async_pageable", "sum"))
+                                    pageable=("pageable", "sum"), async_pageable=("async_pageable", "sum"),
+                                    async_pageable_us=("async_pageable_dur", "sum"))
     g = g.reset_index()
     g["bandwidth_gbps"] = np.where(g["total_us"] > 0, g["bytes"] / (g["total_us"] * 1e3), np.nan)
     g.loc[g["direction"] == "memset", "bandwidth_gbps"] = np.nan

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.trace import launch, steps, timeline
+from diagnose.trace import capture, host_stall, launch, steps, timeline
 from diagnose.trace.classify import classify_kernels
 from diagnose.trace.parse import RankTrace, read_trace
 
@@ -33,7 +33,7 @@ RANK_COLUMNS = ["rank", "file", "events", "time_unit", "base_time_ns", "start_us
 TABLES = {"streams": "trace_gpu_streams", "idle_streams": "trace_idle_streams", "classes": "trace_kernel_classes",
           "top": "trace_top_kernels", "launch": "trace_launch", "sync": "trace_sync",
           "transfers": "trace_transfers", "steps": "trace_steps", "cpu_ops": "trace_cpu_ops",
-          "python": "trace_python_functions", "comm": "trace_comm_split"}
+          "python": "trace_python_functions", "comm": "trace_comm_split", "stalls": "trace_host_stalls"}
 # one row per rank (key in RankResult.rows -> the merged table)
 ROWS = {"gpu_row": "trace_gpu_time", "idle_row": "trace_idle", "launch_row": "trace_launch_summary"}
 TIE_US = 5.0  # ranks whose starts of a collective lie within this of the earliest one tie: nobody is last
@@ -122,11 +122,17 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
     if not rt.gpu.empty:
         t["idle_streams"], out.rows["idle_row"], pre = timeline.idle_attribution(
             rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
-    out.capture = bool(steps.is_capture(rt.annotations, rt.step_frames))
+    cap = capture.capture_intervals(rt.annotations, rt.step_frames, rt.runtime)
     st = steps.find_steps(steps.with_op_profiler_steps(rt.annotations, rt.cpu_ops), rt.rank, rt.step_frames)
-    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime)
+    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime,
+                                      cap)
+    # a capture pass: the trace records graphs and no counted step serves (steps that capture are excluded)
+    out.capture = bool(len(cap[0])) and steps.included(t["steps"]).empty
+    cpu_ann = rt.annotations[rt.annotations["where"] == "cpu"] if len(rt.annotations) else None
+    t["stalls"] = host_stall.host_stalls(t["steps"], rt.gpu, launch_ts, rt.runtime,
+                                         [cpu_ann, rt.cpu_ops, rt.step_frames, rt.python], pre)
     keep_gpu, keep_rt = steps.outside_artefacts(t["steps"], launch_ts, rt.runtime)
-    if not (keep_gpu.all() and keep_rt.all()):
+    if not out.capture and not (keep_gpu.all() and keep_rt.all()):  # a capture pass keeps its whole window
         # the window-level analyses leave out the excluded steps (warm-up, profiler start/stop): their
         # kernels and runtime calls, so the window shrinks to the counted steps' activity
         rt = replace(rt, gpu=rt.gpu[keep_gpu].reset_index(drop=True),
@@ -249,6 +255,7 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
     tables["trace_step_percentiles"] = steps.step_percentiles(tables["trace_steps"])
     tables["trace_graph_mode"] = steps.graph_mode_table(tables["trace_steps"])
     tables["trace_comm_split"] = _concat([r.tables.get("comm") for r in ok])
+    tables["trace_host_stalls"] = _concat([r.tables.get("stalls") for r in ok])
     tables["trace_capture"] = pd.DataFrame({"rank": [r.rank for r in ok if r.capture]}, dtype="int64")
     comm = {r.rank: r.comm_ts_us for r in ok if r.comm_ts_us is not None}
     durs = {r.rank: r.comm_dur_us for r in ok if r.comm_dur_us is not None}
@@ -262,8 +269,9 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
         warnings.append("no GPU events in the trace (CPU-only, e.g. vLLM's CPU build): analysed CPU ops and "
                         "engine steps only")
     if not tables["trace_capture"].empty:
-        warnings.append("this is a graph-capture trace, not serving (vLLM capture_<batch>_* annotations or "
-                        "capture_model frames): its idle and launch figures describe the capture, not steps")
+        warnings.append("this is a graph-capture trace, not serving (stream-capture calls, or capture "
+                        "annotations / frames of vLLM, SGLang or Inductor): its idle and launch figures describe "
+                        "the capture, not steps")
     if tables["trace_steps"].empty:
         warnings.append("no engine steps found (vLLM execute_context_* annotations or V1 execute_model frames, "
                         "SGLang step[...], or ProfilerStep#): per-step analysis skipped")

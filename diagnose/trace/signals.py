@@ -16,6 +16,7 @@ import pandas as pd
 
 from diagnose.model import Signal
 from diagnose.trace import steps
+from diagnose.trace.host_stall import STALL_STEP_MIN_SHARE
 
 
 def _sig(out: list[Signal], name: str, value: Any, unit: str, desc: str) -> None:
@@ -34,6 +35,7 @@ def _ratio(num: float, den: float) -> float:
 def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
     """Every trace signal the tables support (docs/trace-analysis.md)."""
     out: list[Signal] = []
+    w = float("nan")  # the window (trace time) the window shares are over
     g = tables.get("trace_gpu_time", pd.DataFrame())
     idle = tables.get("trace_idle", pd.DataFrame())
     # the window before the first kernel launched inside the trace that ran promptly, when the GPU was busy
@@ -112,7 +114,12 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
     if not tr.empty:
         _sig(out, "trace_async_pageable_copies_count", tr["async_pageable"].sum(), "count",
              "async memcpy calls on pageable host memory (they run synchronously)")
+        if "async_pageable_us" in tr:
+            _sig(out, "trace_async_pageable_copy_ratio", _ratio(float(tr["async_pageable_us"].sum()), w), "ratio",
+                 "GPU time of the async copies on pageable host memory over the window: the most those copies "
+                 "can cost (they run synchronously)")
     _step_signals(out, tables.get("trace_steps", pd.DataFrame()))
+    _stall_signals(out, tables.get("trace_host_stalls", pd.DataFrame()), tables.get("trace_steps", pd.DataFrame()))
     rk = tables.get("trace_rank_skew", pd.DataFrame())
     coll = tables.get("trace_collectives", pd.DataFrame())
     if not coll.empty:
@@ -126,8 +133,14 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
              "share of collectives that the most frequent last rank started last (ties within 5 µs: nobody last)")
         if top["times_last"] > 0:
             _sig(out, "trace_straggler_rank", top["rank"], "count", "the rank that started the most collectives last")
-            _sig(out, "trace_straggler_lag_p50_us", top.get("lag_us_p50", top["lag_us_mean"]), "us",
+            lag = float(top.get("lag_us_p50", top["lag_us_mean"]))
+            _sig(out, "trace_straggler_lag_p50_us", lag, "us",
                  "median lag of that rank behind the earliest rank at each collective")
+            st = steps.included(tables.get("trace_steps", pd.DataFrame()))
+            if len(st):
+                _sig(out, "trace_straggler_lag_step_ratio", _ratio(lag, float(st["dur_us"].median())), "ratio",
+                     "that median lag over the median engine-step duration: the share of a step the other ranks "
+                     "wait for it")
             _straggler_idle(out, rk, top)
     return out
 
@@ -223,3 +236,29 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
     if len(mix) >= 2 and len(dec) >= 2:
         _sig(out, "trace_mixed_step_inflation_ratio", mix["dur_us"].median() / dec["dur_us"].median(), "ratio",
              "median mixed (prefill+decode) step duration over median pure decode step duration")
+
+
+def _stall_signals(out: list[Signal], hs: pd.DataFrame, st: pd.DataFrame) -> None:
+    """Host stalls inside the counted steps (diagnose/trace/host_stall.py): a step's stall counts when it is at
+    least STALL_STEP_MIN_SHARE of the step's CPU duration."""
+    st = steps.included(st)
+    if hs.empty or st.empty:
+        return
+    d = hs.merge(st[["rank", "step", "dur_us"]], on=["rank", "step"], how="inner")
+    if d.empty:
+        return
+    big = d[d["stall_us"] >= STALL_STEP_MIN_SHARE * d["dur_us"]]
+    frame = str(big["frame"].value_counts().index[0]) if len(big) and big["frame"].astype(bool).any() else ""
+    where = f", opening inside {frame}" if frame else ""
+    _sig(out, "trace_host_stall_p50_ms", d["stall_us"].median() / 1e3, "ms",
+         f"the longest host stall per step (GPU idle until the CPU called the next launch), median{where}")
+    _sig(out, "trace_host_stall_step_ratio", _ratio(float(d["stall_us"].sum()), float(st["dur_us"].sum())), "ratio",
+         "the steps' longest host stalls over the steps' CPU duration")
+    _sig(out, "trace_host_stall_steps_count", len(big), "count",
+         f"steps whose longest host stall is at least {STALL_STEP_MIN_SHARE:.0%} of the step")
+    if len(big):
+        _sig(out, "trace_host_stall_untraced_ratio", float(big["untraced"].astype(bool).mean()), "ratio",
+             "share of those stalls in which the trace recorded no CPU op or runtime call (native code or a GIL "
+             "wait: untraced)")
+        _sig(out, "trace_host_stall_eager_steps_count", int((big["graph_replays"].fillna(0) == 0).sum()), "count",
+             "of those steps, the ones that ran eagerly (no graph replay): a stall there is no graph-mode matter")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.trace.capture import steps_in_capture
 from diagnose.trace.classify import KERNEL_CLASSES
 from diagnose.trace.timeline import clipped_union_len, union, union_len
 
@@ -24,9 +25,6 @@ _V1_FRAME = re.compile(r"(?:gpu_model_runner|model_runner|gpu_worker)\.py\(\d+\)
 # "...: postprocess", "...: sample" etc. (vllm/v1/worker/gpu_model_runner.py, record_function_or_nullcontext)
 _V1_RANGE = re.compile(r"(?:^|[:./ ])execute_model$")
 _V1_SCOPE = re.compile(r"^gpu_model_runner: (\w+)$")
-# vLLM graph capture: annotation capture_<batch>_<FULL|PIECEWISE> and the capture_model frame
-CAPTURE_ANNOTATION = re.compile(r"^capture_\d+_(?:FULL|PIECEWISE|NONE)|^cuda_graph_capture|^graph_capture")
-CAPTURE_FRAME = re.compile(r"\.py\(\d+\): (?:capture_model|_capture_cudagraphs)$")
 V1_SOURCES = ("vllm_v1_frame", "vllm_v1_range")  # steps without token counts: kinds inferred from GPU time
 PREFILL_INFER_RATIO = 2.0  # a V1 step whose GPU time exceeds this multiple of the median step is a prefill
 _SGLANG_TYPES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "mixed", "IDLE": "idle"}
@@ -93,6 +91,26 @@ def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
     return [_row(a, b, "vllm_v1_frame") for a, b in zip(ts, dur, strict=True)]
 
 
+def outermost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose interval no other row contains: one step per outermost engine-step frame. vLLM V1 nests
+    the model runner's ``execute_model`` frame inside the worker's (gpu_worker.py), and an ``execute_model``
+    annotation / NVTX range can wrap either; counting each would report every step twice (issue 35). Of two
+    rows with the same interval the first is kept."""
+    if len(rows) < 2:
+        return rows
+    order = sorted(range(len(rows)), key=lambda i: (float(rows[i]["ts_us"]), -float(rows[i]["dur_us"]), i))
+    kept: list[dict[str, Any]] = []
+    end = -np.inf
+    for i in order:
+        r = rows[i]
+        a, b = float(r["ts_us"]), float(r["ts_us"]) + float(r["dur_us"])
+        if kept and a >= float(kept[-1]["ts_us"]) and b <= end:
+            continue  # inside the last kept (outermost) row
+        kept.append(r)
+        end = b
+    return kept
+
+
 def _row(ts: float, dur: float, source: str) -> dict[str, Any]:
     return {"ts_us": ts, "dur_us": dur, "source": source, "step_type": "unknown", "prefill_reqs": 0,
             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
@@ -126,14 +144,6 @@ def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[dic
     if np.isfinite(start):
         rows.append(_row(start, end - start, "vllm_v1_range"))
     return rows
-
-
-def is_capture(annotations: pd.DataFrame, frames: pd.DataFrame | None) -> bool:
-    """A vLLM graph-capture trace (capture_<batch>_FULL annotations or a capture_model frame)."""
-    names = [str(n) for n in pd.unique(annotations["name"].astype(str).to_numpy())] if len(annotations) else []
-    if frames is not None and len(frames):
-        names += [str(n) for n in pd.unique(frames["name"].astype(str).to_numpy())]
-    return any(CAPTURE_ANNOTATION.search(n) or CAPTURE_FRAME.search(n) for n in names)
 
 
 def _has_profiler_step(names: pd.Series) -> bool:
@@ -182,7 +192,11 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
     df = pd.DataFrame(rows)
     best = next(s for s in ("vllm", "sglang", "vllm_v1_frame", "vllm_v1_range", "profiler_step")
                 if (df["source"] == s).any())
-    df = df[df["source"] == best].sort_values("ts_us", ignore_index=True)
+    if best in V1_SOURCES:  # frames and ranges of one step nest: the outermost of either counts, once
+        df = pd.DataFrame(outermost([r for r in rows if r["source"] in V1_SOURCES]))
+    else:
+        df = df[df["source"] == best]
+    df = df.sort_values("ts_us", ignore_index=True)
     df["kind_from"] = ("inferred: GPU time over 2x the median step = prefill" if best in V1_SOURCES else
                        "none" if best == "profiler_step" else "annotation name")
     df.insert(0, "step", np.arange(len(df)))
@@ -199,7 +213,10 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     A kernel belongs to the step whose CPU interval contains the start of the runtime call that launched it.
     ``gpu_busy_ratio`` = union of the step's kernel intervals / the step's GPU span (step start to the later of
     the step end and its last kernel end). ``gpu_dur_us`` = first kernel start to last kernel end of the step;
-    the GPU idle inside the step's span is located: ``idle_before_first_us`` (step start to first kernel),
+    from the step start to its first kernel, ``queued_before_first_us`` is the time the GPU still ran work
+    queued before the step (the previous step's kernels, work launched before the trace) and
+    ``idle_before_first_us`` the rest (the GPU ran nothing); the GPU idle inside the step's span is located:
+    ``idle_before_first_us``,
     ``idle_between_us`` (between the step's kernels, e.g. between graph replays), ``idle_after_last_us``
     (last kernel end to the CPU step end). ``sync_blocking_us`` = the part of the step's sync calls when the GPU
     was idle (not running any kernel, nor work from before the trace): only that part blocks the GPU.
@@ -235,7 +252,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     out["sync_us"] = sync_us
     out["sync_blocking_us"] = np.clip(blocking, 0, None)
     new_cols = ["gpu_busy_us", "kernel_us", "memory_bound_us", "gpu_busy_ratio", "gpu_span_us", "gpu_dur_us",
-                "idle_before_first_us", "idle_between_us", "idle_after_last_us", "kernels", "graph_replays",
+                "queued_before_first_us", "idle_before_first_us", "idle_between_us", "idle_after_last_us", "kernels", "graph_replays",
                 "eager_kernels", "eager_gpu_us", *[f"{c}_us" for c in KERNEL_CLASSES]]
     for c in new_cols:
         out[c] = np.nan
@@ -249,6 +266,7 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     corr = gpu["corr"].to_numpy()
     gk = np.zeros(len(gs), dtype=bool) if graph_kernel is None else graph_kernel
     pre_s, pre_e = union(*pre_trace) if pre_trace is not None else (np.zeros(0), np.zeros(0))
+    bus_s, bus_e = union(np.concatenate([gs, pre_s]), np.concatenate([ge, pre_e]))  # the GPU running anything
     idx = np.flatnonzero(ok)
     if len(idx) == 0:
         return _infer_kinds(out)
@@ -269,7 +287,12 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
         vals["kernel_us"][step] = d.sum()
         vals["memory_bound_us"][step] = d[mb[sel]].sum()
         vals["gpu_dur_us"][step] = last - first
-        vals["idle_before_first_us"][step] = max(0.0, first - st[step])
+        # before the first kernel the GPU may still run work queued earlier (the previous step's kernels, or
+        # work launched before the trace): that part is queued, not idle
+        before = max(0.0, first - st[step])
+        queued = float(clipped_union_len(bus_s, bus_e, np.array([st[step]]), np.array([first]))[0]) if before else 0.0
+        vals["queued_before_first_us"][step] = min(before, queued)
+        vals["idle_before_first_us"][step] = max(0.0, before - queued)
         between = (last - first) - busy
         if len(pre_s):  # the GPU ran work from before the trace then: not idle
             between -= float(clipped_union_len(pre_s, pre_e, np.array([first]), np.array([last]))[0])
@@ -318,9 +341,12 @@ def _others_median(dur: np.ndarray, kind: np.ndarray, keep: np.ndarray, i: int) 
     return (float(np.median(dur[m])), n) if n else (float("nan"), 0)
 
 
-def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Sets ``excluded`` (empty = the step counts) for warm-up and profiler start/stop steps (rules at
-    PROFILER_START_RATIO above); a trace's only step always stays counted."""
+def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None,
+                   capture: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
+    """Sets ``excluded`` (empty = the step counts) for graph-capture steps (a step overlapping a ``capture``
+    mark, diagnose/trace/capture.py: it records graphs rather than runs them), warm-up and profiler
+    start/stop steps (rules at PROFILER_START_RATIO above); a trace's only step stays counted unless it
+    captures."""
     out = steps.copy()
     if "excluded" not in out:
         out["excluded"] = ""
@@ -332,6 +358,11 @@ def mark_artefacts(steps: pd.DataFrame, runtime: pd.DataFrame | None = None) -> 
         exc[:] = ""
     st = out["ts_us"].to_numpy(dtype=float)
     en = st + out["dur_us"].to_numpy(dtype=float)
+    if capture is not None:
+        caps = steps_in_capture(st, en, capture)
+        for j in np.flatnonzero(caps).tolist():
+            exc[j] = (f"graph capture: the step records CUDA/HIP graphs ({int(caps[j])} capture mark"
+                      f"{'s' if caps[j] != 1 else ''}: stream capture, capture annotation or frame), not serving")
     dur = out["dur_us"].to_numpy(dtype=float)
     kind = out["step_type"].astype(str).to_numpy()
     if runtime is not None and len(runtime):
@@ -413,7 +444,8 @@ def step_summary(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 PERCENTILE_METRICS = (("dur_us", "CPU duration"), ("gpu_dur_us", "GPU duration (its kernels)"),
-                      ("gpu_busy_ratio", "GPU busy share"), ("idle_before_first_us", "host gap before first kernel"),
+                      ("gpu_busy_ratio", "GPU busy share"), ("queued_before_first_us", "GPU still running earlier work before first kernel"),
+                      ("idle_before_first_us", "GPU idle before first kernel"),
                       ("idle_between_us", "GPU idle between its kernels / graph replays"),
                       ("idle_after_last_us", "host gap after last kernel"),
                       ("sync_blocking_us", "sync while the GPU was idle"))
@@ -534,13 +566,16 @@ def steps_sentence(steps: pd.DataFrame) -> str:
         parts.append(f"tokens per step P50 {np.percentile(tok, 50):.0f}")
     med = {c: float(np.nanmedian(steps[c].to_numpy(dtype=float))) if c in steps and steps[c].notna().any()
            else float("nan") for c in ("dur_us", "gpu_dur_us", "gpu_busy_ratio", "idle_before_first_us",
-                                        "idle_between_us", "idle_after_last_us")}
+                                        "idle_between_us", "idle_after_last_us", "queued_before_first_us")}
     parts.append(f"CPU duration P50 {med['dur_us'] / 1e3:.2f} ms")
     if np.isfinite(med["gpu_dur_us"]):
         parts.append(f"GPU duration (its kernels) P50 {med['gpu_dur_us'] / 1e3:.2f} ms, GPU busy share P50 "
                      f"{med['gpu_busy_ratio']:.0%}; GPU idle inside the step (P50): {med['idle_before_first_us'] / 1e3:.2f}"
                      f" ms before the first kernel, {med['idle_between_us'] / 1e3:.2f} ms between its kernels / graph "
                      f"replays, {med['idle_after_last_us'] / 1e3:.2f} ms after the last")
+        if med["queued_before_first_us"] > 0:
+            parts.append(f"before its first kernel the GPU still ran work queued earlier for "
+                         f"{med['queued_before_first_us'] / 1e3:.2f} ms (P50; not idle)")
     if n == 1:
         parts.append("one step only: every per-step figure rests on it")
     if dropped:

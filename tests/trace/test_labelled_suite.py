@@ -1,5 +1,7 @@
 """The labelled trace suite (issue 11): every trace under /work/shared/traces (the small ones copied to
-tests/data/traces) against its hand-written expectation in tests/trace/labels/: steps and kinds, graph mode,
+tests/data/traces), and the synthetic traces of tests/trace/synth.py (label key ``synthetic``: the builder's name;
+they reproduce real serving shapes the shared traces lack), against its hand-written expectation in
+tests/trace/labels/: steps and kinds, graph mode,
 GPU busy share, the exact set of trace findings (none for the GPU-bound ones), each with its reasons, and the cause
 that explains the GPU-idle symptom (TRC010), if any."""
 
@@ -15,6 +17,7 @@ from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
 from diagnose.trace import analyze_trace
 from tests.trace.helpers import DATA
+from tests.trace.synth import SYNTHETIC
 
 LABELS = Path(__file__).resolve().parent / "labels"
 SHARED = Path("/work/shared/traces")
@@ -24,7 +27,9 @@ def _labels() -> list[dict[str, Any]]:
     return [yaml.safe_load(p.read_text()) | {"label": p.name} for p in sorted(LABELS.glob("*.yaml"))]
 
 
-def _path(label: dict[str, Any]) -> Path | None:
+def _path(label: dict[str, Any], tmp: Path) -> Path | None:
+    if label.get("synthetic"):
+        return SYNTHETIC[label["synthetic"]](tmp)
     if label.get("copy"):
         return DATA / label["copy"]
     p = SHARED / label["trace"]
@@ -32,8 +37,8 @@ def _path(label: dict[str, Any]) -> Path | None:
 
 
 @pytest.mark.parametrize("label", _labels(), ids=lambda lb: lb["label"])
-def test_labelled_trace(label: dict[str, Any]) -> None:
-    path = _path(label)
+def test_labelled_trace(label: dict[str, Any], tmp_path: Path) -> None:
+    path = _path(label, tmp_path)
     if path is None:
         assert not SHARED.is_dir(), f"{label['trace']} is missing from {SHARED}"
         pytest.skip(f"{SHARED} is not on this machine and {label['trace']} is too large to copy")
@@ -66,4 +71,4 @@ def test_every_shared_trace_is_labelled() -> None:
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} is not on this machine")
     traces = {p.relative_to(SHARED).as_posix() for p in SHARED.glob("*/*.json*") if "expected" not in p.name}
-    assert traces == {lb["trace"] for lb in _labels()}
+    assert traces == {lb["trace"] for lb in _labels() if not lb.get("synthetic")}
