@@ -6,15 +6,12 @@ inline CSS, no external URL."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
-from markupsafe import Markup
-
+from .curve import curve_spec
 from .formatting import fmt_value
-from .render import _env
+from .render import Page, render_page, svg
 
-HERE = Path(__file__).resolve().parent
 _ORDER = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
                  "not comparable": 5}
 
@@ -27,6 +24,39 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 def _rel(v: Any) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:+.1%}"
+
+
+def _cdf_chart(title: str, x_label: str, y_label: str, pair: dict[str, Any]) -> dict[str, Any] | None:
+    series = [{"name": f"{side} ({'baseline' if side == 'A' else 'new'})", "points": pair.get(side.lower()) or [],
+               "axis": "left", "style": "line"} for side in ("A", "B")]
+    if not any(s["points"] for s in series):
+        return None
+    return {"kind": "line_chart", "title": title, "x_label": x_label, "y_label": y_label,
+            "series": [s for s in series if s["points"]]}
+
+
+def chart_specs(c: dict[str, Any]) -> dict[str, Any]:
+    """The page's charts from ``c["pictures"]`` (diagnose/compare/pictures.py): per level the TTFT and ITL CDFs
+    of A and B; both runs' throughput-latency curves in one chart (None with fewer than two levels)."""
+    pics = c.get("pictures") or {}
+    per_level: dict[str, list[dict[str, Any]]] = {}
+    for lv in pics.get("levels") or []:
+        specs = [_cdf_chart(f"TTFT at {lv['level']}: share of requests at or below", "TTFT ms", "share of requests",
+                            lv.get("ttft") or {}),
+                 _cdf_chart(f"ITL at {lv['level']}: share of token gaps at or below", "ITL ms", "share of token gaps",
+                            lv.get("itl") or {})]
+        per_level[str(lv["level"])] = [x for x in specs if x is not None]
+    curves = pics.get("curves") or {}
+    series: list[dict[str, Any]] = []
+    for side in ("a", "b"):
+        spec = curve_spec(curves.get(side) or [], {})
+        for sr in (spec or {}).get("series", []):
+            series.append({**sr, "name": f"{side.upper()} {sr['name']}"})
+    curve = None
+    if series:
+        curve = {"kind": "line_chart", "title": "Throughput vs latency, A and B, one point per level",
+                 "x_label": "output tok/s", "y_label": "TTFT ms", "y2_label": "ITL ms", "series": series}
+    return {"levels": per_level, "curve": curve}
 
 
 def render_comparison(c: dict[str, Any], verification: dict[str, Any] | None = None) -> str:
@@ -48,6 +78,6 @@ def render_comparison(c: dict[str, Any], verification: dict[str, Any] | None = N
         headline, level = f"{better} metric(s) significantly better, none worse", "ok"
     else:
         headline, level = "No significant change", "ok"
-    css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
-    return _env().get_template("compare.html").render(c=c, levels=levels, headline=headline, level=level,
-                                                       verification=verification, css=css, fmt=_fmt, rel=_rel)
+    return render_page(Page("compare.html", {"c": c, "levels": levels, "headline": headline, "level": level,
+                                             "verification": verification, "fmt": _fmt, "rel": _rel,
+                                             "charts": chart_specs(c), "svg": svg}))

@@ -100,13 +100,24 @@ def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: flo
         "workload": {"mode": "concurrency", "input_tokens": 128, "output_tokens": output_tokens, "api": "completions",
                      "phases": [{"index": i, "name": p.name, "concurrency": p.concurrency} for i, p in enumerate(phases)],
                      "note": "api_key=sk-abcdefgh12345678 passed by mistake"},
-        "options": {"slo": "ttft_p99=200ms"},
+        "options": {"slo": {"ttft_p99_ms": 200.0}},  # the SLO its slo_ttft_p99_ms signal states
     }
     findings = _findings(signals, hostile)
     verdict = decide(findings, signals, partial=partial) if run_valid else Verdict(
         "invalid", "Run invalid: the load client was the bottleneck", "The client's event loop lagged.",
         judged=False, partial=partial)
+    # the stage-2 products the pipeline makes (diagnose/pipeline.py): the per-phase CDFs and the sweep's marks
+    from diagnose.io.manifest import read_manifest
+    from diagnose.normalize.derived import slo_terms
+    from diagnose.requests import mark_run
+    from diagnose.signals.distributions import CDF_TABLE, phase_cdfs
+    from diagnose.signals.sweep import sweep_marks
+
+    mark_run(tables, Window(phases[0].start_s, phases[-1].end_s))
+    tables[CDF_TABLE] = phase_cdfs(tables, phases)
     return Analysis(
+        sweep=sweep_marks(phases, phase_signals, slo_terms(read_manifest(manifest, "demo manifest.json")),
+                          verdict is None or verdict.judged),
         source=f"/tmp/capture{hostile}", manifest=manifest, tables=tables, signals=signals,
         phase_signals=phase_signals, phases=phases, findings=findings, verdict=verdict,
         run_window=Window(phases[0].start_s, phases[-1].end_s),

@@ -5,16 +5,11 @@ each SLO term's interval. Autoescaped jinja2, inline CSS and SVG, no external UR
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
-
-from markupsafe import Markup
 
 from .curve import curve_spec
 from .formatting import fmt_value
-from .render import _env, svg
-
-HERE = Path(__file__).resolve().parent
+from .render import Page, render_page, svg
 
 
 def _fmt(v: Any) -> str:
@@ -27,8 +22,6 @@ def render_search(r: dict[str, Any], headline: list[str]) -> str:
     rows = [{"label": p["label"], "output_tps": p["output_tps"], **p["curve"],
              **{n: t["value"] for n, t in p["terms"].items()}} for p in points]
     chart = curve_spec(rows, r["slo"], knee=r["saturation"], max_goodput=r["max_goodput"])
-    css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
     level = "ok" if r["max_goodput"] else "error"
-    return _env().get_template("goodput.html").render(
-        r=r, points=points, chart=svg(chart) if chart else None, headline=headline, level=level, css=css,
-        fmt=_fmt)
+    return render_page(Page("goodput.html", {"r": r, "points": points, "chart": svg(chart) if chart else None,
+                                             "headline": headline, "level": level, "fmt": _fmt}))

@@ -7,7 +7,8 @@ reports/charts.py, which escapes every text it embeds, and are the only markup p
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -95,22 +96,42 @@ def _env() -> jinja2.Environment:
 def render_html(analysis: Analysis, sections: Sequence[Section] | None = None) -> str:
     """The report for ``analysis`` as one HTML document (``sections``: shown instead of those built from the
     analysis's tables, for previews and tests)."""
-    view = build_view(analysis, sections)
-    css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
+    return render_view(build_view(analysis, sections))
+
+
+def render_view(view: dict[str, Any]) -> str:
+    """The HTML document of a view model (:func:`view_model.build_view`): the page only displays it."""
     has_flame = any(s["kind"] == "flamegraph" for g in view["section_groups"] for s in g["sections"])
     # our own static asset, never captured data; only when a flame graph needs it
     js = Markup((HERE / "assets" / "flame.js").read_text(encoding="utf-8")) if has_flame else None
-    return _env().get_template("report.html").render(v=view, css=css, flame_js=js)
+    return render_page(Page("report.html", {"v": view, "flame_js": js}))
 
 
-def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None) -> Path:
+@dataclass(frozen=True)
+class Page:
+    """One page of the tool (the report, the compare page, the SLO-edge search page): its template and the plain
+    data the template displays. Every page goes through :func:`render_page`: one environment (autoescaping
+    everything), one stylesheet inlined, no network."""
+
+    template: str
+    context: Mapping[str, Any]
+
+
+def render_page(page: Page) -> str:
+    css = Markup((HERE / "assets" / "report.css").read_text(encoding="utf-8"))
+    return _env().get_template(page.template).render(css=css, **page.context)
+
+
+def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None,
+                 view: dict[str, Any] | None = None) -> Path:
     """Render and write the report; returns the path written. Raises ReportError with a one-line reason.
+    ``view``: the view model already built for ``analysis`` (the CLI builds it once for the page and --json).
     Written as every output is (diagnose/io/outputs.py): through a temporary file that a failure (a full disk)
     or a signal removes, or in place onto a device or FIFO."""
     from diagnose.io.outputs import OutputError, write_bytes
 
     p = Path(path)
-    html = render_html(analysis, sections)
+    html = render_view(view) if view is not None else render_html(analysis, sections)
     try:
         write_bytes(p, html.encode("utf-8"), parents=True)
     except OutputError as e:

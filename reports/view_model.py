@@ -8,19 +8,18 @@ probe statuses, environment.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Analysis
 from diagnose.capture.profiler_window import excluded_note
-from diagnose.model import Phase, Signal, Window, level_phases
+from diagnose.io.manifest import Manifest, Target
+from diagnose.model import Phase, Signal, level_phases
 from diagnose.reports.finding_cards import _cards, _finding, experiment_key, folds  # noqa: E402, F401
-from diagnose.requests import select
+from diagnose.requests import RUN_OK
 from diagnose.signals.catalog import SIGNALS
 
 from .formatting import fmt_value
@@ -50,11 +49,11 @@ GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "hos
 def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> dict[str, Any]:
     """The whole report as plain data (``given``: sections shown instead of those built from the tables)."""
     a = analysis
-    manifest = a.manifest or {}
+    meta = a.meta
     sections = [section_view(s) for s in (build_sections(a.tables, a.signals, a.run_window) if given is None else given)]
     sections.sort(key=lambda s: (GROUP_ORDER.index(s["group"]) if s["group"] in GROUP_ORDER else len(GROUP_ORDER),
                                  s["order"], s["id"]))
-    cost = _probe_cost(a.probe_cost, manifest)
+    cost = _probe_cost(a.probe_cost, bool(meta.probes))
     sweep = _sweep_levels(a) > 1
     kind = page_kind(a)
     requests_page = kind == "serving"  # a kernel trace or a fleet read holds no request: no request section
@@ -64,11 +63,11 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     verdict = _verdict(a, kind)
     return {
         "schema": VIEW_SCHEMA,
-        "title": _title(manifest, str(a.source)),
-        "engine_settings": engine_settings(manifest),
+        "title": _title(meta, str(a.source)),
+        "engine_settings": engine_settings(meta.target),
         "source": str(a.source),
-        "captured_at": str((manifest.get("capture") or {}).get("started_at") or ""),
-        "tool_version": str((manifest.get("tool") or {}).get("version") or ""),
+        "captured_at": meta.capture.started_at or "",
+        "tool_version": meta.tool.version or "",
         "banners": _banners(a, cost),
         "run_label": _run_label(a),
         "page": {"kind": kind, "omitted": [] if requests_page else list(REQUEST_SECTIONS)},
@@ -100,7 +99,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
                     "detail": [[k, v] for k, v in flatten(p.detail) if v != "—" and not k.startswith("cost")]}
                    for p in sorted(a.probe_statuses, key=lambda p: p.name)],
         "probe_cost": cost,
-        "environment": _environment(manifest),
+        "environment": _environment(meta),
         "workload_card": _workload_card(a),
     }
 
@@ -115,19 +114,9 @@ REQUEST_SECTIONS = ("latency percentiles and throughput", "failed requests", "di
 def page_kind(a: Analysis) -> str:
     """What the input is, as the page shows it: "trace" (a kernel trace alone: no request was sent or read),
     "fleet" (a fleet read from its Prometheus: per-replica aggregates, no request) or "serving" (every other
-    capture: the request sections apply, and say "not available" where a table is missing)."""
-    req = a.tables.get("requests")
-    if req is not None and not req.empty:
-        return "serving"
-    if any(n in a.signals for n, _, _ in KEY_NUMBERS):
-        return "serving"
-    manifest = a.manifest or {}
-    reps = a.tables.get("fleet_replicas")
-    if (reps is not None and not reps.empty) or (manifest.get("target") or {}).get("kind") == "fleet":
-        return "fleet"
-    if manifest.get("kind") == "trace" or (a.signals and all(n.startswith("trace_") for n in a.signals)):
-        return "trace"
-    return "serving"
+    capture, span files included: the request sections apply, and say "not available" where a table is
+    missing). The pipeline decided the input's kind once (``Analysis.input_kind``); the page only names it."""
+    return a.input_kind if a.input_kind in ("trace", "fleet") else "serving"
 
 
 # each page kind's own headline tiles: (signal, label, unit shown); only signals already computed, never a
@@ -268,44 +257,37 @@ def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, 
 SETTING_FLAG = {"context_size": "context_length"}  # a setting read -> the ENGINE_FLAGS name that sets it
 
 
-def engine_settings(manifest: dict[str, Any]) -> str:
+def engine_settings(target: Target) -> str:
     """The engine's settings the capture read (its /props, /server_info or command line), each by the
     engine's own flag where diagnose knows it: '--parallel 2, --ctx-size 4096, --threads 1'. '' when none."""
     from diagnose.engines.experiments import flag_for
 
-    t = manifest.get("target") or {}
-    cfg = t.get("engine_config")
-    if not isinstance(cfg, dict) or not cfg:
-        return ""
-    engine = t.get("engine") if isinstance(t.get("engine"), str) else None
+    engine = target.engine
     parts = []
-    for key, value in sorted(cfg.items()):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        key = str(key)
+    for key, value in sorted(target.engine_config.items()):
         flag = flag_for(SETTING_FLAG.get(key, key), engine)
         shown = f"{value:g}"
         parts.append(f"{flag} {shown}" if flag and "(" not in flag else f"{key} {shown}")
     return ", ".join(parts)
 
 
-def _title(manifest: dict[str, Any], source: str) -> str:
-    t = manifest.get("target") or {}
+def _title(manifest: Manifest, source: str) -> str:
+    t = manifest.target
     name = str(source).rstrip("/").rsplit("/", 1)[-1] or str(source)
-    if not (t.get("model") or t.get("engine")):
-        kind = {"trace": "Profiler trace", "spans": "OTLP spans"}.get(str(manifest.get("kind")), "Capture")
+    if not (t.model or t.engine):
+        kind = {"trace": "Profiler trace", "spans": "OTLP spans"}.get(manifest.kind, "Capture")
         return f"{kind}: {name}"
-    model = t.get("model") or "unknown model"
-    engine = t.get("engine") or "unknown engine"
-    ver = t.get("engine_version")
+    model = t.model or "unknown model"
+    engine = t.engine or "unknown engine"
+    ver = t.engine_version
     return f"{model} on {engine}{' ' + str(ver) if ver else ''}"
 
 
-def _probe_cost(pc: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str, Any] | None:
+def _probe_cost(pc: dict[str, Any] | None, probes_listed: bool) -> dict[str, Any] | None:
     """What the probes cost the server (``Analysis.probe_cost``, computed once by the pipeline): the line, and
     the budget's adaptations."""
     if pc is None:
-        if not manifest.get("probes"):
+        if not probes_listed:
             return None
         return {"line": "What the probes cost the server was not recorded (a capture from before diagnose measured "
                         "it)", "over_budget": False, "adapted": []}
@@ -315,9 +297,8 @@ def _probe_cost(pc: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str
 
 def _banners(a: Analysis, cost: dict[str, Any] | None = None) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
-    cap = (a.manifest or {}).get("capture") or {}
     if a.partial:
-        why = cap.get("interrupted") or "the capture did not finish (no end recorded)"
+        why = a.meta.capture.interrupted or "the capture did not finish (no end recorded)"
         out.append({"level": "error", "text": f"Partial capture: {why}. Numbers cover only what was recorded."})
     if not a.run_valid:
         out.append({"level": "error", "text": "Invalid run (see the verdict): nothing measured on it is judged; "
@@ -332,7 +313,7 @@ def _banners(a: Analysis, cost: dict[str, Any] | None = None) -> list[dict[str, 
     return out
 
 
-def _sig(signals: dict[str, Signal], name: str) -> float | None:
+def _sig(signals: Mapping[str, Signal], name: str) -> float | None:
     s = signals.get(name)
     return finite(s.value) if s is not None else None
 
@@ -355,30 +336,23 @@ def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
 
 def _curve(a: Analysis) -> dict[str, Any] | None:
     """A sweep's throughput-latency curve: each level (a repeated one by its first run, as the sweep rules see
-    it) from its phase signals, the SLO lines, the knee and, on a valid run, the highest level whose point
-    values meet the SLO (diagnose.runs.goodput: one definition of each)."""
+    it) from its phase signals, the SLO lines, and the knee and max-goodput level the pipeline judged
+    (``Analysis.sweep``, diagnose/signals/sweep.py): the view marks them, it does not judge them."""
     from diagnose.normalize.derived import slo_terms
     from diagnose.reports.curve import curve_spec
-    from diagnose.runs.goodput import CURVE_METRICS, knee, meets
+    from diagnose.signals.sweep import CURVE_METRICS, sweep_levels
 
-    levels = level_phases(a.phases)
-    if len(levels) < 2:
+    marks = a.sweep
+    if marks is None:
         return None
-    slo = slo_terms(a.manifest)
-    sig = {p.phase: s for p, s in zip(a.phases, a.phase_signals, strict=False)}
+    slo = slo_terms(a.meta)
     rows: list[dict[str, Any]] = []
-    for p in sorted(levels, key=lambda p: (p.level or 0.0, p.phase)):
-        ps = sig.get(p.phase, {})
+    for p, ps in sweep_levels(a.phases, a.phase_signals):
         terms = {k: _sig(ps, k) for k in slo}
         rows.append({"label": p.level_name, "output_tps": _sig(ps, "output_tps"),
                      **{k: _sig(ps, f"{k}_ms") for k in CURVE_METRICS},
                      **{k.removesuffix("_ms"): v for k, v in terms.items()}, "slo": terms})
-    i, _ = knee([r["label"] for r in rows], [r["output_tps"] if r["output_tps"] is not None else math.nan
-                                             for r in rows])
-    best = None
-    if slo and a.run_valid:
-        best = next((r["label"] for r in reversed(rows) if meets(r["slo"], slo)), None)
-    return curve_spec(rows, slo, knee=None if i is None else rows[i]["label"], max_goodput=best)
+    return curve_spec(rows, slo, knee=marks.knee, max_goodput=marks.max_goodput)
 
 
 def _sweep_levels(a: Analysis) -> int:
@@ -589,10 +563,10 @@ def profiler_note(signals: dict[str, Signal]) -> str:
     return excluded_note(int(n), _sig(signals, "profiler_window_s"))
 
 
-def _counted_ok(a: Analysis, window: Window | None = None) -> pd.DataFrame:
-    """The successful requests of ``window`` (default: the run window) that count (diagnose.requests)."""
+def _counted_ok(a: Analysis) -> pd.DataFrame:
+    """The run window's successful requests that count (the pipeline marked them: diagnose.requests.mark_run)."""
     req = a.tables["requests"]
-    return select(req, window or a.run_window or Window(-np.inf, np.inf)).ok
+    return req[req[RUN_OK]] if RUN_OK in req.columns else req.iloc[0:0]
 
 
 def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
@@ -641,23 +615,18 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
 
 
 def _by_phase(a: Analysis, key: str) -> dict[str, Any] | None:
-    """One CDF per load level (101 quantiles each) of TTFT or of the chunk gaps (ITL), to see the distribution
-    shift with load; None for a single phase."""
-    req = a.tables.get("requests")
-    if len(a.phases) < 2 or req is None or req.empty or "phase" not in req.columns or "ttft_ms" not in req.columns:
-        return None
-    itl = a.tables.get("itl")
-    if key == "itl" and (itl is None or itl.empty or "itl_ms" not in itl.columns or "rid" not in itl.columns):
+    """One CDF per load level of TTFT or of the chunk gaps (ITL), to see the distribution shift with load, from
+    the pipeline's stage-2 table (diagnose/signals/distributions.py); None for a single phase."""
+    from diagnose.signals.distributions import CDF_TABLE
+
+    cdf = a.tables.get(CDF_TABLE)
+    if cdf is None or cdf.empty:
         return None
     series = []
-    for ph in a.phases:
-        ok = _counted_ok(a, ph.window())
-        vals = num(ok["ttft_ms"]) if key == "ttft" else num(itl[itl["rid"].isin(ok["rid"])]["itl_ms"])  # type: ignore[index]
-        vals = vals[np.isfinite(vals)]
-        if vals.size:
-            q = np.percentile(vals, np.arange(101))
-            series.append({"name": f"{ph.name} (n={vals.size})", "axis": "left", "style": "line",
-                           "points": [[float(f"{x:.5g}"), float(p)] for p, x in enumerate(q)]})
+    for (_phase, name, n), rows in cdf[cdf["metric"] == key].groupby(["phase", "name", "n"], sort=True):
+        series.append({"name": f"{name} (n={n})", "axis": "left", "style": "line",
+                       "points": [[float(f"{x:.5g}"), float(p)] for p, x in zip(rows["pct"], rows["value_ms"],
+                                                                                 strict=True)]})
     if len(series) < 2:
         return None
     title, x_label, y_label = (("TTFT distribution by load level (CDF)", "time to first token (ms)",
@@ -673,20 +642,22 @@ ENV_SKIP = {"target", "workload", "host", "capture", "options", "tool", "schema_
             "artifacts", "kind"}
 
 
-def _environment(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    cap = dict(manifest.get("capture") or {})
+def _environment(meta: Manifest) -> list[dict[str, Any]]:
+    """Every field the manifest records, grouped, and the bundle's contents."""
+    # raw: this section lists what the capture wrote, fields this version does not type included
+    recorded = meta.raw
+    cap = dict(recorded.get("capture") or {})
     for raw in ("clock_anchor", "started_unix_ns", "ended_unix_ns"):  # the ISO times say the same, readably
         cap.pop(raw, None)
-    if cap or manifest.get("tool"):
-        cap.update(tool=manifest.get("tool"), schema_version=manifest.get("schema_version"))
-    groups: list[tuple[str, Any]] = [
-        ("Target", manifest.get("target")), ("Workload", manifest.get("workload")), ("Host", manifest.get("host")),
-        ("Capture", cap), ("Options", manifest.get("options"))]
-    groups += [(str(k).replace("_", " ").capitalize(), v) for k, v in sorted(manifest.items(), key=lambda kv: str(kv[0]))
+    if cap or recorded.get("tool"):
+        cap.update(tool=recorded.get("tool"), schema_version=meta.schema_version)
+    groups: list[tuple[str, Any]] = [(title, recorded.get(key)) for title, key in (
+        ("Target", "target"), ("Workload", "workload"), ("Host", "host"))] + [
+        ("Capture", cap), ("Options", recorded.get("options"))]
+    groups += [(str(k).replace("_", " ").capitalize(), v) for k, v in sorted(recorded.items(), key=lambda kv: str(kv[0]))
                if k not in ENV_SKIP and isinstance(v, dict)]
-    contents = {f"stream {k}": f"{(v or {}).get('records', '?')} records" for k, v in (manifest.get("streams") or {}).items()
-                if isinstance(v, dict)}
-    contents.update({f"artifact {k}": f"{(v or {}).get('kind', '')} {(v or {}).get('bytes') or ''} bytes".strip()
-                     for k, v in (manifest.get("artifacts") or {}).items() if isinstance(v, dict)})
+    contents = {f"stream {k}": f"{'?' if v.records is None else v.records} records" for k, v in meta.streams.items()}
+    contents.update({f"artifact {k}": f"{v.kind or ''} {v.bytes or ''} bytes".strip()
+                     for k, v in meta.artifacts.items()})
     groups.append(("Bundle contents", contents))
     return [{"group": g, "rows": flatten(d)} for g, d in groups if d]

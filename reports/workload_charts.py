@@ -14,7 +14,7 @@ import numpy as np
 
 from diagnose.normalize.prom_hist import monotone
 from diagnose.normalize.prometheus import counter_intervals, hist_window
-from diagnose.requests import select
+from diagnose.requests import RUN_COUNTED, RUN_OK
 
 from .sections_view import bin_values, num, unavailable
 
@@ -58,7 +58,7 @@ def lengths(a: Analysis, key: str) -> dict[str, Any]:
     what = {"input": "Input lengths", "output": "Output lengths"}[key]
     req = a.tables.get("requests")
     if req is not None and not req.empty:
-        rows = select(req, _window(a)).ok
+        rows = req[req[RUN_OK]] if RUN_OK in req.columns else req.iloc[0:0]  # marked by the pipeline
         if key == "input":
             col = "prompt_tokens" if "prompt_tokens" in rows.columns else "prompt_tokens_planned"
             note = "the server's usage count where it gave one"
@@ -101,13 +101,13 @@ def arrivals(a: Analysis) -> dict[str, Any]:
     title = "Arrivals over time"
     req = a.tables.get("requests")
     if req is not None and not req.empty and "sent_s" in req.columns:
-        rows = select(req, _window(a)).counted
+        rows = req[req[RUN_COUNTED]] if RUN_COUNTED in req.columns else req.iloc[0:0]
         sent = num(rows["sent_s"])
         sent = sent[np.isfinite(sent)]
         if sent.size < 2:
             return unavailable(title, "fewer than two measured requests")
         # an open loop or a replay has a schedule of its own (a closed loop's "intended" is when a slot freed)
-        scheduled = (a.manifest.get("workload") or {}).get("mode") in ("rate", "replay")
+        scheduled = a.meta.workload is not None and a.meta.workload.mode in ("rate", "replay")
         intended = num(rows["intended_s"]) if scheduled and "intended_s" in rows.columns else np.array([])
         intended = intended[np.isfinite(intended)]
         lo = float(min(sent.min(), intended.min() if intended.size else sent.min()))

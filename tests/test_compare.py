@@ -4,6 +4,7 @@ verify's three outcomes on bundles whose effect is known (a shipped sample with 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -330,8 +331,9 @@ def test_verify_flags_a_gain_that_breaks_the_slo(tmp_path: Path, queue: Any) -> 
     with gzip.open(after / "chunks.jsonl.gz", "wb") as f:
         f.write(b"\n".join(rows) + b"\n")
     v = cmp.verify(analyze(before), analyze(after), resamples=300)
-    assert v.outcome == "confirmed" and v.slo_broken and v.slo_broken[0].startswith("itl_p99")
-    assert not v.gain and "breaks the SLO" in v.headline()
+    # a change that breaks the SLO is never "confirmed" (issue 38): refuted, by the SLO
+    assert v.outcome == "refuted" and v.refuted_by == "SLO" and v.slo_broken and v.slo_broken[0].startswith("itl_p99")
+    assert not v.gain and "breaks the SLO" in v.headline() and v.headline().startswith("refuted: SLO: SCH001")
 
 
 def test_verify_of_a_finding_that_did_not_fire_is_a_one_line_error() -> None:
@@ -548,8 +550,8 @@ def test_the_engine_spending_more_cpu_per_token_on_the_same_setting_is_host_drif
     fast = cmp.compare(a, scaled(0.7), resamples=100).comparability["host_drift"]
     assert len(fast) == 1 and "-30%" in fast[0] and "more work per second" in fast[0]
     b = scaled(1.39)
-    b.manifest["target"] = {**(b.manifest.get("target") or {}),
-                            "engine_config": {**((b.manifest.get("target") or {}).get("engine_config") or {}),
-                                              "max_num_seqs": 999}}
+    target = b.manifest.get("target") or {}
+    b = dataclasses.replace(b, manifest={**b.manifest, "target": {  # a new Analysis: its typed manifest read anew
+        **target, "engine_config": {**(target.get("engine_config") or {}), "max_num_seqs": 999}}})
     changed = cmp.compare(a, b, resamples=100).comparability
     assert changed["changed"] and changed["host_drift"] == []

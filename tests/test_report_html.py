@@ -127,9 +127,12 @@ def test_invalid_run_says_so_in_verdict() -> None:
 
 def test_charts_have_titles_and_axis_labels(hostile_html: str) -> None:
     doc = parse(hostile_html)
-    # the demo is a sweep: TTFT and ITL CDFs by level (no pooled histogram), timeline, output lengths and
-    # arrivals (the demo's requests have no input lengths: that chart says so), 5 SVG sections (not table/text)
-    assert len(doc.svgs) == 10
+    # the demo is a sweep: TTFT and ITL CDFs by level (no pooled histogram), the throughput-latency curve (its
+    # manifest's SLO is a string, which is no SLO: the curve was lost to an error before the SLO was read
+    # tolerantly), timeline, output lengths and arrivals (the demo's requests have no input lengths: that chart
+    # says so), 5 SVG sections (not table/text)
+    assert len(doc.svgs) == 11
+    assert "Throughput vs latency, one point per level" in hostile_html
     assert "Input lengths: not available: the requests table has no prompt_tokens_planned column" in hostile_html
     for svg in doc.svgs:
         assert "".join(svg["title"]).strip(), svg
@@ -173,3 +176,18 @@ def test_write_report_bad_path_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(DiagnoseError) as ei:
         write_report(Analysis(source="x", manifest={}), blocker / "report.html")
     assert "cannot write report" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_every_page_goes_through_one_renderer() -> None:
+    """Issue 32 item 5: the report, the compare page and the SLO-edge search page are each a Page (template + plain
+    data) rendered by reports.render.render_page: one environment, one stylesheet."""
+    import inspect
+
+    from diagnose.reports import compare as compare_page
+    from diagnose.reports import goodput as search_page
+    from diagnose.reports import render
+
+    for mod in (compare_page, search_page, render):
+        src = inspect.getsource(mod)
+        assert "render_page(Page(" in src, mod.__name__
+        assert src.count(".get_template(") == (1 if mod is render else 0), mod.__name__  # render_page's own

@@ -191,3 +191,23 @@ def test_a_fleet_page_lists_only_the_fleet_rules_it_could_not_evaluate(fleet: tu
     assert "GPU001" not in html
     serving = analyze(ROOT / "sample_traces" / "vllm_cpu_healthy" / "bundle")
     assert any(n.rule_id.startswith("GPU") for n in serving.not_evaluated)
+
+
+def test_a_bundle_holding_only_a_kernel_trace_is_judged_as_a_trace(tmp_path: Path) -> None:
+    """The input's kind is decided once, by the pipeline (Analysis.input_kind): a capture whose only evidence is a
+    kernel trace shows the trace page AND lists as "not evaluated" only the rules a trace could have fed. Before,
+    the page called it a trace while the pipeline, judging by the manifest's kind alone, listed every request
+    and server rule as not evaluated."""
+    import shutil
+
+    from diagnose.io.writer import BundleWriter
+
+    bw = BundleWriter(tmp_path / "b")
+    shutil.copy(BARE_TRACE, bw.artifact_path(BARE_TRACE.name))
+    bw.add_artifact(BARE_TRACE.name, "torch_trace", "a kernel trace, the capture's only evidence")
+    bw.finish()
+    a = analyze(tmp_path / "b")
+    assert a.input_kind == "trace" and page_kind(a) == "trace"
+    missing = [m for n in a.not_evaluated for m in n.missing]
+    assert missing and all(m.startswith("trace_") for m in missing), missing
+    assert a.meta.kind == "capture"  # a bundle, not a lone trace file: the kind came from its evidence

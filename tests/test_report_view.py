@@ -15,6 +15,7 @@ from diagnose.model import Finding, Signal, Window
 from diagnose.reports.demo import demo_sections, synthetic_analysis
 from diagnose.reports.sections.model import FlameGraph, LineChart, LineSeries, Section, Table
 from diagnose.reports.view_model import build_view
+from diagnose.requests import mark_run
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +63,9 @@ def test_invalid_run_verdict_comes_from_the_judgement_and_nothing_else_is_judged
     a = synthetic_analysis(per_level_s=3.0)
     bad = Finding("VAL001", "client-bound", "validity", "critical", "Run invalid: the load client was the bottleneck "
                   "(loop lag P99 40.0 ms)", "The client's event loop lagged 40 ms.", 0.9, 1.0, 4.0)
-    a.findings = [*a.findings, bad]
     a.signals["goodput_ratio"] = Signal("goodput_ratio", 0.0731, "ratio", "client")
-    a.verdict = decide(a.findings, a.signals)
+    findings = [*a.findings, bad]
+    a = dataclasses.replace(a, findings=findings, verdict=decide(findings, a.signals))
     view = build_view(a)
     v = view["verdict"]
     assert v["level"] == "invalid" and v["headline"] == a.verdict.headline
@@ -110,7 +111,9 @@ def test_percentiles_are_never_recomputed_from_the_requests_table() -> None:
                         "e2e_ms": [2000.0, 100.0, 200.0, 6000.0], "tpot_ms": [1.0, 2.0, 3.0, 4.0],
                         "sent_s": [0.0, 1.0, 2.0, 3.0], "end_s": [2.0, 1.1, 2.2, 9.0]})
     itl = pd.DataFrame({"rid": [0, 1, 1, 2], "t_s": [0.1, 1.0, 1.1, 2.1], "itl_ms": [999.0, 1.0, 3.0, 5.0]})
-    view = build_view(Analysis(source="x", manifest={}, tables={"requests": req, "itl": itl}))
+    tables = {"requests": req, "itl": itl}
+    mark_run(tables, Window(-np.inf, np.inf))  # the pipeline marks the requests that count; the view filters
+    view = build_view(Analysis(source="x", manifest={}, tables=tables))
     run = view["percentiles"]["windows"][0]
     # the statistics come from the signals only (one definition, diagnose.requests): none here, so none shown
     assert all(v is None for r in run["rows"] for v in r["values"].values())
@@ -233,8 +236,10 @@ def test_large_series_are_bounded() -> None:
 def test_baseline_phase_is_outside_the_run_figures() -> None:
     a = synthetic_analysis(levels=(1, 4), per_level_s=3.0)
     a.phases[0] = dataclasses.replace(a.phases[0], role="baseline")
-    a.run_window = Window(a.phases[0].start_s, a.phases[1].end_s, None, "run", (0,))  # time covers the baseline too
-    a.signals = dict(a.phase_signals[1])
+    a = dataclasses.replace(a, run_window=Window(a.phases[0].start_s, a.phases[1].end_s, None, "run", (0,)),
+                            signals=dict(a.phase_signals[1]))  # the window's time covers the baseline too
+    assert a.run_window is not None
+    mark_run(a.tables, a.run_window)  # as the pipeline does for its run window
     view = build_view(a)
     req = a.tables["requests"]
     in_run = req[(req["phase"] == 1) & ~req["warmup"] & req["ok"]]

@@ -65,7 +65,7 @@ def test_per_level_rules_are_phase_scoped() -> None:
 
 
 def test_the_json_document_states_its_schema_version(sweep) -> None:  # type: ignore[no-untyped-def]
-    from diagnose.cli.analyze import JSON_SCHEMA_VERSION
+    from diagnose.reports.document import JSON_SCHEMA_VERSION
 
     doc = analysis_json(sweep)
     assert next(iter(doc)) == "schema_version" and doc["schema_version"] == JSON_SCHEMA_VERSION == 1

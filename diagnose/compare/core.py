@@ -55,6 +55,7 @@ from diagnose.compare.samples import (
     student_t_ppf,
 )
 from diagnose.errors import InputError
+from diagnose.io.manifest import Workload
 from diagnose.model import Window
 from diagnose.signals.cost import parse_price, recorded_price
 from diagnose.signals.workload_card import server_warmth
@@ -119,7 +120,11 @@ def diff_metric(sa: LevelSample, sb: LevelSample, m: MetricDef, confidence: floa
     significant = ""
     if math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or hi < 0):
         significant = "up" if lo > 0 else "down"
-    if short:
+    if m.unit == "ms" and (a <= 0.0) != (b <= 0.0):
+        # a latency of 0 ms beside a positive one is an artefact (a client that read every chunk at once), never
+        # "better" (issue 38: "ITL P50 5.7 -> 0 ms, better" from a client-bound run)
+        verdict = "not comparable"
+    elif short:
         verdict = "too few requests"
     elif not (math.isfinite(lo) and math.isfinite(hi)):
         verdict = "not comparable" if a != b else "no significant change"
@@ -194,15 +199,16 @@ def _flat(prefix: str, d: Any) -> dict[str, Any]:
 def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Sequence[LevelSample]) -> dict[str, Any]:
     """What must match (model, engine, workload shape, load levels, valid client runs) and what differs
     (engine settings, engine version): the variables the comparison is about."""
-    ta, tb = a.manifest.get("target") or {}, b.manifest.get("target") or {}
-    wa, wb = a.manifest.get("workload") or {}, b.manifest.get("workload") or {}
+    ta, tb = a.meta.target, b.meta.target
+    wla, wlb = (an.meta.workload or Workload() for an in (a, b))
+    wa, wb = wla.shape(WORKLOAD_KEYS), wlb.shape(WORKLOAD_KEYS)
     problems: list[str] = []
-    for key in ("engine", "model"):
-        if ta.get(key) != tb.get(key):
-            problems.append(f"{key} differs: {ta.get(key)!r} vs {tb.get(key)!r}")
+    for key, va, vb in (("engine", ta.engine, tb.engine), ("model", ta.model, tb.model)):
+        if va != vb:
+            problems.append(f"{key} differs: {va!r} vs {vb!r}")
     for key in WORKLOAD_KEYS:
-        if isinstance(wa, dict) and isinstance(wb, dict) and wa.get(key) != wb.get(key):
-            problems.append(f"workload {key} differs: {wa.get(key)!r} vs {wb.get(key)!r}")
+        if wa[key] != wb[key]:
+            problems.append(f"workload {key} differs: {wa[key]!r} vs {wb[key]!r}")
     for name, an in (("A", a), ("B", b)):
         if not an.run_valid:
             problems.append(f"run {name} is invalid ({an.verdict.headline if an.verdict else 'no verdict'})")
@@ -211,8 +217,8 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     only_a = sorted(_level_text(k) for k in levels_a - levels_b)
     only_b = sorted(_level_text(k) for k in levels_b - levels_a)
     changed: list[dict[str, Any]] = []
-    fa = {**_flat("engine_config.", ta.get("engine_config")), "engine_version": ta.get("engine_version")}
-    fb = {**_flat("engine_config.", tb.get("engine_config")), "engine_version": tb.get("engine_version")}
+    fa = {**_flat("engine_config.", ta.engine_config), "engine_version": ta.engine_version}
+    fb = {**_flat("engine_config.", tb.engine_config), "engine_version": tb.engine_version}
     for key in sorted(set(fa) | set(fb)):
         if fa.get(key) != fb.get(key):
             changed.append({"what": key, "a": fa.get(key), "b": fb.get(key)})
@@ -220,8 +226,9 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     if None not in warmth and (warmth[0] or "").startswith("cold") != (warmth[1] or "").startswith("cold"):
         # a cold server (first-seen batch shapes, empty caches) is slower than a warm one: a variable too
         changed.append({"what": "server warmth", "a": warmth[0], "b": warmth[1]})
-    slo_a = (a.manifest.get("options") or {}).get("slo") or {}
-    slo_b = (b.manifest.get("options") or {}).get("slo") or {}
+    if wla.logprobs != wlb.logprobs:  # attach --logprobs: the engine and the server do more per token (SCH014)
+        changed.append({"what": "workload.logprobs", "a": wla.logprobs, "b": wlb.logprobs})
+    slo_a, slo_b = dict(a.meta.options.slo), dict(b.meta.options.slo)
     if slo_a != slo_b:
         changed.append({"what": "options.slo", "a": slo_a, "b": slo_b})
     if not changed:
@@ -231,9 +238,15 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     else:
         attribution = (f"{len(changed)} variables changed ({', '.join(c['what'] for c in changed)}): "
                        "a difference cannot be attributed to one of them")
+    drift = host_notes(a, b, same_setting=not changed)
+    if problems:  # nothing is attributed between runs that are not comparable (issue 38)
+        attribution = "not comparable: no difference is attributed to a setting"
+    elif drift and changed:  # "one variable changed" beside "the host ran at another speed" contradicted itself
+        attribution = (f"{len(changed)} recorded variable(s) changed ({', '.join(c['what'] for c in changed)}), "
+                       "and the host ran at a different speed (below): a difference cannot be attributed to the "
+                       "setting alone")
     return {"comparable": not problems, "problems": problems, "changed": changed, "attribution": attribution,
-            "levels_only_in_a": only_a, "levels_only_in_b": only_b,
-            "host_drift": host_notes(a, b, same_setting=not changed)}
+            "levels_only_in_a": only_a, "levels_only_in_b": only_b, "host_drift": drift}
 
 
 HOST_DRIFT_MIN = 0.10  # a reference phase that moved more than this between the runs is reported
@@ -413,6 +426,9 @@ class Comparison:
     trace: list[dict[str, Any]] = field(default_factory=list)
     judgements: list[str] = field(default_factory=list)  # cost against speed and the SLO (--cost-per-hour)
     noise: float = NOISE
+    # the quality guard (diagnose/compare/quality.py): output agreement and a --quality-cmd score; None: neither
+    quality: dict[str, Any] | None = None
+    pictures: dict[str, Any] = field(default_factory=dict)  # what the page draws (diagnose/compare/pictures.py)
     # per level label, the two samples compared (the gate's separation test reads them; not in the JSON)
     samples: dict[str, tuple[LevelSample, LevelSample]] = field(default_factory=dict, repr=False)
 
@@ -432,7 +448,7 @@ class Comparison:
                             "spread_b": lv.spread_b, "metrics": [m.to_json() for m in lv.metrics]}
                            for lv in self.levels],
                 "findings": self.findings, "gate": self.gate, "trace": self.trace, "judgements": self.judgements, "noise": self.noise,
-                "regression": any(g["regressed"] for g in self.gate),
+                "quality": self.quality, "pictures": self.pictures, "regression": any(g["regressed"] for g in self.gate),
                 "gate_undecided": any(g.get("outcome") == "undecided" for g in self.gate)}
 
 
@@ -490,18 +506,37 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
     if not pairs:
         comp["comparable"] = False
         comp["problems"] = [*comp["problems"], "no load level is common to both runs"]
+    if not comp["comparable"]:
+        withhold_verdicts(levels)
     out = Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, levels, findings_diff(a, b),
                      trace=traces)
     out.noise = noise
     out.samples = {sa.label: (sa, sb) for sa, sb in pairs}
+    from diagnose.compare.pictures import pictures
+
+    out.pictures = pictures(out)
     if cost_per_hour is not None:
         out.judgements = cost_judgements(out, b)
     return out
 
 
+JUDGED = ("better", "worse", "within noise")
+NOT_JUDGED = "not judged (runs not comparable)"
+
+
+def withhold_verdicts(levels: Sequence[LevelDiff]) -> None:
+    """Runs that are not comparable (another model or workload, an invalid run: a client-bound run's ITL of 0 ms)
+    get no better / worse: the values and intervals stay, the verdict says why there is none (issue 38: an
+    invalid run's "ITL P50 5.7 -> 0 ms" was called better)."""
+    for lv in levels:
+        for m in lv.metrics:
+            if m.verdict in JUDGED:
+                m.verdict = NOT_JUDGED
+
+
 def cost_judgements(c: Comparison, b: Analysis) -> list[str]:
     """A speed-up that costs more per useful request, or a saving that breaks the SLO, is no gain."""
-    slo = (b.manifest.get("options") or {}).get("slo") or {}
+    slo = b.meta.options.slo
     out = []
     for lv in c.levels:
         by = {m.metric: m for m in lv.metrics}
@@ -540,7 +575,27 @@ def trace_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
             x, y = float(va.get(k, math.nan)), float(vb.get(k, math.nan))
             rows.append({"what": f"{what}{k}", "unit": "ms", "a": _num(x), "b": _num(y),
                          "diff": _num(y - x), "rel": _num(y / x - 1.0) if x else None})
+    for name, what, unit in TRACE_DIFF_SIGNALS:  # whole-trace figures, each computed once by the trace analysis
+        sa, sb = a.signals.get(name), b.signals.get(name)
+        if sa is None and sb is None:
+            continue
+        nd = 4 if unit == "ratio" else 3  # shown as measured to the trace's resolution
+        x = round(float(sa.value), nd) if sa is not None else math.nan
+        y = round(float(sb.value), nd) if sb is not None else math.nan
+        rows.append({"what": what, "unit": unit, "a": _num(x), "b": _num(y), "diff": _num(round(y - x, nd)),
+                     "rel": _num(y / x - 1.0) if x else None})
     return rows
+
+
+# trace signals shown side by side for two traces (issue 35): per-step time, GPU busy, communication, peer
+# wait, host stall
+TRACE_DIFF_SIGNALS = (("trace_steps_count", "steps counted", "count"),
+                      ("trace_step_dur_p50_ms", "step P50, all counted steps", "ms"),
+                      ("trace_gpu_busy_ratio", "GPU busy share of the window", "ratio"),
+                      ("trace_gpu_comm_exposed_ratio", "exposed communication share of the window", "ratio"),
+                      ("trace_comm_wait_ratio", "communication time waiting for peers", "ratio"),
+                      ("trace_host_stall_p50_ms", "host stall per step, P50", "ms"),
+                      ("trace_host_stall_step_ratio", "host stall share of step time", "ratio"))
 
 
 def parse_cost(spec: str) -> tuple[float, float]:
@@ -559,7 +614,7 @@ def parse_cost(spec: str) -> tuple[float, float]:
 
 def recorded_prices(a: Analysis, b: Analysis) -> tuple[float, float] | None:
     """The prices per hour both captures recorded (``attach --cost-per-hour``); None unless both did."""
-    pa, pb = recorded_price(a.manifest or {}), recorded_price(b.manifest or {})
+    pa, pb = recorded_price(a.meta), recorded_price(b.meta)
     return (pa, pb) if pa is not None and pb is not None else None
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from diagnose.analysis import Analysis
 from diagnose.compare.core import NOISE, Comparison, _beyond, compare, reference_drift
+from diagnose.compare.quality import MAX_SCORE_DROP, MIN_AGREEMENT, QUALITY_TIMEOUT_S, quality
+from diagnose.compare.quality import check_options as check_quality
 from diagnose.compare.samples import METRIC_BY_NAME, METRICS, _label, _num
 from diagnose.engines.experiments import describe
 from diagnose.errors import InputError
@@ -89,12 +91,15 @@ class Verification:
     slo_broken: list[str]
     worse_elsewhere: list[str]
     comparison: Comparison
+    refuted_by: str = ""  # "quality" | "SLO": a change refuted whatever its latencies did
 
     @property
     def gain(self) -> bool:
         return self.outcome == "confirmed" and not self.slo_broken
 
     def headline(self) -> str:
+        if self.refuted_by:
+            return f"refuted: {self.refuted_by}: {self.finding} ({self.cause}): {self.reason}"
         moved = "; ".join(f"{mv.signal} {mv.rel:+.0%}" + (f" ({self.comparison.confidence:.0%} CI "
                                                            f"{mv.interval[0]:+.0%} to {mv.interval[1]:+.0%})"
                                                            if mv.interval else "")
@@ -109,11 +114,14 @@ class Verification:
                 "level": self.level, "outcome": self.outcome, "reason": self.reason, "headline": self.headline(),
                 "moves": [m.to_json() for m in self.moves], "finding_after": self.finding_after,
                 "slo_broken": self.slo_broken, "worse_elsewhere": self.worse_elsewhere, "gain": self.gain,
+                "refuted_by": self.refuted_by, "quality": self.comparison.quality,
                 "comparison": self.comparison.to_json()}
 
 
 def verify(before: Analysis, after: Analysis, *, finding: str | None = None, confidence: float = 0.95,
-           resamples: int = 2000, seed: int = 0, resample: str = "blocks", noise: float = NOISE) -> Verification:
+           resamples: int = 2000, seed: int = 0, resample: str = "blocks", noise: float = NOISE,
+           quality_cmd: str | None = None, quality_timeout_s: float = QUALITY_TIMEOUT_S,
+           min_agreement: float = MIN_AGREEMENT, max_score_drop: float = MAX_SCORE_DROP) -> Verification:
     """Confirm or refute the hypothesis of one finding of BEFORE (default: the verdict's top finding) from
     AFTER, a run with its experiment applied: confirmed when an expected move is significant in its
     direction and none goes the other way; refuted when one goes significantly the other way, or when
@@ -123,7 +131,13 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
     requests running, fewer queued) is not confirmed by latencies alone: when the occupancy did not move as
     predicted, the latency moves came from elsewhere and the outcome is refuted (CI: a token-budget change
     under a batch cap of 2 came out "confirmed", which only a latency move could give, the cap holding the
-    running requests)."""
+    running requests).
+
+    The quality guard (diagnose/compare/quality.py) comes last: outputs that no longer agree, or a
+    ``quality_cmd`` score that fell, make any outcome "refuted" (refuted_by "quality"); a quality command that
+    failed leaves a confirmation "inconclusive". A change that breaks the SLO (a term A met, or goodput
+    significantly down) is never "confirmed": it is refuted (refuted_by "SLO")."""
+    check_quality(min_agreement, max_score_drop, quality_timeout_s)
     fid = finding or (before.verdict.top_rule if before.verdict else None)
     if not fid:
         raise InputError(f"{before.source}: no finding to verify (the run has no top finding); pass --finding")
@@ -185,22 +199,36 @@ def verify(before: Analysis, after: Analysis, *, finding: str | None = None, con
                           f"ran at a different speed (the concurrency-1 reference moved {drift[2]:+.0%}), which "
                           f"moves latencies but not how many requests the engine admits, so the latency moves "
                           f"may be partly the host's ({reason})")
-    slo = (after.manifest.get("options") or {}).get("slo") or {}
     broken = []
-    if isinstance(slo, dict):
-        for key, limit in slo.items():
-            m = METRIC_BY_NAME.get(str(key).removesuffix("_ms"))  # SLO keys: ttft_p99_ms or ttft_p99
-            if m is None or not isinstance(limit, (int, float)):
-                continue
-            d = next((x for x in lv.metrics if x.metric == m.name), None)
-            if d is not None and math.isfinite(d.b) and d.b > limit and not (math.isfinite(d.a) and d.a > limit):
-                broken.append(f"{m.name} {d.b:.1f} {m.unit} > {limit:g} {m.unit}")
+    for key, limit in after.meta.options.slo.items():
+        m = METRIC_BY_NAME.get(key.removesuffix("_ms"))  # SLO keys: ttft_p99_ms or ttft_p99
+        if m is None or limit is None:
+            continue
+        d = next((x for x in lv.metrics if x.metric == m.name), None)
+        if d is not None and math.isfinite(d.b) and d.b > limit and not (math.isfinite(d.a) and d.a > limit):
+            broken.append(f"{m.name} {d.b:.1f} {m.unit} > {limit:g} {m.unit}")
+    gp = next((x for x in lv.metrics if x.metric == "goodput_rps"), None)
+    if gp is not None and gp.verdict == "worse":
+        broken.append(f"goodput_rps {gp.a:.3g} -> {gp.b:.3g} req/s ({gp.rel:+.0%}, {c.confidence:.0%} CI "
+                      f"{gp.rel_lo:+.0%} to {gp.rel_hi:+.0%})")
     expected = {METRIC_BY_SIGNAL[s].name for s, _ in cause.experiment.expect if s in METRIC_BY_SIGNAL}
     elsewhere = [f"{d.metric} {d.rel:+.0%}" for d in lv.metrics if d.verdict == "worse" and d.metric not in expected]
+    c.quality = quality(before.source, after.source, quality_cmd, quality_timeout_s, min_agreement, max_score_drop)
+    refuted_by = ""
+    failed, unmeasured = (c.quality["failed"], c.quality["unmeasured"]) if c.quality else ([], [])
+    if failed:
+        reason = "; ".join(failed) + f" (by the latencies alone: {outcome}: {reason})"
+        outcome, refuted_by = "refuted", "quality"
+    elif outcome == "confirmed" and broken:
+        outcome, refuted_by = "refuted", "SLO"
+        reason = f"the change breaks the SLO: {', '.join(broken)} ({reason})"
+    elif outcome == "confirmed" and unmeasured:
+        outcome, reason = "inconclusive", f"quality not measured: {'; '.join(unmeasured)} ({reason})"
     e = cause.experiment
     variable = describe(e.variable_kind, e.variable, e.value, before.engine) if e.variable else ""
     return Verification(fid, f.title, cause.cause, e.change + (f" (changes {variable})" if variable else ""),
-                        lv.label, outcome, reason, moves, after_state, broken, elsewhere, c)
+                        lv.label, outcome, reason, moves, after_state, broken, elsewhere, c, refuted_by)
+
 
 
 def _speed_signal(sig: str) -> bool:

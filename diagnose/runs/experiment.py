@@ -83,6 +83,12 @@ class Launched:
                 continue
         return list(found.values())
 
+    def crash(self) -> list[int]:
+        """Kill the whole server as a crash does: SIGKILL to every process of it at once (no SIGTERM, no drain),
+        then :meth:`stop` for what the signal missed. Returns the PIDs still alive after that."""
+        self._signal(self.members(), signal.SIGKILL)
+        return self.stop(grace_s=0.0)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> list[int]:
         """Stop the whole server: SIGTERM to its process group and to every process of it (:meth:`members`,
         taken before the signal), SIGKILL to what is left after ``grace_s``, then check. Returns the PIDs still
@@ -176,10 +182,10 @@ def _tail(path: Path, n: int = 5) -> str:
     return " | ".join(x.strip() for x in lines if x.strip())
 
 
-def launch(argv: Sequence[str], url: str, log_path: Path, timeout_s: float = 600.0,
-           log: Callable[[str], None] = lambda _m: None) -> Launched:
-    """Start the server command in its own process group; return once ``url``/v1/models answers 200."""
-    timeout_s = check_startup_timeout(timeout_s)
+def spawn(argv: Sequence[str], log_path: Path, log: Callable[[str], None] = lambda _m: None) -> Launched:
+    """Start the server command in its own process group (output to ``log_path``, tagged so that what it starts
+    can be found and stopped); a :class:`LaunchError` when it cannot be started. Used by ``launch`` here and by
+    ``diagnose readiness`` (which times the start itself)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex
     started = time.time()
@@ -191,8 +197,16 @@ def launch(argv: Sequence[str], url: str, log_path: Path, timeout_s: float = 600
         out.close()
         raise LaunchError(f"cannot start the server command {argv[0]!r}: {e.strerror or e}") from e
     out.close()
-    server = Launched(list(argv), proc, log_path, tag, started)
     log(f"started: {shlex.join(argv)} (pid {proc.pid}, log {log_path})")
+    return Launched(list(argv), proc, log_path, tag, started)
+
+
+def launch(argv: Sequence[str], url: str, log_path: Path, timeout_s: float = 600.0,
+           log: Callable[[str], None] = lambda _m: None) -> Launched:
+    """Start the server command in its own process group; return once ``url``/v1/models answers 200."""
+    timeout_s = check_startup_timeout(timeout_s)
+    server = spawn(argv, log_path, log)
+    proc = server.proc
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -289,7 +303,8 @@ def attach_argv(url: str, out: Path, attach_args: Sequence[str]) -> list[str]:
 # request counts, SLO, reports) is left out of it.
 _SHAPE_VALUE = frozenset({"--api", "-c", "--concurrency", "-r", "--rate", "--arrival", "--burstiness",
                           "--max-concurrency", "--input-tokens", "--output-tokens", "--shared-prefix",
-                          "--timeout", "--api-key-env", "--model", "--workload", "--speed"})
+                          "--timeout", "--api-key-env", "--model", "--workload", "--speed", "--dataset",
+                          "--dataset-format"})
 _SHAPE_FLAG = frozenset({"--realtime", "--ignore-eos", "--no-ignore-eos"})
 
 

@@ -26,10 +26,12 @@ from diagnose import compare as cmp
 from diagnose.analysis import Analysis
 from diagnose.compare.samples import _PCT, _too_few
 from diagnose.errors import InputError
+from diagnose.signals.sweep import CURVE_METRICS, SATURATION_SHARE, knee  # noqa: F401 (one definition, re-exported)
 
-SATURATION_SHARE = 0.95  # a level within 5% of the best output tok/s is saturated
 RATE_RESOLUTION = 1.10  # bisection of a rate stops when the two sides are within 10%
-CURVE_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+# past the SLO edge the ladder goes on while output tok/s still grows (no knee yet), at most this many more
+# rungs: the saturation is then the plateau, not the last level before the edge (issue 34 item 6)
+PLATEAU_LEVELS = 2
 
 
 def slo_metrics(slo: Mapping[str, float]) -> dict[str, tuple[cmp.MetricDef, float]]:
@@ -172,8 +174,10 @@ def _midpoint(lo: float, hi: float, kind: str) -> float | None:
 
 
 def search(measure: Callable[[float, str], LevelPoint], ladder: Sequence[float], kind: str,
-           max_bisections: int = 4) -> SearchResult:
-    """Up the ``ladder`` until a level fails the SLO, then bisect (at most ``max_bisections`` more levels)."""
+           max_bisections: int = 4, max_plateau: int = PLATEAU_LEVELS) -> SearchResult:
+    """Up the ``ladder`` until a level fails the SLO, then bisect (at most ``max_bisections`` more levels), then
+    on up the ladder past the edge while output tok/s still grows (at most ``max_plateau`` more rungs), so the
+    saturation is the throughput's plateau or is said to be at least the top level's."""
     if kind not in ("concurrency", "rate"):
         raise InputError(f"--find-max-goodput searches a concurrency or a rate, not {kind!r}")
     levels = sorted(set(float(v) for v in ladder))
@@ -207,6 +211,16 @@ def search(measure: Callable[[float, str], LevelPoint], ladder: Sequence[float],
         stopped += "; bisected to one step" if gap is None else f"; bisection budget ({max_bisections}) spent"
     if passed is None and failed is not None:
         stopped = f"the lowest level tried ({failed.label}) already failed the SLO"
+    if passed is not None and failed is not None and max_plateau > 0:
+        beyond = [v for v in levels if v > max(p.level for p in points)][:max_plateau]
+        went = 0
+        for v in beyond:
+            if saturation(points)[0] is not None:  # the knee is in what was measured: the plateau is found
+                break
+            points.append(measure(v, "plateau"))
+            went += 1
+        if went:
+            stopped += f"; {went} level(s) past the edge for the throughput's plateau"
     edge = _edge_note(passed, failed)
     sat, sat_note = saturation(points)
     return SearchResult(kind, {}, points, passed, failed, sat, sat_note, edge, stopped)
@@ -225,37 +239,11 @@ def _edge_note(passed: LevelPoint | None, failed: LevelPoint | None) -> str:
     return note
 
 
-def knee(labels: Sequence[str], tps: Sequence[float]) -> tuple[int | None, str]:
-    """The knee of a throughput curve (levels in load order): the index of the lowest level within 5% of the
-    best output tok/s, and a note; None when not reached (the top level still grew more than 5% over the one
-    below it) or when fewer than two levels have a throughput."""
-    pts = [(i, lab, v) for i, (lab, v) in enumerate(zip(labels, tps, strict=True)) if math.isfinite(v)]
-    if len(pts) < 2:
-        return None, "one level measured: no curve" if pts else "no throughput measured"
-    best = max(v for _, _, v in pts)
-    i, lab, v = next(p for p in pts if p[2] >= SATURATION_SHARE * best)
-    (_, lab_below, below), (i_top, lab_top, top) = pts[-2], pts[-1]
-    if i == i_top and top > below / SATURATION_SHARE:
-        return None, f"not reached: output tok/s still grew {top / below - 1:.0%} from {lab_below} to {lab_top}"
-    return i, f"{lab}: {v:.4g} tok/s, within {1 - SATURATION_SHARE:.0%} of the best ({best:.4g} tok/s)"
-
-
 def saturation(points: Sequence[LevelPoint]) -> tuple[LevelPoint | None, str]:
     """``knee`` over the measured levels, in load order."""
     pts = sorted(points, key=lambda p: p.level)
     i, note = knee([p.label for p in pts], [p.output_tps for p in pts])
     return (None if i is None else pts[i]), note
-
-
-def meets(values: Mapping[str, float | None], slo: Mapping[str, float]) -> bool | None:
-    """Whether point values ('ttft_p99_ms' -> ms) meet every SLO term; None when a term has no value."""
-    out = True
-    for key, limit in slo.items():
-        v = values.get(key)
-        if v is None or not math.isfinite(v):
-            return None
-        out = out and v <= limit
-    return out
 
 
 def summary_lines(r: SearchResult) -> list[str]:

@@ -96,10 +96,12 @@ def run_search(o: Mapping[str, Any], ctx: click.Context, slo: dict[str, float],
     result.slo = dict(slo)
     lines = summary_lines(result)
     from diagnose.cli.common import _json, _write
+    from diagnose.io import schemas
+    from diagnose.io.schemas import versioned
     from diagnose.reports.goodput import render_search
 
     data = result.to_json()
-    _write(out / "search.json", _json(data))
+    _write(out / "search.json", _json(versioned(schemas.SEARCH, data)))
     _write(out / "report.html", render_search(data, lines).encode())
     for line in lines:
         click.echo(line)

@@ -73,6 +73,10 @@ ENGINE_SETTINGS: tuple[tuple[str, str, str], ...] = (
     ("max_concurrent_requests", "requests", "maximum concurrent requests (TGI)"),
     ("max_batch_total_tokens", "tokens", "maximum tokens in a batch (TGI)"),
     ("threads", "threads", "engine threads (llama.cpp)"),
+    ("continuous_batching", "flag", "continuous batching on (1) or off (0; llama.cpp --no-cont-batching)"),
+    ("ubatch_tokens", "tokens", "physical batch size in tokens (llama.cpp --ubatch-size)"),
+    ("sampling_top_k", "tokens", "the server's default top-k (llama.cpp --top-k; 0 = disabled: the whole vocabulary is sorted)"),
+    ("constrained_decoding", "flag", "a grammar or JSON schema constrains every generation by default (llama.cpp --grammar, --json-schema)"),
 )
 # span_<stem>_p50_ms / _p99_ms from the engine's request spans (diagnose/normalize/otel.py)
 SPAN_STEMS: tuple[tuple[str, str], ...] = (
@@ -81,6 +85,19 @@ SPAN_STEMS: tuple[tuple[str, str], ...] = (
 )
 
 _Entry = tuple[str, str, str]  # name, unit, description
+# diagnose/normalize/errors.py CLASSES, with what each means
+_ERROR_CLASSES: tuple[tuple[str, str], ...] = (
+    ("context_overflow", "the request does not fit the server's context (the error body says so)"),
+    ("rate_limited", "rate limited (HTTP 429)"),
+    ("auth", "authentication refused (HTTP 401/403)"),
+    ("model_not_found", "model not found (HTTP 404, or a body saying the model does not exist)"),
+    ("invalid_request", "refused as invalid (any other HTTP 4xx)"),
+    ("server_timeout", "the server or a gateway timed out (HTTP 408/504)"),
+    ("server_error", "server error (any other HTTP 5xx)"),
+    ("connection_lost", "connection reset, refused or not made (the server stopped answering)"),
+    ("client_timeout", "no answer within the load client's request timeout"),
+    ("stream_broken", "an answer that was not a well-formed event stream"),
+)
 
 
 def _pct_label(p: str) -> str:
@@ -134,6 +151,8 @@ _CLIENT: list[_Entry] = [
     ("prompt_tokens_mean", "tokens", "mean prompt tokens per request"),
     ("output_tokens_mean", "tokens", "mean output tokens per request"),
     ("output_tokens_asked_mean", "tokens", "mean max_tokens the requests asked for"),
+    ("stream_bytes_per_token_mean", "bytes", "bytes of the streamed answers (HTTP body, chunk framing included) per "
+     "output token: what the server serialises and sends for each token"),
     ("output_cut_share_ratio", "ratio", "share of the requests the server ended for length with under 90% of the "
      "tokens they asked for (cut short by the context, not by max_tokens)"),
     ("client_schedule_lag_p99_ms", "ms", "client send lateness vs the schedule, P99 (ms)"),
@@ -150,9 +169,30 @@ _CLIENT: list[_Entry] = [
     ("sweep_output_tps_growth_ratio", "ratio", "output tok/s at the highest / lowest load level"),
     ("sweep_load_growth_ratio", "ratio", "highest / lowest offered load"),
     ("workload_shared_prefix_ratio", "ratio",
-     "share of each prompt that is a prefix common to all requests (workload spec)"),
+     "share of each prompt that is a prefix common to all requests (workload spec), or, where larger, the mean "
+     "share of a multi-turn request's prompt that repeats its conversation so far (the previous turn's prompt "
+     "and answer; a first turn 0)"),
+    ("workload_logprobs_tokens", "tokens",
+     "the most likely alternatives whose log-probabilities each request asked for with every output token "
+     "(attach --logprobs N, workload spec; 0: the sampled token's own; absent: none asked)"),
     ("warmup_requests", "requests",
      "warm-up requests excluded from the statistics at the start of the capture (workload spec)"),
+    # the failed requests by class (diagnose/normalize/errors.py; present when at least one request failed)
+    *[(f"error_{c}_ratio", "ratio", f"share of the finished requests that failed with: {what}")
+      for c, what in _ERROR_CLASSES],
+    *[(f"error_{c}_requests", "requests", f"requests that failed with: {what} (the signal's label in a finding "
+       "is the server's last such answer, redacted and shortened)") for c, what in _ERROR_CLASSES],
+    ("error_main_share_ratio", "ratio", "share of the failed requests in the most common error class (its label "
+     "in a finding names the class, with the sizes of a context overflow)"),
+    ("error_context_limit_tokens", "tokens", "the context a request had to fit in, as the context-overflow "
+     "answers state it (median; llama.cpp states a slot's share of its context)"),
+    ("error_context_request_tokens", "tokens", "the tokens a request needed, as the context-overflow answers state "
+     "them (median: prompt, plus max_tokens where the server counts it)"),
+    ("error_retry_after_s", "s", "the longest Retry-After the server sent with a rate limit (s)"),
+    ("server_lost_at_s", "s", "when the first connection was reset or refused, seconds after the load's first "
+     "request (the server, or a proxy before it, stopped answering)"),
+    ("server_back_at_s", "s", "when the server answered again after it stopped: the first request sent after "
+     "the loss that succeeded, seconds after the load's first request"),
 ]
 
 _DERIVED: list[_Entry] = [
@@ -213,6 +253,8 @@ _PROMETHEUS: list[_Entry] = [
     ("server_process_cpu_ratio", "cores", "API-server process CPU time per second (1.0 = one core busy)"),
     ("server_ttft_client_gap_mean_ms", "ms",
      "client mean TTFT - server mean TTFT: time outside the engine's TTFT interval (ms)"),
+    ("server_ttft_client_gap_share_ratio", "ratio", "(client mean TTFT - server mean TTFT) / client mean TTFT: the "
+     "share of the client's TTFT outside the engine's TTFT interval (network, proxy, HTTP, streaming, the client)"),
     ("batch_tokens_per_step_mean", "tokens", "tokens per output step, mean (a prompt counts whole in the step of "
      "its first token: not a measure of prefill chunks or of the token budget)"),
     *[(name, unit, f"engine setting: {what}") for name, unit, what in ENGINE_SETTINGS],
@@ -230,6 +272,8 @@ _OTEL: list[_Entry] = [
      "spans)"),
     ("ttft_frontend_share_ratio", "ratio", "share of client TTFT spent in the server frontend (joined spans)"),
     ("ttft_client_network_share_ratio", "ratio", "share of client TTFT spent in client and network (joined spans)"),
+    ("ttft_client_network_p50_ms", "ms", "client TTFT - the engine's own TTFT, per joined request, P50: time "
+     "between client and server (network, proxy, TLS, HTTP before arrival, streaming out, the client) (ms)"),
     ("span_requests_count", "count", "server request spans in the window"),
     *[(f"span_{stem}_{p}_ms", "ms", f"server span {what} {p.upper()} (ms)")
       for stem, what in SPAN_STEMS for p in ("p50", "p99")],
@@ -320,6 +364,8 @@ _TRACE: list[_Entry] = [
     ("trace_graph_kernel_ratio", "ratio", "share of launched kernels that ran inside CUDA/HIP graph replays"),
     ("trace_sync_total_ms", "ms", "CPU time in host synchronisation and synchronous memcpy/memset calls"),
     ("trace_async_pageable_copies_count", "count", "async memcpy calls on pageable host memory"),
+    ("trace_async_pageable_copy_ratio", "ratio",
+     "GPU time of the async copies on pageable host memory over the window (the most they can cost)"),
     ("trace_steps_count", "count", "engine steps found in the trace annotations"),
     ("trace_steps_excluded_count", "count",
      "steps excluded as warm-up or profiler start/stop artefacts (not in any step signal)"),
@@ -357,6 +403,15 @@ _TRACE: list[_Entry] = [
     ("trace_collectives_count", "count", "collectives matched across ranks"),
     ("trace_straggler_rank", "count", "the rank that started the most collectives last (a rank number)"),
     ("trace_straggler_lag_p50_us", "us", "median lag of that rank behind the earliest rank at each collective"),
+    ("trace_host_stall_p50_ms", "ms",
+     "median over steps of the longest host stall in a step (GPU idle until the CPU called the next launch)"),
+    ("trace_host_stall_step_ratio", "ratio", "the steps' longest host stalls over the steps' CPU duration"),
+    ("trace_host_stall_steps_count", "count", "steps whose longest host stall is at least 10% of the step"),
+    ("trace_host_stall_untraced_ratio", "ratio",
+     "share of those stalls in which the trace recorded no CPU op or runtime call (native code or GIL: untraced)"),
+    ("trace_host_stall_eager_steps_count", "count", "of those steps, the ones that ran eagerly (no graph replay)"),
+    ("trace_straggler_lag_step_ratio", "ratio",
+     "that median lag over the median engine-step duration (the share of a step the other ranks wait)"),
     ("trace_straggler_idle_share_ratio", "ratio",
      "the straggler's GPU idle before each collective beyond the other ranks', over its lag (1: host late)"),
 ]

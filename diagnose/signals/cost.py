@@ -9,10 +9,9 @@ gives) and by ``compare`` (its cost metrics, with intervals): price per hour / (
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from diagnose.errors import InputError
+from diagnose.io.manifest import Manifest
 
 # cost metric -> (the throughput it divides the price by, the scale: per million tokens, per request)
 COST_BASE: dict[str, tuple[str, float]] = {"cost_per_mtok": ("output_tps", 1e6),
@@ -44,10 +43,7 @@ def parse_price(spec: str, option: str = "--cost-per-hour") -> float:
     return price * devices
 
 
-def recorded_price(manifest: Mapping[str, Any]) -> float | None:
+def recorded_price(manifest: Manifest) -> float | None:
     """The price per hour a bundle's capture recorded (``options.cost_per_hour``), when it is a usable one."""
-    opts = manifest.get("options") if isinstance(manifest, Mapping) else None
-    v = opts.get("cost_per_hour") if isinstance(opts, Mapping) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        return None
-    return float(v)
+    v = manifest.options.cost_per_hour
+    return float(v) if v is not None and v > 0 else None

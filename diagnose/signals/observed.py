@@ -18,7 +18,8 @@ histograms over the capture, never from prompt text:
   allowed for), at the scrape interval's resolution;
 * with the engine's request spans (``attach --observe --otlp``; vLLM's ``llm_request`` carries
   ``gen_ai.usage.prompt_tokens`` and ``completion_tokens``) covering at least ``SPAN_COVERAGE_MIN`` of the
-  requests the counter saw: each request's lengths exactly, and its arrival time.
+  requests the counter saw: each request's lengths exactly, and its arrival time (the spans of the requests
+  that finished in the window, as the counter and the histograms count them).
 
 :func:`observed_requests` turns the same figures into a replayable workload (diagnose's JSONL): arrivals at the
 scrape intervals' finished counts, spread evenly in each interval; lengths drawn from the histograms at evenly
@@ -57,16 +58,23 @@ SPAN_COVERAGE_MIN = 0.9
 
 
 def span_requests(tables: dict[str, pd.DataFrame], window: Window) -> pd.DataFrame:
-    """The engine's request spans that arrived in ``window`` with both token counts, in arrival order:
-    columns ``start_s`` (the engine's arrival time), ``prompt_tokens``, ``completion_tokens``."""
+    """The engine's request spans that *finished* in ``window`` with both token counts, in arrival order:
+    columns ``start_s`` (the engine's arrival time), ``prompt_tokens``, ``completion_tokens``.
+
+    By finish, as the finished-requests counter and the length histograms count them: the card's requests and
+    their lengths are one population. By arrival, the long requests that arrived before the window were left
+    out, and the last arrivals' spans, exported after they finish, came after the receiver's drain on a loaded
+    server (engine tier on a slow host: 53 spans for 64 arrivals), so the lengths leaned to short requests."""
     cols = ["start_s", "prompt_tokens", "completion_tokens"]
     rb = tables.get("request_breakdown")
-    if rb is None or rb.empty or not {"server_start_s", "prompt_tokens", "completion_tokens"} <= set(rb.columns):
+    need = {"server_start_s", "server_e2e_ms", "prompt_tokens", "completion_tokens"}
+    if rb is None or rb.empty or not need <= set(rb.columns):
         return pd.DataFrame(columns=cols)
     t = pd.to_numeric(rb["server_start_s"], errors="coerce")
+    end = t + pd.to_numeric(rb["server_e2e_ms"], errors="coerce") / 1e3
     inp = pd.to_numeric(rb["prompt_tokens"], errors="coerce")
     out = pd.to_numeric(rb["completion_tokens"], errors="coerce")
-    keep = t.between(window.start_s, window.end_s) & (inp >= 1) & (out >= 1)
+    keep = end.between(window.start_s, window.end_s) & (inp >= 1) & (out >= 1)
     df = pd.DataFrame({"start_s": t[keep], "prompt_tokens": inp[keep], "completion_tokens": out[keep]})
     return df.sort_values("start_s").reset_index(drop=True)
 

@@ -8,10 +8,12 @@ under ``workload_card``; the HTML report shows it at the top.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from diagnose.io.manifest import Manifest, Workload
 from diagnose.requests import select
 from diagnose.signals.cost import COST_BASE, per_unit, recorded_price
 from diagnose.signals.observed import observed_workload
@@ -50,56 +52,99 @@ def _pcts(values: Any) -> dict[str, float] | None:
     return {f"p{p}": float(np.percentile(v, p)) for p in PCTS}
 
 
-def _arrival(wl: dict[str, Any], replay: dict[str, Any] | None) -> str:
-    mode = wl.get("mode")
+def _arrival(wl: Workload) -> str:
+    mode, replay = wl.mode, wl.replay
     if mode == "replay" and replay is not None:
-        speed, loop = _num(replay.get("speed")) or 1.0, int(_num(replay.get("loop")) or 1)
-        sessions = int(_num(replay.get("sessions")) or 0)
+        speed, loop = _num(replay.speed) or 1.0, int(_num(replay.loop) or 1)
+        sessions = int(_num(replay.sessions) or 0)
         return ("recorded offsets" + (f", {speed:g}x speed" if speed != 1 else "")
                 + (f", looped {loop} times" if loop > 1 else "")
                 + ((f"; {sessions} sessions, each turn sent after the previous turn's answer" if
-                    wl.get("session_wait", True) else f"; {sessions} sessions, turns sent at their offsets")
+                    wl.session_wait else f"; {sessions} sessions, turns sent at their offsets")
                    if sessions else ""))
-    turns = int(_num(wl.get("turns")) or 1)
+    turns = int(_num(wl.turns) or 1)
     if mode == "concurrency" and turns > 1:  # tasks (attach --turns)
-        think, retries = _num(wl.get("think_time_s")) or 0.0, int(_num(wl.get("retries")) or 0)
+        think, retries = _num(wl.think_time_s) or 0.0, int(_num(wl.retries) or 0)
         return (f"closed loop of tasks: {turns} turns each, a turn sent when the "
                 f"previous answer arrived" + (f" + {think:g} s think time" if think else "")
                 + (f", a failed turn retried up to {retries} time{'s' if retries > 1 else ''}" if retries else ""))
     if mode == "concurrency":
         return "closed loop (each request sent when one ends)"
     if mode == "rate":
-        arr = str(wl.get("arrival") or "poisson")
-        b = _num(wl.get("burstiness"))
+        arr = str(wl.arrival or "poisson")
+        b = _num(wl.burstiness)
         return f"open loop, {arr}" + (f" (burstiness {b:g})" if arr == "gamma" and b is not None else "")
     if mode == "observe":
         return "the server's own traffic (not sent by diagnose)"
     return "unknown"
 
 
+def _dataset(manifest: Manifest, wl: Workload) -> dict[str, Any] | None:
+    """A dataset run's summary (``attach --dataset``; the manifest's ``workload.dataset``) with how its lengths
+    were known: ``lengths`` "measured by the server's /tokenize" or "estimated (...)", from the load probe."""
+    ds = wl.dataset
+    if ds is None:
+        return None
+    out: dict[str, Any] = asdict(ds)
+    how = manifest.probe_detail("load").get("dataset_lengths")
+    if isinstance(how, dict):
+        out["lengths"] = ("measured by the server's /tokenize" if how.get("source") == "tokenize" else
+                          f"an estimate: {how.get('note') or '4 characters a token'}")
+    return out
+
+
+def _lengths(wl: Workload) -> dict[str, Any] | None:
+    """The length distributions a synthetic run drew from (``--input-tokens``/``--output-tokens``; the manifest's
+    ``workload.input_lengths``/``output_lengths``), each as one phrase, with the seed: None when both lengths
+    were fixed."""
+    from diagnose.capture.lengths import LengthDist
+
+    got = {"input": LengthDist.from_json(wl.input_lengths), "output": LengthDist.from_json(wl.output_lengths)}
+    if not any(got.values()):
+        return None
+    out: dict[str, Any] = {}
+    for what, dist in got.items():
+        fixed = _num(wl.input_tokens if what == "input" else wl.output_tokens)
+        out[what] = dist.describe() if dist is not None else (f"{fixed:.0f} (fixed)" if fixed is not None else None)
+        if dist is not None:
+            out[f"{what}_spec"] = dist.text
+    out["seed"] = wl.seed
+    return out
+
+
 def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | None:
     """The card of a bundle's analysis; None for an input that is no capture (a kernel trace, a span file).
     ``price``: the price per hour to cost the run at (``analyze --cost-per-hour``), else the one the capture
     recorded. The pipeline computes it once (``Analysis.workload_card``); views only show it."""
-    wl = a.manifest.get("workload")
-    if not isinstance(wl, dict) or not wl:
+    wl = a.meta.workload
+    if wl is None:
         return None
-    mode = str(wl.get("mode") or "unknown")
-    replay = wl.get("replay") if isinstance(wl.get("replay"), dict) else None
+    mode = str(wl.mode or "unknown")
+    replay = wl.replay
     source = ("observed traffic" if mode == "observe" else
-              f"replay of {replay.get('file')} ({replay.get('format')})" if mode == "replay" and replay else
+              f"replay of {replay.file} ({replay.format})" if mode == "replay" and replay else
               "synthetic")
+    dataset = _dataset(a.meta, wl) if mode not in ("replay", "observe") else None
+    if dataset is not None:
+        source = (f"dataset {dataset['file']} ({dataset['format']}): {dataset['conversations']} records"
+                  + (f", {dataset['multi_turn']} of them conversations of several turns (each turn sent after "
+                     "the previous answer)" if dataset.get("multi_turn") else "")
+                  + (f"; input lengths {dataset['lengths']}" if dataset.get("lengths") else ""))
+    lengths = _lengths(wl) if mode not in ("replay", "observe") else None
+    if lengths is not None:
+        source += "; " + "; ".join(f"{what} tokens {d}" for what, d in (("input", lengths.get("input")),
+                                                                     ("output", lengths.get("output"))) if d)
+        source += f"; drawn with seed {lengths['seed']}"
     sig = a.signals
 
     def s(name: str) -> float | None:
         return sig[name].value if name in sig else None
 
-    planned = wl.get("phases")
-    phases: list[Any] = planned if isinstance(planned, list) else []
     card: dict[str, Any] = {
-        "mode": mode, "source": source, "arrival": _arrival(wl, replay),
-        "levels": [str(p.get("name")) for p in phases if isinstance(p, dict) and p.get("role") != "baseline"],
-        "api": wl.get("api"), "ignore_eos": wl.get("ignore_eos"),
+        "mode": mode, "source": source, "arrival": _arrival(wl),
+        "levels": [str(p.name) for p in wl.phases if p.role != "baseline"],
+        "api": wl.api, "ignore_eos": wl.ignore_eos,
+        "logprobs": wl.logprobs,  # attach --logprobs N: alternatives asked with every token (None: none asked)
         "rate_rps": s("request_rps"), "concurrency_mean": s("client_in_flight_mean"),
         "arrival_gap_cv": s("arrival_gap_cv_ratio"),
         "requests": None, "input_tokens": None, "input_tokens_planned": None, "output_tokens": None,
@@ -109,12 +154,16 @@ def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | N
         "warmth": {"server": server_warmth(a), "ttft_cold_p50_ms": s("ttft_cold_p50_ms"),
                    "ttft_warm_p50_ms": s("ttft_warm_p50_ms")},
     }
+    if lengths is not None:
+        card["lengths"] = lengths
+    if dataset is not None:
+        card["dataset"] = dataset
     if mode == "replay" and replay:
-        card["prefix_share_planned"] = _num(replay.get("prefix_share"))
-        card["replay"] = {k: replay.get(k) for k in ("file", "format", "requests", "skipped", "speed", "loop",
-                                                     "span_s", "block_tokens", "sessions")}
+        card["prefix_share_planned"] = _num(replay.prefix_share)
+        card["replay"] = {k: getattr(replay, k) for k in ("file", "format", "requests", "skipped", "speed", "loop",
+                                                          "span_s", "block_tokens", "sessions")}
     elif mode != "observe":
-        card["prefix_share_planned"] = _num(wl.get("shared_prefix_fraction"))
+        card["prefix_share_planned"] = _num(wl.shared_prefix_fraction)
     req = a.tables.get("requests")
     if req is not None and not req.empty:
         base = {p.phase for p in a.phases if p.is_baseline}
@@ -149,9 +198,9 @@ def workload_card(a: Analysis, price: float | None = None) -> dict[str, Any] | N
         known = np.isfinite(cached) & np.isfinite(prompt)
         if known.any() and prompt[known].sum() > 0:
             card["cached_token_share"] = float(cached[known].sum() / prompt[known].sum())
-    price = price if price is not None else recorded_price(a.manifest)
+    price = price if price is not None else recorded_price(a.meta)
     if price is not None:  # what the run cost (diagnose/signals/cost.py): one definition, compare's too
-        slo = (a.manifest.get("options") or {}).get("slo") or {}
+        slo = a.meta.options.slo
         per = {name: per_unit(price, s(base) or 0.0, scale) for name, (base, scale) in COST_BASE.items()}
         card["cost"] = {"price_per_hour": price, "per_mtok": _num(per["cost_per_mtok"]),
                         "per_request": _num(per["cost_per_request"]),

@@ -10,7 +10,6 @@ import pandas as pd
 
 from diagnose.analysis import Window
 from diagnose.model import Signal
-from diagnose.normalize import client_stalls
 from diagnose.normalize.client import signals
 
 from .model import Cell, Quantity, Section, Table
@@ -39,8 +38,10 @@ def sections(tables: Tables, run_signals: Mapping[str, Signal] | None = None) ->
     if by.get("requests_excluded_profiler"):
         rows.append(("requests overlapping the profiler window, excluded from statistics",
                      int(by["requests_excluded_profiler"]), "requests"))
-    for check, value, unit in client_stalls.report_rows(dict(tables)):
-        rows.append((check, Quantity(float(value), unit, 1) if isinstance(value, float) else value, unit))
+    stall_checks = tables.get("client_stall_checks")  # the client normaliser's rows (normalize/client_stalls.py)
+    for check, value, unit in [] if stall_checks is None else stall_checks.itertuples(index=False):
+        rows.append((str(check), Quantity(float(value), str(unit), 1) if isinstance(value, float) else int(value),
+                     str(unit)))
     itl = tables.get("itl")
     if itl is not None and not itl.empty:
         tok = pd.to_numeric(itl["tok"], errors="coerce").to_numpy(dtype=float)

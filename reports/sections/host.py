@@ -3,24 +3,19 @@ took it), flame graph, sampling cost."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
-from diagnose.normalize.host import (
-    BUSY_THREAD_MIN_RATIO,
-    category_cpu,
-    foreign_on_core,
-    thread_categories,
-    thread_wait,
-    victim,
-)
-from diagnose.normalize.host_stacks import CATEGORY_TEXT, flame_tree
+from diagnose.normalize.host import BUSY_THREAD_MIN_RATIO
+from diagnose.normalize.host_stacks import CATEGORY_TEXT
 
 from .model import Cell, FlameGraph, Phrase, Quantity, Section, Table, TextBlock
 
 Tables = Mapping[str, pd.DataFrame]
-NEEDED = ("host_threads", "host_processes", "host_stacks", "host_pyspy_cost")
+NEEDED = ("host_threads", "host_processes", "host_stacks", "host_pyspy_cost", "host_category_cpu",
+          "host_thread_categories", "host_thread_wait", "host_victim", "host_flame")  # the last five: stage 2
 _KIND = {"work": "working: decides contention", "poll_loop": "poll/yield loop: not judged"}
 
 
@@ -65,15 +60,15 @@ def _process_table(t: Tables) -> Section | None:
 
 
 def _category_table(t: Tables) -> Section | None:
-    if t["host_stacks"].empty:
-        return None
-    cats = category_cpu(dict(t))
-    total = sum(cats.values())
+    cats = t["host_category_cpu"]
+    total = float(cats["value"].sum()) if not cats.empty else 0.0
     if total <= 0:
         return None
-    unit = "CPU s" if not t["host_threads"].empty else "samples"
-    rows = tuple((c, CATEGORY_TEXT[c], Quantity(v, unit, 2), _pct(v / total))
-                 for c, v in sorted(cats.items(), key=lambda kv: -kv[1]) if v > 0)
+    unit = str(cats["unit"].iloc[0])
+    rows = tuple((str(r.category), CATEGORY_TEXT[str(r.category)], Quantity(float(r.value), unit, 2),
+                  _pct(float(r.value) / total))
+                 for r in cats.sort_values("value", ascending=False, kind="stable").itertuples(index=False)
+                 if r.value > 0)
     return Section("host_categories", "Where the engine's CPU time goes", Table(
         ("category", "meaning", unit, "share"), rows,
         "spin_wait is busy polling (for example vLLM's shm_broadcast sched_yield loop): it keeps a core busy but is "
@@ -87,7 +82,7 @@ def _thread_table(t: Tables) -> Section | None:
     dur = max(1e-9, float(th["t_s"].max() - th["t0_s"].min()))
     per = th.groupby(["pid", "tid", "role", "comm"], as_index=False)[["cpu_s", "run_s", "wait_s"]].sum()
     per = per.sort_values("cpu_s", ascending=False).head(12)
-    fr = thread_categories(dict(t))
+    fr = t["host_thread_categories"]
     names = t["host_stacks"].groupby(["pid", "tid"])["thread"].first().to_dict()
     rows: list[tuple[Cell, ...]] = []
     for r in per.itertuples(index=False):
@@ -108,7 +103,7 @@ def _core(c: int) -> Cell:
 
 
 def _wait_table(t: Tables) -> Section | None:
-    tw = thread_wait(dict(t))
+    tw = t["host_thread_wait"]
     shown = (tw["kind"] == "work") | ((tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO))
     tw = tw[shown].assign(loop=lambda d: d["kind"] != "work")
     tw = tw.sort_values(["loop", "wait_s"], ascending=[True, False]).head(12)  # working threads first
@@ -131,11 +126,12 @@ def _wait_table(t: Tables) -> Section | None:
 
 
 def _foreign_table(t: Tables) -> Section | None:
-    if t.get("host_foreign_scans", pd.DataFrame()).empty:
+    if "host_foreign_on_core" not in t:  # stage 2 makes it only where the probe scanned other processes
         return None
-    v = victim(thread_wait(dict(t)))
+    vs = t["host_victim"]
+    v = vs.iloc[0] if not vs.empty else None
     core = int(v.core) if v is not None else -1
-    fo = foreign_on_core(dict(t), None, core).head(10)
+    fo = t["host_foreign_on_core"].head(10)
     who = (f"thread {v.thread!r} ({int(v.tid)}) of {v.role} {int(v.pid)}" if v is not None else "the engine")
     col = f"share of core {core}" if core >= 0 else "share of a core"
     if fo.empty:
@@ -152,16 +148,46 @@ def _foreign_table(t: Tables) -> Section | None:
         "samplers."), group="host", order=44)
 
 
+def flame_tree(rows: Iterable[tuple[list[str], float]], root_name: str = "all",
+               min_fraction: float = 0.002, max_depth: int = 64) -> dict[str, Any]:
+    """A flame-graph tree {name, value, children} from (path, weight) rows; tiny branches are pruned (the view's
+    shape of the stage-2 ``host_flame`` rows)."""
+    root = _Node(root_name)
+    for path, weight in rows:
+        if weight <= 0:
+            continue
+        node = root
+        node.value += weight
+        for name in path[:max_depth]:
+            nxt = node.children.get(name)
+            if nxt is None:
+                nxt = node.children[name] = _Node(name)
+            node = nxt
+            node.value += weight
+    cutoff = root.value * min_fraction
+
+    def finish(n: _Node) -> dict[str, Any]:
+        kids = [finish(c) for c in sorted(n.children.values(), key=lambda c: -c.value) if c.value >= cutoff]
+        return {"name": n.name, "value": round(n.value, 3), "children": kids}
+
+    return finish(root)
+
+
+class _Node:
+    __slots__ = ("name", "value", "children")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.value = 0.0
+        self.children: dict[str, _Node] = {}
+
+
 def _flamegraph(t: Tables) -> Section | None:
-    st = t["host_stacks"]
-    if st.empty:
+    fl = t["host_flame"]
+    if fl.empty:
         return None
-    procs = t["host_processes"].set_index("pid")["name"].to_dict() if not t["host_processes"].empty else {}
-    rows = []
-    for r in st.itertuples(index=False):
-        proc = f"{r.role} {procs.get(r.pid, '')} ({r.pid})".replace("  ", " ")
-        frames = [f for f in str(r.stack).split(";") if f]
-        rows.append(([proc, f"thread {r.thread or r.tid}", *frames], float(r.samples)))
+    rows = [([str(r.proc), str(r.thread), *[f for f in str(r.stack).split(";") if f]], float(r.samples))
+            for r in fl.itertuples(index=False)]
     return Section("host_flamegraph", "Host stacks (py-spy, on-CPU samples)",
                    FlameGraph(flame_tree(rows, "engine processes"), "samples"), group="host", order=45)
 

@@ -24,7 +24,8 @@ TABLES = (("trace_kernel_classes", "Kernel classes", 30), ("trace_top_kernels", 
           ("trace_cpu_ops", "Top CPU ops", 70),
           ("trace_python_functions", "Top Python functions (--include-python)", 71))
 STEP_COLUMNS = ("rank", "step", "step_type", "prefill_tokens", "decode_tokens", "dur_us", "gpu_dur_us",
-                "gpu_busy_ratio", "idle_before_first_us", "idle_between_us", "idle_after_last_us", "graph_replays",
+                "gpu_busy_ratio", "queued_before_first_us", "idle_before_first_us", "idle_between_us",
+                "idle_after_last_us", "graph_replays",
                 "eager_kernels", "sync_blocking_us", "gemm_us", "attention_us", "norm_elementwise_us",
                 "communication_us", "memory_us", "other_us", "excluded")
 
