@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
 
+from diagnose.io.manifest import Manifest, read_manifest
 from diagnose.model import Finding, NotEvaluated, Phase, ProbeStatus, Signal, Verdict, Window, level_phases
+from diagnose.signals.sweep import SweepMarks
 
 __all__ = ["Analysis", "Window"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
     source: str  # bundle path or trace path
     manifest: dict[str, Any]
@@ -33,13 +36,22 @@ class Analysis:
     # what the probes cost the server (diagnose/capture/overhead.py probe_cost), computed once by the pipeline
     # for the HTML and --json alike; None: the probes recorded no cost (older bundles, traces)
     probe_cost: dict[str, Any] | None = None
+    # a sweep's knee and max-goodput level (diagnose/signals/sweep.py), judged once by the pipeline; None: one level
+    sweep: SweepMarks | None = None
+    # what the input holds: "serving", "trace", "fleet" or "spans" (pipeline._input_kind), decided once for the
+    # "not evaluated" list and the page alike; an Analysis made by hand is a serving capture
+    input_kind: str = "serving"
+
+    @cached_property
+    def meta(self) -> Manifest:
+        """The manifest, typed (diagnose/io/manifest.py): what every stage after the reader reads. ``manifest``
+        keeps the decoded dict for --json and the report's Environment section."""
+        return read_manifest(self.manifest or {}, f"{self.source}/manifest.json")
 
     @property
     def engine(self) -> str | None:
         """The engine the bundle names (target.engine), None when it names none."""
-        target = self.manifest.get("target") if isinstance(self.manifest, dict) else None
-        name = target.get("engine") if isinstance(target, dict) else None
-        return name if isinstance(name, str) else None
+        return self.meta.target.engine
 
     @property
     def run_valid(self) -> bool:

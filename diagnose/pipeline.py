@@ -25,11 +25,17 @@ from diagnose.engines.experiments import spell_change, spell_text
 from diagnose.errors import BundleError, InputError
 from diagnose.io.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.model import Finding, NotEvaluated, Phase, Signal, Window, level_phases
-from diagnose.normalize import derived, load_normalizers
+from diagnose.normalize import TableContext, derived, load_normalizers
+from diagnose.normalize.derived import slo_terms
 from diagnose.normalize.prometheus import MIN_WINDOW_COVERAGE, window_coverage
+from diagnose.requests import mark_run
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import CATALOG_DIR, RuleSpec, load_rules, load_thresholds, rule_files
 from diagnose.rules.verdict import decide
+from diagnose.signals.distributions import CDF_TABLE, phase_cdfs
+from diagnose.signals.host_tables import host_tables
+from diagnose.signals.server_tables import server_tables
+from diagnose.signals.sweep import sweep_marks
 from diagnose.signals.workload_card import workload_card
 
 InputKind = str  # "bundle" | "trace" | "spans"
@@ -120,10 +126,13 @@ def bundle_of_spans(path: Path) -> MemoryBundle:
 
 
 # -- stage 1: tables ----------------------------------------------------------------------------------------
-def normalize(bundle: Bundle, normalizers: Iterable[ModuleType] | None = None) -> dict[str, pd.DataFrame]:
+def normalize(bundle: Bundle, normalizers: Iterable[ModuleType] | None = None,
+              ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
+    """The tables of every normaliser; ``ctx`` carries the thresholds in and the normalisers' notes out."""
+    ctx = ctx if ctx is not None else TableContext.defaults()
     tables: dict[str, pd.DataFrame] = {}
     for mod in normalizers if normalizers is not None else load_normalizers():
-        tables.update(mod.tables(bundle))
+        tables.update(mod.tables(bundle, ctx))
     return tables
 
 
@@ -144,10 +153,8 @@ def planned_baseline(bundle: Bundle, phases: Sequence[Phase]) -> tuple[int, ...]
     lost): their requests must stay out of the run's statistics all the same."""
     if phases:
         return ()
-    planned = (bundle.manifest.get("workload") or {}).get("phases") if isinstance(
-        bundle.manifest.get("workload"), dict) else None
-    out = tuple(int(p["index"]) for p in planned or [] if isinstance(p, dict) and p.get("role") == "baseline"
-                and isinstance(p.get("index"), int) and not isinstance(p.get("index"), bool))
+    planned = bundle.meta.workload.phases if bundle.meta.workload is not None else ()
+    out = tuple(p.index for p in planned if p.role == "baseline" and p.index is not None)
     if out:
         bundle.warn(f"{bundle.path}: no load phase was read; the baseline phase(s) {', '.join(map(str, out))} the "
                     "manifest's workload planned are left out of the statistics")
@@ -193,13 +200,22 @@ def _spelt(f: Finding, engine: str | None) -> Finding:
     return f if out == f else out
 
 
-def _input_kind(bundle: Bundle) -> str:
-    """The kind of evidence an input holds: "trace", "spans", "fleet" (a fleet read from its Prometheus: per-replica
-    aggregates, no request) or "bundle"."""
-    target = bundle.manifest.get("target") if isinstance(bundle.manifest, dict) else None
-    if bundle.kind == "bundle" and isinstance(target, dict) and target.get("kind") == "fleet":
+def _input_kind(bundle: Bundle, tables: dict[str, pd.DataFrame], signals: dict[str, Signal]) -> str:
+    """What kind of evidence the input holds, decided once (the pipeline's "not evaluated" list and the page both
+    read ``Analysis.input_kind``): "serving" (requests, or server metrics: the request sections apply),
+    "trace" (a kernel trace alone, as a file or as the only evidence of a bundle), "fleet" (a fleet read from its
+    Prometheus: per-replica aggregates, no request) or "spans" (a span file)."""
+    if bundle.kind in ("trace", "spans"):
+        return str(bundle.kind)
+    req = tables.get("requests")
+    if req is not None and not req.empty:
+        return "serving"
+    reps = tables.get("fleet_replicas")
+    if (reps is not None and not reps.empty) or bundle.meta.target.kind == "fleet":
         return "fleet"
-    return str(bundle.kind)
+    if signals and all(n.startswith("trace_") for n in signals):
+        return "trace"
+    return "serving"
 
 
 def _relevant(kind: str, ne: NotEvaluated) -> bool:
@@ -211,7 +227,7 @@ def _relevant(kind: str, ne: NotEvaluated) -> bool:
         return all(m.startswith("trace_") for m in ne.missing)
     if kind == "spans":
         return all(m.startswith(("span_", "ttft_queue", "ttft_prefill", "ttft_frontend", "join_")) for m in ne.missing)
-    return True
+    return True  # "serving"
 
 
 def analyze(path: str | Path, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
@@ -245,23 +261,28 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     specs = _rules(rules_dirs)
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
-    bundle.thresholds = dict(thresholds)  # the few table-stage judgements (client stalls) use the same numbers
-    tables = normalize(bundle, mods)
+    ctx = TableContext(thresholds=dict(thresholds))  # the table stage's few judgements (client stalls) use them too
+    tables = normalize(bundle, mods, ctx)
     bundle.check_streams()
     phases = bundle.phases()
     window = run_window(bundle, phases)
     signals = compute_signals(tables, window, mods)
     per_phase = {p.phase: compute_signals(tables, p.window(), mods) for p in phases}
-    signals.update(derived.signals(signals, phases, per_phase, bundle.manifest))
+    slo = slo_terms(bundle.meta)
+    signals.update(derived.signals(signals, phases, per_phase, slo))
+    mark_run(tables, window)  # stage-2: which requests count in the run window (the view filters on it)
+    tables[CDF_TABLE] = phase_cdfs(tables, phases)  # stage-2: the per-phase CDFs the report draws
+    tables.update(server_tables(tables, window))  # stage-2: the server's histograms, gauges and TTFT cross-check
+    tables.update(host_tables(tables))  # stage-2: the engine's CPU by category and thread, its waits, its stacks
     measured = level_phases(phases)  # one per level: a repeated level by its first run
     sweep = len(measured) > 1
     res = evaluate(specs, signals, thresholds, [per_phase[p.phase] for p in measured] if sweep else [],
                    [p.name for p in measured] if sweep else [])
-    engine = (bundle.manifest.get("target") or {}).get("engine") if isinstance(bundle.manifest, dict) else None
-    engine = engine if isinstance(engine, str) else None
+    engine = bundle.meta.target.engine
     res.findings = [_spelt(f, engine) for f in res.findings]
     verdict = decide(res.findings, signals, partial=bundle.partial, load_ran=load_ran(bundle, phases),
                      engine=engine)
+    kind = _input_kind(bundle, tables, signals)
     analysis = Analysis(
         source=str(bundle.path if bundle.kind == "bundle" else bundle.source),
         manifest=bundle.manifest,
@@ -270,9 +291,10 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
         phase_signals=[per_phase[p.phase] for p in phases],
         phases=phases,
         findings=res.findings,
-        not_evaluated=[n for n in res.not_evaluated if _relevant(_input_kind(bundle), n)],
+        not_evaluated=[n for n in res.not_evaluated if _relevant(kind, n)],
+        input_kind=kind,
         probe_statuses=bundle.probe_statuses(),
-        warnings=[*bundle.warnings, *_coverage_warnings(tables, window)],
+        warnings=[*bundle.warnings, *ctx.notes, *_coverage_warnings(tables, window)],
         partial=bundle.partial,
         verdict=verdict,
         run_window=window,
@@ -280,8 +302,9 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
     )
     from diagnose.capture.overhead import probe_cost
 
-    manifest = bundle.manifest if isinstance(bundle.manifest, dict) else {}
-    return replace(analysis, workload_card=workload_card(analysis, cost_per_hour), probe_cost=probe_cost(manifest))
+    marks = sweep_marks(phases, analysis.phase_signals, slo, analysis.run_valid)
+    return replace(analysis, workload_card=workload_card(analysis, cost_per_hour), probe_cost=probe_cost(bundle.meta),
+                   sweep=marks)
 
 
 def _coverage_warnings(tables: dict[str, pd.DataFrame], window: Window) -> list[str]:

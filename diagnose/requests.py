@@ -37,21 +37,26 @@ def window_mask(df: pd.DataFrame, window: Window, time_col: str = "sent_s",
     that are in ``window``'s statistics. ``keep_unphased``: rows without a phase (server spans that no client
     request matched) are kept by time in a phase window."""
     keep: np.ndarray = ~_flag(df, "warmup") & ~_flag(df, "profiled") & ~_flag(df, "client_stall")
+    return _and(keep, _of_window(df, window, time_col, keep_unphased))
+
+
+def _of_window(df: pd.DataFrame, window: Window, time_col: str = "sent_s", keep_unphased: bool = False) -> np.ndarray:
+    """Rows of ``df`` that belong to ``window`` by phase or time (the flags aside)."""
     in_time: np.ndarray = np.ones(len(df), dtype=bool)
     if time_col in df.columns:
         t = np.asarray(pd.to_numeric(df[time_col], errors="coerce"), dtype=float)
         in_time = (t >= window.start_s) & (t <= window.end_s)
     if "phase" not in df.columns:
-        return _and(keep, in_time)
+        return in_time
     ph = np.asarray(pd.to_numeric(df["phase"], errors="coerce"), dtype=float)
     if window.phase is not None:
         of_phase: np.ndarray = ph == window.phase
         if keep_unphased:
             of_phase |= np.isnan(ph) & in_time
-        return _and(keep, of_phase)
+        return of_phase
     if window.exclude_phases:
-        keep &= ~np.isin(ph, np.asarray(window.exclude_phases, dtype=float))
-    return _and(keep, in_time)
+        return _and(~np.isin(ph, np.asarray(window.exclude_phases, dtype=float)), in_time)
+    return in_time
 
 
 def _and(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -73,13 +78,30 @@ class Selection:
 
 def select(requests: pd.DataFrame, window: Window) -> Selection:
     """The one rule: which of ``requests`` (the client's requests table) count in ``window``."""
-    in_window = window_mask(requests.assign(profiled=False, client_stall=False), window)  # warm-up, window
-    not_profiled = window_mask(requests.assign(client_stall=False), window)
-    counted = requests[window_mask(requests, window)]
+    # window_mask's three flags and the window, each computed once (was: three window_masks over two copies)
+    of_window = _and(~_flag(requests, "warmup"), _of_window(requests, window))
+    in_window = of_window  # warm-up, window
+    not_profiled = _and(of_window, ~_flag(requests, "profiled"))
+    counted = requests[_and(not_profiled, ~_flag(requests, "client_stall"))]
     done = counted[counted["error"].fillna("") != "incomplete"] if "error" in counted.columns else counted
     ok = counted[_flag(counted, "ok")] if "ok" in counted.columns else counted
     total, kept = int(in_window.sum()), int(not_profiled.sum())
     return Selection(counted=counted, done=done, ok=ok, total=total, profiled=total - kept, stalled=kept - len(counted))
+
+
+RUN_COUNTED, RUN_OK = "run_counted", "run_ok"  # columns the pipeline adds: counted in the run window, and succeeded
+
+
+def mark_run(tables: dict[str, pd.DataFrame], window: Window) -> None:
+    """Adds to the requests table, in place, which requests count in the run window (``run_counted``) and which
+    of those succeeded (``run_ok``), by :func:`select`: the view filters on these columns instead of selecting
+    again."""
+    req = tables.get("requests")
+    if req is None or req.empty:
+        return
+    sel = select(req, window)
+    tables["requests"] = req.assign(**{RUN_COUNTED: req.index.isin(sel.counted.index),
+                                       RUN_OK: req.index.isin(sel.ok.index)})
 
 
 def finite(values: object) -> np.ndarray:

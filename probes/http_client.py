@@ -48,6 +48,21 @@ class RequestFailed(Exception):
 REUSE_FAILURES_MAX = 3  # reused connections the server had closed before connections stop being pooled
 
 
+def _send(conn: SseConnection, data: bytes) -> None:
+    """Writes a request on ``conn``. A server being killed accepts a connection and drops it before the
+    connecting task resumes to write: connection_lost has run by then. The request fails as a reset before any
+    byte (a reused connection retries it once on a fresh one). Before, uvloop's write raised 'unable to perform
+    operation on <TCPTransport closed=True>; the handler is closed', which ended the load probe (CI, stop 41),
+    and asyncio's dropped the bytes silently, so the request hung until its timeout."""
+    if conn.closed or conn.transport is None:  # asyncio drops a write to a lost connection without a word:
+        conn._fail("reset", "connection closed before the request was sent", retry=True)  # it would hang
+        return
+    try:
+        conn.transport.write(data)
+    except (RuntimeError, OSError) as e:
+        conn._fail("reset", f"connection closed before the request was sent ({e})", retry=True)
+
+
 class HttpClient:
     """Pooled keep-alive HTTP/1.1 client for one base URL (http or https)."""
 
@@ -149,8 +164,8 @@ class HttpClient:
     async def _acquire(self) -> tuple[SseConnection, bool]:
         while self._idle:
             c = self._idle.pop()
-            if not c.closed:
-                return c, True
+            if not c.closed and c.transport is not None and not c.transport.is_closing():
+                return c, True  # (a transport the loop has closed, before connection_lost has run, is skipped)
         return await self._connect(), False
 
     def _done_with(self, conn: SseConnection, res: StreamResult) -> None:
@@ -197,8 +212,7 @@ class HttpClient:
             conn.last_ns = t
             conn.deadline_ns = t + self.request_timeout_ns
             self._ensure_watchdog()
-            assert conn.transport is not None
-            conn.transport.write(data)
+            _send(conn, data)
             if on_sent is not None:
                 on_sent(t)
             try:
@@ -237,8 +251,7 @@ class HttpClient:
         conn.expect_sse = False
         self._busy.add(conn)
         try:
-            assert conn.transport is not None
-            conn.transport.write(self._request_bytes(method, path, payload, None))
+            _send(conn, self._request_bytes(method, path, payload, None))
             await asyncio.wait_for(fut, timeout_s)
         except asyncio.TimeoutError as e:
             conn._fail("timeout", f"no answer in {timeout_s:g} s")

@@ -34,6 +34,7 @@ run's main sequence and the ``SPEC`` with attach's load options. The names calle
 from __future__ import annotations
 
 import gc
+import time
 from pathlib import Path
 
 from diagnose.capture.workload import WorkloadSpec
@@ -88,9 +89,15 @@ class _LoadRun(_RunPhases):
         gc_thresholds: tuple[int, int, int] | None = None
         try:
             self.model = await self._resolve_model()
-            self.notes["prompt_calibration"] = await self.prompts.calibrate(self.client, self.model)
+            self.notes["prompt_calibration"] = await self.prompts.calibrate(self.client, self.model,
+                                                                              self.ctx.target.engine)
             self.notes["prompt_tokens_planned"] = self.prompts.planned_tokens()
             self.notes["shared_prefix_tokens"] = self.prompts.shared_prefix_tokens()
+            if self.dataset is not None:  # every turn measured by the server's tokenizer (or estimated) first
+                t0 = time.monotonic()
+                note = await self.dataset.measure(self.client, self.ctx.target.engine, self.model)
+                self.notes["dataset_lengths"] = {"source": self.dataset.source, "note": note,
+                                                 "seconds": round(time.monotonic() - t0, 3)}
             pre = await self._negotiate()
             if pre.error in CONNECT_ERRORS:
                 self.counts[pre.error or "?"] += 1
@@ -134,8 +141,8 @@ class _LoadRun(_RunPhases):
 
 def _enabled(o: Options) -> bool:
     """Load is sent unless ``--observe``, which refuses a load level given with it."""
-    if o["observe"] and (o["concurrency"] or o["rate"] or o.get("workload")):
-        raise InputError("--observe sends no requests: drop --concurrency/--rate/--workload")
+    if o["observe"] and (o["concurrency"] or o["rate"] or o.get("workload") or o.get("dataset")):
+        raise InputError("--observe sends no requests: drop --concurrency/--rate/--workload/--dataset")
     return not o["observe"]
 
 
@@ -159,6 +166,12 @@ SPEC = ProbeSpec(
         ProbeOption("--workload", type=Path, metavar="FILE",
                     help="Replay this workload file (diagnose JSONL, Mooncake JSONL or Azure trace CSV; "
                          "docs/workload.md): each request at its recorded offset with its recorded lengths."),
+        ProbeOption("--dataset", type=Path, metavar="FILE",
+                    help="Send this file's prompts (with -c or -r): ShareGPT-style conversations (JSON or JSONL; "
+                         "each conversation a session, a turn sent after the previous answer) or prompts JSONL "
+                         "({\"prompt\": ...}); lengths measured by the server's /tokenize (docs/workload.md)."),
+        ProbeOption("--dataset-format", choices=("sharegpt", "prompts"),
+                    help="With --dataset: how to read it (default: from its first record)."),
         ProbeOption("--speed", type=float, default=1.0, show_default=True,
                     help="With --workload: time scale (2 = twice as fast)."),
         ProbeOption("--loop", type=int, default=1, show_default=True,
@@ -184,13 +197,33 @@ SPEC = ProbeSpec(
                     help="With --turns: pause between an answer and the next turn (a user reading, a tool call)."),
         ProbeOption("--retries", type=int, default=0, show_default=True,
                     help="With --turns: send a failed turn again up to N times before the task is abandoned."),
-        ProbeOption("--input-tokens", type=int, default=128, show_default=True),
-        ProbeOption("--output-tokens", type=int, default=64, show_default=True),
+        ProbeOption("--input-tokens", default="128", show_default=True, metavar="N|DIST",
+                    help="Prompt length in tokens, or a distribution drawn per request with --seed: "
+                         "uniform:min=A,max=B, normal:mean=M,stdev=S[,min=A,max=B], "
+                         "lognormal:mean=M,stdev=S[,min=A,max=B], histogram:FILE (docs/workload.md)."),
+        ProbeOption("--output-tokens", default="64", show_default=True, metavar="N|DIST",
+                    help="Output length in tokens (max_tokens), or a distribution as for --input-tokens."),
         ProbeOption("--ignore-eos/--no-ignore-eos", flag=True, default=True, show_default=True,
                     help="Ask the engine to generate exactly --output-tokens (where it supports it)."),
         ProbeOption("--shared-prefix", type=float, default=0.0, show_default=True,
                     help="Fraction of each prompt shared by all requests (prompts are otherwise unique)."),
-        ProbeOption("--seed", type=int, default=0, show_default=True),
+        ProbeOption("--seed", type=int, default=0, show_default=True,
+                    help="Seeds the prompts' text, the arrival gaps and the drawn lengths."),
+        ProbeOption("--greedy", flag=True,
+                    help="Greedy sampling (temperature 0, the sampling seed --seed), recorded in the manifest; each "
+                         "output's hash is kept (never its text), so compare and verify report how many outputs "
+                         "of two runs agree (the quality guard, docs/compare.md)."),
+        ProbeOption("--temperature", type=float, metavar="T",
+                    help="Sampling temperature sent with every request (with --sampling-seed; output hashes kept "
+                         "as with --greedy)."),
+        ProbeOption("--sampling-seed", type=int, metavar="N",
+                    help="The engine's sampling seed sent with every request (default with --greedy or "
+                         "--temperature: --seed)."),
+        ProbeOption("--logprobs", type=int, metavar="N",
+                    help="Ask every request for its output tokens' log-probabilities with the N most likely "
+                         "alternatives of each (completions logprobs: N; chat logprobs: true, top_logprobs: N; "
+                         "llama.cpp reads both as n_probs), recorded in the manifest. The engine computes and "
+                         "the server serialises them for every token (rule SCH014)."),
         ProbeOption("--timeout", default="60s", show_default=True, help="Per-request timeout."),
         ProbeOption("--progress/--no-progress", flag=True, help="Live progress line (default: only on a terminal)."),
     ),

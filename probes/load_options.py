@@ -13,6 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from diagnose.capture.datasets import Dataset
+from diagnose.capture.lengths import LengthDist, LengthDraws, parse_lengths
 from diagnose.capture.workload import (
     Mode,
     Phase,
@@ -27,6 +29,7 @@ from diagnose.probes.base import Options
 
 MAX_DURATION_S = 7 * 86400.0  # --duration: a week (the longest replay is as long)
 MAX_CONCURRENCY = 100_000
+MAX_LOGPROBS = 100_000  # --logprobs: alternatives a token (vLLM caps it at its --max-logprobs, 20 by default)
 
 
 def check_duration(text: str | None) -> float | None:
@@ -47,6 +50,7 @@ def check_options(o: Options) -> None:
 
     check_duration(o.get("duration"))
     parse_slo(o.get("slo"))
+    _length_dists(o)
     speed, loop, cap = o.get("speed"), o.get("loop"), o.get("max_concurrency")
     if speed is not None and not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
         raise InputError(f"--speed {speed:g}: must be a positive factor from {MIN_SPEED:g} to {MAX_SPEED:g} "
@@ -73,17 +77,23 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         raise InputError("--num-requests must be positive")
     if not 0.0 <= o["shared_prefix"] < 1.0:
         raise InputError("--shared-prefix must be a fraction in [0, 1)")
-    if o["input_tokens"] <= 0 or o["output_tokens"] <= 0:
-        raise InputError("--input-tokens and --output-tokens must be positive")
+    in_dist, out_dist = _length_dists(o)
+    if replay is not None and (in_dist or out_dist):
+        raise InputError("--workload replays the file's own lengths: drop the --input-tokens/--output-tokens "
+                         "distribution")
     if not o["burstiness"] > 0 or not math.isfinite(o["burstiness"]):
         raise InputError("--burstiness must be positive (1 = Poisson, < 1 burstier)")
+    dataset = _dataset_from_options(o, replay is not None, in_dist is not None, len(phases))
     dur = check_duration(o["duration"]) if o["duration"] else (None if num_requests or replay else 30.0)
-    input_tokens, output_tokens = o["input_tokens"], o["output_tokens"]
+    input_tokens, output_tokens = _nominal(o["input_tokens"], in_dist, o, "input"), \
+        _nominal(o["output_tokens"], out_dist, o, "output")
     if replay is not None:  # the baseline phase (if any) sends requests of the trace's median size
         lengths = getattr(replay.requests, "lengths", None)
         ins, outs = lengths() if lengths is not None else (
             [r.input_tokens for r in replay.requests], [r.output_tokens for r in replay.requests])
         input_tokens, output_tokens = int(statistics.median_low(ins)), int(statistics.median_low(outs))
+    if dataset is not None:  # the baseline phase sends synthetic prompts of the records' median estimated size
+        input_tokens = int(statistics.median_low(dataset.estimate(c.prompt(0)) for c in dataset.conversations))
     if baseline > 0:
         base = Phase(index=0, name="baseline c=1", concurrency=1, num_requests=baseline, role="baseline")
         phases = (base, *(dataclasses.replace(p, index=p.index + 1) for p in phases))
@@ -93,8 +103,91 @@ def workload_from_options(o: Options) -> WorkloadSpec:
         output_tokens=output_tokens, ignore_eos=o["ignore_eos"], api=o["api"],
         shared_prefix_fraction=0.0 if replay else o["shared_prefix"], seed=o["seed"],
         request_timeout_s=parse_duration(o["timeout"]), model=o["model"], store_text=o["store_text"], replay=replay,
-        session_wait=bool(o.get("session_wait", True)), **_tasks_from_options(o, mode),
+        session_wait=bool(o.get("session_wait", True)), input_dist=in_dist, output_dist=out_dist, dataset=dataset,
+        **_tasks_from_options(o, mode), extra=sampling_from_options(o) | logprobs_from_options(o),
     )
+
+
+def sampling_from_options(o: Options) -> dict[str, Any]:
+    """``--greedy``, ``--temperature``, ``--sampling-seed``: the sampling every request asks for and whether
+    each output's hash is kept (the quality guard, diagnose/compare/quality.py); {} when none is given (the
+    engine's defaults, no hashes)."""
+    greedy, temp, sseed = bool(o.get("greedy")), o.get("temperature"), o.get("sampling_seed")
+    if not greedy and temp is None and sseed is None:
+        return {}
+    if not greedy and temp is None:
+        raise InputError("--sampling-seed seeds sampling: give --greedy or --temperature T with it")
+    if greedy and temp not in (None, 0, 0.0):
+        raise InputError(f"--greedy samples at temperature 0: drop --temperature {temp:g}")
+    if temp is not None and not (math.isfinite(temp) and 0.0 <= temp <= 100.0):
+        raise InputError(f"--temperature {temp}: must be 0 to 100")
+    seed = int(sseed) if sseed is not None else int(o.get("seed") or 0)
+    if not 0 <= seed < 2**63:
+        raise InputError(f"--sampling-seed {seed}: must be 0 to 2^63 - 1")
+    return {"sampling": {"temperature": 0.0 if greedy or temp is None else float(temp), "seed": seed,
+                         "greedy": greedy or temp == 0.0},
+            "output_hash": True}
+
+
+def logprobs_from_options(o: Options) -> dict[str, Any]:
+    """``--logprobs N``: every request asks for the log-probabilities of its output tokens with the N most
+    likely alternatives of each (completions ``logprobs: N``; chat ``logprobs: true, top_logprobs: N``),
+    recorded in the manifest's workload (``extra.logprobs``) for the rules; {} when not given (none asked)."""
+    n = o.get("logprobs")
+    if n is None:
+        return {}
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS:
+        raise InputError(f"--logprobs {n}: must be 0 to {MAX_LOGPROBS} (the most likely alternatives returned with "
+                         "each output token; 0: the sampled token's own)")
+    return {"logprobs": n}
+
+
+def _dataset_from_options(o: Options, replay: bool, input_dist: bool, levels: int) -> Dataset | None:
+    """``--dataset FILE`` read (its first records, as many as the run can send; bad records skipped with one
+    warning on stderr), or None."""
+    from diagnose.capture.datasets import KEEP, read_dataset
+
+    if not o.get("dataset"):
+        if o.get("dataset_format"):
+            raise InputError("--dataset-format says how to read --dataset FILE: give --dataset")
+        return None
+    if replay:
+        raise InputError("--workload replays the file's own requests: drop --dataset")
+    if input_dist:
+        raise InputError("--dataset sends its own prompts: drop the --input-tokens distribution")
+    if int(o.get("turns") or 1) > 1:
+        raise InputError("--dataset's conversations have their own turns: drop --turns")
+    if float(o.get("shared_prefix") or 0.0) > 0:
+        raise InputError("--dataset sends its own prompts: drop --shared-prefix")
+    n = o.get("num_requests")
+    keep = KEEP if not n else (int(n) + int(o.get("warmup") or 0)) * max(1, levels)
+    ds = read_dataset(Path(o["dataset"]), o.get("dataset_format"), keep)
+    if ds.note:
+        import click
+
+        click.echo(f"warning: {ds.note}", err=True)
+    return ds
+
+
+def _length_dists(o: Options) -> tuple[LengthDist | None, LengthDist | None]:
+    """``--input-tokens`` and ``--output-tokens`` parsed (diagnose/capture/lengths.py): None for a fixed length
+    (a plain integer, as before), else the distribution."""
+    out: list[LengthDist | None] = []
+    for key, option in (("input_tokens", "--input-tokens"), ("output_tokens", "--output-tokens")):
+        v = o.get(key)
+        if v is None:
+            out.append(None)
+            continue
+        dist = parse_lengths(v, option)
+        out.append(None if dist.fixed else dist)
+    return out[0], out[1]
+
+
+def _nominal(given: Any, dist: LengthDist | None, o: Options, stream: str) -> int:
+    """The length of a fixed option, else its distribution's nominal length (the median of its draws)."""
+    if dist is None:
+        return parse_lengths(given, f"--{stream}-tokens").value
+    return LengthDraws(dist, int(o.get("seed") or 0), stream).nominal()
 
 
 def _tasks_from_options(o: Options, mode: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import asyncio
 import gc
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from diagnose.capture.workload import Phase, Replay
@@ -36,6 +36,9 @@ class _RunPhases(_RunRequests):
     async def _closed(self, ph: Phase, deadline: int | None) -> None:
         if self.spec.turns > 1 and ph.role != "baseline":
             await self._tasks(ph, deadline)
+            return
+        if self.dataset is not None and ph.role != "baseline":
+            await self._dataset_closed(ph, deadline)
             return
         quota = _Quota(self.spec.warmup_requests, self._num_requests(ph))
 
@@ -67,7 +70,10 @@ class _RunPhases(_RunRequests):
 
         def new_prompt() -> Prompt:
             self.seq += 1  # the new user text's number (kept apart from the request numbers _one takes)
-            return self.prompts.make(1_000_000 + self.seq)
+            drawn = self.next_input()
+            if drawn is None:
+                return self.prompts.make(1_000_000 + self.seq)
+            return self.prompts.make_sized(1_000_000 + self.seq, drawn)
 
         async def send(warm: bool, due: int | None, turn: Turn) -> StreamResult:
             if await self._hold():
@@ -119,13 +125,74 @@ class _RunPhases(_RunRequests):
                 if await sleep_until(int(t_next), lambda: self.stopping):
                     break
                 warm = i < self.spec.warmup_requests
-                coro = capped_one(warm, int(t_next)) if sem else self._one(ph.index, warm, int(t_next))
+                coro: Coroutine[Any, Any, Any]
+                if self.dataset is not None:  # a conversation arrives: its turns follow its answers
+                    coro = self._conversation(ph, warm, int(t_next), deadline, sem)
+                else:
+                    coro = capped_one(warm, int(t_next)) if sem else self._one(ph.index, warm, int(t_next))
                 _spawn(tasks, coro)
                 i += 1
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
             await _cancel_all(tasks)
+
+    # -- a dataset (--dataset): each record a conversation, its turns sent one after the other's answer ----
+    async def _dataset_closed(self, ph: Phase, deadline: int | None) -> None:
+        """A closed loop of conversations: each worker sends one conversation's turns, each when the previous
+        answer has arrived, then the next conversation. ``--warmup`` and ``--num-requests`` count records."""
+        quota = _Quota(self.spec.warmup_requests, self._num_requests(ph))
+
+        async def worker() -> None:
+            due: int | None = None
+            while not self._over(deadline):
+                warm = quota.take()
+                if warm is None:
+                    return
+                if await self._hold():
+                    due = None  # a pause the server asked for is no schedule lag of the client
+                due = await self._conversation(ph, warm, due, deadline)
+                if due is None:
+                    return
+
+        await _run_workers(worker, max(1, ph.concurrency or 1))
+
+    async def _conversation(self, ph: Phase, warm: bool, intended: int | None, deadline: int | None,
+                            sem: asyncio.Semaphore | None = None) -> int | None:
+        """The next record's turns in order (the records taken in file order, from the first again when all were
+        sent). Returns when the last answer ended; None when the phase ended or a turn failed meanwhile."""
+        assert self.dataset is not None
+        convs = self.dataset.ds.conversations
+        n = self.n_conv
+        self.n_conv += 1
+        conv, n_pass = convs[n % len(convs)], n // len(convs)
+        chat = self.spec.api == "chat"
+        session = f"{self.token}-d{n}" if len(conv.turns) > 1 else ""
+        due = intended
+        end: int | None = None
+        for j in range(len(conv.turns)):
+            if j and self._over(deadline):  # the phase ended: the conversation is cut, not finished late
+                return None
+            key = (conv.index, j)
+            msgs = conv.messages(j) if chat else []
+            text = conv.prompt(j)  # the chat API sends msgs; the record's text (--store-text) is the whole
+            out = self.dataset.answer.get(key) or conv.output_tokens or self.next_output()
+            turn = Turn(session, j, len(conv.turns), 0,
+                        Prompt(text=text, tokens=self.dataset.prompt[key],
+                               source="tokenize" if key in self.dataset.exact else "estimate"),
+                        tuple(msgs), max_tokens=out,
+                        fields=(("dataset_index", conv.index), ("dataset_pass", n_pass)))
+            if sem is not None:
+                capped = sem.locked()
+                async with sem:
+                    res = await self._one(ph.index, warm, due, capped, turn=turn)
+            else:
+                res = await self._one(ph.index, warm, due, turn=turn)
+            end = res.end_ns or now_ns()
+            due = end
+            if res.error is not None:
+                return end if not self.stopping else None
+        return end
 
     async def _replay(self, ph: Phase, rp: Replay, start: int, deadline: int | None) -> None:
         """Sends each request of the workload file at its recorded offset (divided by ``speed``), ``loop``

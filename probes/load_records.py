@@ -13,14 +13,17 @@ from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from diagnose.capture.lengths import LengthDraws
 from diagnose.capture.redact import Redactor, excerpt, scrub_text
 from diagnose.capture.workload import ReplayRequest, WorkloadSpec
 from diagnose.io.writer import StreamWriter, serialize_records
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext
 from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient
+from diagnose.probes.load_dataset import DatasetLengths
 from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.load_pacing import SETUP_MS_START
+from diagnose.probes.output_hash import output_hashes, prompt_hash
 from diagnose.probes.prompts import PromptFactory
 from diagnose.probes.sessions import Turn
 from diagnose.probes.sse import StreamResult, now_ns
@@ -48,10 +51,22 @@ class _RunRecords:
         self.ctx = ctx
         self.client = HttpClient(ctx.target.url, headers=ctx.target.headers(),
                                  request_timeout_s=spec.request_timeout_s)
-        self.client.store_text = spec.store_text
+        # the output's text is collected (never stored without --store-text) when its hash is kept (--greedy)
+        self.hash_outputs = bool(spec.extra.get("output_hash"))
+        self.client.store_text = spec.store_text or self.hash_outputs
         self.path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         self.prompts = PromptFactory(spec.input_tokens, shared_prefix_fraction=spec.shared_prefix_fraction,
                                      seed=spec.seed, api=spec.api)
+        # drawn lengths (--input-tokens/--output-tokens distributions): the measured phases' requests take draw
+        # n_in / n_out of their stream in the order they are set up; the baseline phase keeps the nominal length
+        self.in_draws = LengthDraws(spec.input_dist, spec.seed, "input") if spec.input_dist else None
+        self.out_draws = LengthDraws(spec.output_dist, spec.seed, "output") if spec.output_dist else None
+        self.n_in = 0
+        self.n_out = 0
+        self.baseline_phases = {p.index for p in spec.phases if p.role == "baseline"}
+        # a dataset (--dataset): each turn's lengths, measured before the first phase; conversations sent so far
+        self.dataset = DatasetLengths(spec.dataset, spec.api == "chat") if spec.dataset is not None else None
+        self.n_conv = 0
         self.token = os.urandom(4).hex()
         self.seq = 0
         self.stats = RunningStats()
@@ -92,6 +107,20 @@ class _RunRecords:
             if r.session is not None:
                 self.turn_of[i] = r.turn if r.turn is not None else self.session_turns[r.session]
                 self.session_turns[r.session] += 1
+
+    def next_input(self) -> int | None:
+        """The next drawn input length (None: fixed lengths)."""
+        if self.in_draws is None:
+            return None
+        self.n_in += 1
+        return self.in_draws(self.n_in - 1)
+
+    def next_output(self) -> int | None:
+        """The next drawn output length (None: fixed lengths)."""
+        if self.out_draws is None:
+            return None
+        self.n_out += 1
+        return self.out_draws(self.n_out - 1)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -232,7 +261,10 @@ class _RunRecords:
             "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason, "trace_id": trace_id,
             "span_id": span_id,
             "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+            "body_bytes": res.body_bytes,
         }
+        if res.retry_after_s is not None:  # the server's Retry-After (429/503): how long it asked the client to wait
+            rec["retry_after_s"] = res.retry_after_s
         if item is not None:  # what `diagnose workload` needs to write the request back (no text)
             index, loop, req = item
             rec["replay_index"] = index
@@ -245,6 +277,10 @@ class _RunRecords:
                 rec["turns"] = self.session_turns[req.session]
         if turn is not None:  # its task, turn, planned turns and attempt (probes/sessions.py)
             rec.update(turn.structure())
+        if self.hash_outputs:  # the quality guard (attach --greedy): hashes, not text
+            rec["prompt_hash"] = prompt_hash(text, max_tokens)
+            if res.error is None:
+                rec.update(output_hashes(res.text or [], res.tok))
         if self.spec.store_text:
             rec["prompt_text"] = text
             rec["output_text"] = "".join(res.text or [])

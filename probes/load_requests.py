@@ -26,10 +26,20 @@ class _RunRequests(_RunRecords):
               messages: tuple[dict[str, str], ...] = ()) -> bytes:
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens or self.spec.output_tokens,
                                 "stream": True, **self.options}
+        sampling = self.spec.extra.get("sampling")
+        if sampling:  # --greedy / --temperature / --sampling-seed (the quality guard)
+            body["temperature"] = sampling["temperature"]
+            body["seed"] = sampling["seed"]
+        top = self.spec.extra.get("logprobs")
         if self.spec.api == "chat":
             body["messages"] = list(messages) or [{"role": "user", "content": text}]
+            if top is not None:  # --logprobs N (OpenAI chat: a flag and the alternatives a token)
+                body["logprobs"] = True
+                body["top_logprobs"] = top
         else:
             body["prompt"] = text
+            if top is not None:  # --logprobs N (OpenAI completions: the alternatives a token)
+                body["logprobs"] = top
         return orjson.dumps(body)
 
     def _turn_quota(self) -> int:
@@ -97,8 +107,13 @@ class _RunRequests(_RunRecords):
             max_tokens = req.output_tokens
         elif turn is not None:  # a task's turn: the conversation so far (probes/sessions.py)
             prompt = turn.prompt
-        else:
+            max_tokens = turn.max_tokens or self.next_output() or max_tokens
+        elif phase in self.baseline_phases:  # the run's low-load reference: the nominal lengths
             prompt = self.prompts.make(seq)
+        else:
+            drawn = self.next_input()
+            prompt = self.prompts.make(seq) if drawn is None else self.prompts.make_sized(seq, drawn)
+            max_tokens = self.next_output() or max_tokens
         # ids come from the OS, not the seeded workload RNG: two captures with the same --seed must not
         # send the same trace ids into a user's collector (--otlp-export)
         trace_id = secrets.token_hex(16)

@@ -45,7 +45,16 @@ from typing import Any, Literal
 
 import aiohttp
 
-from diagnose.capture.overhead import OverheadBudget, budget_of, cost, is_local
+from diagnose.capture.overhead import (
+    PING_PATH,
+    OverheadBudget,
+    budget_of,
+    cost,
+    is_local,
+    network_basis,
+    round_trip_ms,
+    server_ms,
+)
 from diagnose.capture.workload import parse_duration
 from diagnose.io.writer import serialize_records
 from diagnose.model import ProbeStatus
@@ -98,6 +107,12 @@ class _Stats:
     intervals: list[float] = field(default_factory=list)  # the interval each later tick was taken at
     budget: OverheadBudget | None = None
     colocated: bool = False
+    # the network's round trip to the server (ms; the fastest of PINGS answers), None when not measured. Over
+    # RTT_SIGNIFICANT_MS it is taken out of each scrape's time to first byte, and the transfer is the network's
+    # too: the server's time for a scrape is then its time to first byte less the round trip (issue 36: behind
+    # a proxy adding 80 ms, every scrape was charged 80 ms and more of the server's time, and a 1% budget
+    # stretched a 1 s interval to 10 s)
+    rtt_ms: float | None = None
 
     def fail(self, e: ScrapeError) -> None:
         self.failed += 1
@@ -122,6 +137,7 @@ class _Stats:
             "parse_lag_ms_max": round(self.lag_ms, 1), "scrapes_unparsed": self.unparsed,
             "ticks_skipped_backlog": self.skipped_backlog, "ttfb_ms_p50": pct(self.ttfb_ms, 0.5),
             "interval_s_p50": pct(self.intervals, 0.5), "interval_s_max": max(self.intervals, default=None),
+            "round_trip_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
         }
 
     def per_scrape_s(self) -> float | None:
@@ -256,7 +272,8 @@ class PrometheusProbe:
         async def parse_any(text: str) -> tuple[list[list[Any]], list[dict[str, str]], float]:
             nonlocal worker
             if worker is not None and worker.failed:
-                stats.parse_note = "parse worker did not start; parsing in a thread"
+                # why, from the child itself (its exit status, the last line of its stderr)
+                stats.parse_note = f"parse worker did not start ({await worker.why_not_started()}); parsing in a thread"
                 await worker.close()
                 worker = None
             if worker is not None and worker.ready:
@@ -301,8 +318,9 @@ class PrometheusProbe:
 
         async def fetch(session: aiohttp.ClientSession, interval: float) -> tuple[str, tuple[int, int, int, float]]:
             text, t0, th, t1 = await self._fetch(session, url, headers)
-            stats.target_ms += (t1 - t0) / 1e6
-            stats.recent_server_ms.append((t1 - t0) / 1e6)
+            server = server_ms(t0, th, t1, stats.rtt_ms)
+            stats.target_ms += server
+            stats.recent_server_ms.append(server)
             return text, (t0, th, t1, interval)
 
         async def first(session: aiohttp.ClientSession) -> None:  # fetched and parsed in turn: it decides
@@ -361,6 +379,8 @@ class PrometheusProbe:
         and the final status is made from ``stats`` once the parses are done (``_status``)."""
         connector = aiohttp.TCPConnector(limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
+            stats.rtt_ms = await round_trip_ms(session, ctx.target.endpoint(PING_PATH), ctx.target.headers(),
+                                               self.timeout_s)
             try:
                 await first(session)
             except ScrapeError as e:
@@ -429,9 +449,10 @@ class PrometheusProbe:
             adapted = (f"the {stats.budget.share:.2%} overhead budget made the scrape interval {med:.2g} s in "
                        f"{len(coarse)} of {len(stats.intervals)} ticks (asked {self.interval_s:g} s): a scrape took "
                        f"{server:.3g} ms of the server's time (and {own:.3g} ms of diagnose's CPU to parse)")
+        basis = network_basis(stats.rtt_ms, "/metrics",
+                              "server: the /metrics exchanges on loopback (time to first byte + transfer)")
         return cost(stats.target_ms, stats.own_cpu_ms / 1e3, window_s, stats.colocated,
-                    "server: the /metrics exchanges on loopback (time to first byte + transfer); own: the "
-                    "parser's CPU, decoding and writing", adapted=adapted, interval_asked_s=self.interval_s,
+                    basis + "; own: the parser's CPU, decoding and writing", adapted=adapted, interval_asked_s=self.interval_s,
                     budget_share=stats.budget.share if stats.budget is not None else None)
 
     def _status(self, early: ProbeStatus | None, stats: _Stats, url: str, window_s: float) -> ProbeStatus:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -123,6 +125,8 @@ class ParseWorker:
     def __init__(self) -> None:
         self._proc: asyncio.subprocess.Process | None = None
         self._ready: asyncio.Task[bytes] | None = None
+        # the child's stderr, to say why it did not start (a file: a pipe nobody reads could fill and block it)
+        self._stderr: Any = None
 
     @property
     def ready(self) -> bool:
@@ -136,13 +140,47 @@ class ParseWorker:
 
     async def start(self) -> None:
         try:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open for the child's life, closed by close()
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", MODULE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, limit=1 << 26, preexec_fn=normal_priority_in_child)
+                stderr=self._stderr, limit=1 << 26, preexec_fn=normal_priority_in_child)
         except OSError as e:
+            self._close_stderr()
             raise WorkerGone(f"cannot start the parse worker: {e}") from e
         assert self._proc.stdout is not None
         self._ready = asyncio.ensure_future(self._proc.stdout.readline())
+
+    async def why_not_started(self) -> str:
+        """Why the child did not say it was ready, in a few words: what it answered, its exit status and the last
+        line it wrote to stderr (a failed import, a signal). Waits up to a second for a child that closed its
+        stdout to exit."""
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 1.0)
+        parts: list[str] = []
+        if self._ready is not None and self._ready.done():
+            if self._ready.cancelled():
+                parts.append("stopped before it was ready")
+            elif self._ready.exception() is not None:
+                parts.append(f"{type(self._ready.exception()).__name__}")
+            elif self._ready.result():
+                parts.append(f"answered {self._ready.result()[:60]!r}")
+        if self._proc is not None and self._proc.returncode is not None:
+            parts.append(f"exit status {self._proc.returncode}")
+        if self._stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._stderr.seek(0, os.SEEK_END)
+                self._stderr.seek(max(0, self._stderr.tell() - 2048))
+                lines = [ln for ln in self._stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+                if lines:
+                    parts.append(lines[-1].strip()[:200])
+        return "; ".join(parts) or "no answer"
+
+    def _close_stderr(self) -> None:
+        if self._stderr is not None:
+            with contextlib.suppress(OSError):
+                self._stderr.close()
+            self._stderr = None
 
     async def parse(self, text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
         proc = self._proc
@@ -168,6 +206,7 @@ class ParseWorker:
             self._ready.cancel()
         proc, self._proc = self._proc, None
         if proc is None:
+            self._close_stderr()
             return
         if kill:
             with contextlib.suppress(ProcessLookupError):
@@ -181,6 +220,8 @@ class ParseWorker:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+        finally:
+            self._close_stderr()
 
 
 def main() -> int:

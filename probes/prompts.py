@@ -41,6 +41,8 @@ _WORDS = (
 )
 CANDIDATES = tuple(_WORDS.split())
 ID_DIGITS = 5  # request numbers up to K**5 are unique (K >= 16: over a million)
+CALIBRATE_CONCURRENCY = 8  # /tokenize calls in flight while calibrating (llama-server has few HTTP threads)
+CALIBRATE_TRIES = 3  # a failed call is asked again: the words chosen must not depend on dropped calls
 FILL_POOL = 1 << 16  # words in the seeded pool the prompts' random filler is cut from
 
 
@@ -60,6 +62,7 @@ class PromptFactory:
         self.shared_fraction = min(max(float(shared_prefix_fraction), 0.0), 1.0)
         self.seed = seed
         self.api = api
+        self.engine: str | None = None  # the server's engine (diagnose/engines/detect.py), set by calibrate
         self.words: list[str] = list(dict.fromkeys(CANDIDATES))
         self.base = 1  # tokens the server adds around the text (BOS; chat template)
         self.per_word = 1.0
@@ -111,6 +114,30 @@ class PromptFactory:
         text = self._prefix + " ".join(ident + self._pool[start:start + m])
         return Prompt(text=text, tokens=self.planned_tokens(), source=self.source)
 
+    def make_sized(self, i: int, tokens: int) -> Prompt:
+        """Prompt ``i`` of a drawn length (``--input-tokens`` a distribution): ``tokens`` long, the shared
+        prefix first (as much of it as fits), then the request's number and seeded filler, as :meth:`make`."""
+        n = max(1, round((tokens - self.base) / self.per_word))
+        shared = self._shared[:max(0, n - ID_DIGITS)]
+        rest = n - len(shared)
+        out = self._unique(i, rest)
+        return Prompt(text=" " + " ".join([*shared, *out]), tokens=self.base + round(n * self.per_word),
+                      source=self.source)
+
+    def _unique(self, i: int, n: int) -> list[str]:
+        """The ``n`` words unique to request ``i``: its number, then a window of the seeded filler pool (wrapping
+        round for prompts longer than the pool)."""
+        out = self._ident(i)[:n]
+        m = n - len(out)
+        pool = self._pool
+        start = (i * 2_654_435_761) % len(pool)
+        while m > 0:
+            part = pool[start:start + m]
+            out += part
+            m -= len(part)
+            start = 0
+        return out
+
     # -- replay: a recorded length and prefix groups ----------------------------------------------------
     def _make_block(self, h: str, n_words: int) -> tuple[str, ...]:
         return tuple(random.Random(f"block-{self.seed}-{h}").choices(self.words, k=n_words))
@@ -129,49 +156,39 @@ class PromptFactory:
         del out[n:]
         rest = n - len(out)
         if rest > 0:
-            ident = self._ident(i)[:rest]
-            out += ident
-            m = rest - len(ident)
-            pool = self._pool
-            start = (i * 2_654_435_761) % len(pool)
-            while m > 0:  # a window of the pool, wrapping round for prompts longer than it
-                part = pool[start:start + m]
-                out += part
-                m -= len(part)
-                start = 0
+            out += self._unique(i, rest)
         return Prompt(text=" " + " ".join(out), tokens=self.base + round(n * self.per_word), source=self.source)
 
     # -- calibration against the server ---------------------------------------------------------
-    def _tok_body(self, model: str | None, text: str) -> dict[str, Any]:
-        if self.api == "chat":
-            return {"model": model, "messages": [{"role": "user", "content": text}]}
-        return {"model": model, "prompt": text}
-
     async def _count(self, client: HttpClient, model: str | None, text: str) -> int | None:
-        try:
-            status, body = await client.request("POST", "/tokenize", self._tok_body(model, text), timeout_s=10.0)
-        except RequestFailed:
-            return None
-        if status != 200:
-            return None
-        try:
-            js = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        if isinstance(js, dict):
-            if isinstance(js.get("count"), int):
-                return int(js["count"])
-            if isinstance(js.get("tokens"), list):
-                return len(js["tokens"])
-        return None
+        msgs = [{"role": "user", "content": text}] if self.api == "chat" else None
+        return await count_tokens(client, tokenize_body(self.engine, model, text, msgs))
 
-    async def calibrate(self, client: HttpClient, model: str | None) -> str:
-        """Find one-token words via /tokenize and check whole prompts; returns a note for the manifest."""
+    async def _count_words(self, client: HttpClient, model: str | None) -> list[int | None]:
+        """Each candidate word's token count, a few at a time, and a word whose /tokenize call failed asked again
+        (twice at most): the one-token words chosen must not depend on which calls a busy server dropped, or two
+        captures with the same --seed would send different prompts (their outputs could not be paired)."""
+        gate = asyncio.Semaphore(CALIBRATE_CONCURRENCY)
+
+        async def one(w: str) -> int | None:
+            for _ in range(CALIBRATE_TRIES):
+                async with gate:
+                    n = await self._count(client, model, " " + w)
+                if n is not None:
+                    return n
+            return None
+
+        return list(await asyncio.gather(*(one(w) for w in self.words)))
+
+    async def calibrate(self, client: HttpClient, model: str | None, engine: str | None = None) -> str:
+        """Find one-token words via /tokenize and check whole prompts; returns a note for the manifest.
+        ``engine`` picks the /tokenize request's form (llama-server's differs: :func:`tokenize_body`)."""
+        self.engine = engine
         base = await self._count(client, model, "")
         if base is None:
             self.note = "server has no usable /tokenize: prompt length estimated (1 token per word + 1)"
             return self.note
-        counts = await asyncio.gather(*(self._count(client, model, " " + w) for w in self.words))
+        counts = await self._count_words(client, model)
         single = [w for w, c in zip(self.words, counts, strict=True) if c is not None and c - base == 1]
         if len(single) >= 16:
             self.words = single[:64]
@@ -196,3 +213,41 @@ class PromptFactory:
         self.note = (f"estimated: /tokenize exists but words are not single tokens here "
                      f"({self.per_word:.2f} tokens per word measured)")
         return self.note
+
+
+def tokenize_body(engine: str | None, model: str | None, text: str | None,
+                  messages: Sequence[dict[str, str]] | None, special: bool = True) -> dict[str, Any] | None:
+    """The /tokenize request that counts what the completion would (None: this server cannot count it).
+    llama-server reads ``content`` (no chat template); vLLM-style servers read ``prompt`` or ``messages``."""
+    if engine == "llamacpp":
+        if messages is not None:
+            return None
+        return {"content": text or "", "add_special": special}
+    if messages is not None:
+        return {"model": model, "messages": list(messages)}
+    body: dict[str, Any] = {"model": model, "prompt": text or ""}
+    if not special:
+        body["add_special_tokens"] = False
+    return body
+
+
+async def count_tokens(client: HttpClient, body: dict[str, Any] | None) -> int | None:
+    """The server's token count for one /tokenize request (None: no usable answer)."""
+    if body is None:
+        return None
+    try:
+        status, raw = await client.request("POST", "/tokenize", body, timeout_s=10.0)
+    except RequestFailed:
+        return None
+    if status != 200:
+        return None
+    try:
+        js = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(js, dict):
+        if isinstance(js.get("count"), int) and not isinstance(js.get("count"), bool):
+            return int(js["count"])
+        if isinstance(js.get("tokens"), list):
+            return len(js["tokens"])
+    return None

@@ -6,7 +6,8 @@ and every asyncio probe) from start to ``ctx.stop``. Writes ``artifacts/pyinstru
 interactive pyinstrument view), ``artifacts/pyinstrument_client.pyisession`` (re-renderable with
 ``pyinstrument --load``) and stream ``client_profile``: one ``{kind: "summary", who, duration_s, busy_ratio,
 idle_ratio, top: [{function, file, self_s}]}`` record. ``busy_ratio`` is the share of wall time the loop
-thread spent outside its idle wait (selector ``select``/``epoll``): near 1 means the client was saturated
+thread spent outside its idle wait (selector ``select``/``epoll``; under uvloop, the native code below
+``asyncio.Runner.run``, where uvloop waits): near 1 means the client was saturated
 and its timings are suspect; low means the client was not the bottleneck.
 
 Server: :func:`run_under_profiler` runs the command with a small bootstrap that starts pyinstrument on the
@@ -37,6 +38,11 @@ from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetu
 
 NAME = "pyinstrument"
 IDLE_FUNCS = re.compile(r"^(select|poll|epoll|_run_once|run_forever|sleep|wait|kqueue|control)$")
+# the loop's driver frames: under uvloop (which attach installs) the wait for I/O happens in native code that
+# pyinstrument does not see, so it lands as self time of the last Python frame above it, asyncio's Runner.run
+# (or uvloop.run): idle too, with uvloop's own bookkeeping between callbacks (small next to the wait)
+LOOP_DRIVERS = re.compile(r"^(run|run_until_complete|run_forever)$")
+LOOP_FILES = re.compile(r"(^|[/\\])(asyncio|uvloop)[/\\]")
 _SECRET_FLAGS = re.compile(r"(key|token|secret|password)", re.I)
 
 
@@ -56,9 +62,11 @@ def summarize(session: Any, who: str, top_n: int = 15) -> dict[str, Any]:
         if own <= 1e-9:
             continue
         fn = str(f.function or "")
-        if IDLE_FUNCS.match(fn.rsplit(".", 1)[-1]):
+        path = str(f.file_path_short or f.file_path or "")
+        name = fn.rsplit(".", 1)[-1]
+        if IDLE_FUNCS.match(name) or (LOOP_DRIVERS.match(name) and LOOP_FILES.search(path)):
             idle += own
-        key = (fn, str(f.file_path_short or f.file_path or ""))
+        key = (fn, path)
         self_time[key] = self_time.get(key, 0.0) + own
     sampled = float(root.time) if root is not None else 0.0
     base = max(duration, sampled, 1e-9)

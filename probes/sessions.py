@@ -33,9 +33,16 @@ class Turn:
     attempt: int
     prompt: Prompt
     messages: tuple[dict[str, str], ...] = ()  # the chat API's messages (user, assistant, user, ...)
+    max_tokens: int | None = None  # its output length where the turn sets one (a dataset's answer)
+    fields: tuple[tuple[str, Any], ...] = ()  # more fields for its request record (a dataset's record number)
 
     def structure(self) -> dict[str, Any]:
-        return {"session": self.session, "turn": self.turn, "turns": self.turns, "attempt": self.attempt}
+        """Its request record's fields: the task's (none for a single request of a dataset: session "") and
+        ``fields``."""
+        d = dict(self.fields)
+        if self.session:
+            d.update(session=self.session, turn=self.turn, turns=self.turns, attempt=self.attempt)
+        return d
 
 
 @dataclass

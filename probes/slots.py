@@ -31,7 +31,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from diagnose.capture.overhead import budget_of, cost, is_local
+from diagnose.capture.overhead import (
+    PING_PATH,
+    budget_of,
+    cost,
+    is_local,
+    network_basis,
+    round_trip_ms,
+    server_ms,
+)
 from diagnose.capture.workload import parse_duration
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec, wait_tick
@@ -63,6 +71,15 @@ def slot_rows(doc: Any) -> list[dict[str, Any]] | None:
     return out
 
 
+async def read_to_end(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """An aiohttp answer's body read to its end, or its first ``limit`` bytes: ``read(n)`` gives only what has
+    arrived so far (an answer in several pieces came back cut). Used here and by ``diagnose readiness``."""
+    body = bytearray()
+    while len(body) < limit and (part := await content.read(limit - len(body))):
+        body += part
+    return bytes(body)
+
+
 class SlotsProbe:
     """Samples ``<target>/slots`` every ``interval_s`` seconds (llama.cpp only)."""
 
@@ -71,6 +88,7 @@ class SlotsProbe:
     def __init__(self, interval_s: float = 1.0, timeout_s: float | None = None) -> None:
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s) if timeout_s else max(2.0, 2.0 * self.interval_s)
+        self.rtt_ms: float | None = None  # the network's round trip to the server (diagnose/capture/overhead.py)
 
     def applies(self, ctx: CaptureContext) -> bool:
         """Only llama.cpp serves /slots: on any other engine the capture leaves this probe out."""
@@ -87,12 +105,13 @@ class SlotsProbe:
         t0 = time.monotonic_ns()
         try:
             async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                th = time.monotonic_ns()
                 if r.status != 200:
                     return None, (time.monotonic_ns() - t0) / 1e6, f"GET {shown} answered HTTP {r.status}"
-                raw = await r.content.read(MAX_BYTES + 1)
+                raw = await read_to_end(r.content, MAX_BYTES + 1)  # one byte past the limit: too long
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return None, (time.monotonic_ns() - t0) / 1e6, f"GET {shown}: {type(e).__name__} ({getattr(e, 'os_error', None) or 'no answer'})"
-        ms = (time.monotonic_ns() - t0) / 1e6
+        ms = server_ms(t0, th, time.monotonic_ns(), self.rtt_ms)  # the network's round trip left out
         if len(raw) > MAX_BYTES:
             return None, ms, f"GET {shown}: answer over {MAX_BYTES} bytes"
         return raw, ms, ""
@@ -108,6 +127,8 @@ class SlotsProbe:
         n_slots = 0
         own_s, t_start = 0.0, time.monotonic()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            self.rtt_ms = await round_trip_ms(session, ctx.target.endpoint(PING_PATH), ctx.target.headers(),
+                                              self.timeout_s)
             next_t = time.monotonic()
             interval = self.interval_s
             while True:
@@ -146,8 +167,10 @@ class SlotsProbe:
         detail: dict[str, Any] = {
             "samples": ok, "failed": failed, "slots": n_slots,
             "exchange_ms_p50": round(statistics.median(exchange_ms), 3) if exchange_ms else None,
+            "round_trip_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "cost": cost(sum(exchange_ms), own_s, window_s, is_local(ctx.target.url),
-                         "server: the /slots exchanges (whole request); own: decoding and writing the samples",
+                         network_basis(self.rtt_ms, "/slots", "server: the /slots exchanges (whole request)")
+                         + "; own: decoding and writing the samples",
                          adapted=adapted, interval_asked_s=self.interval_s),
         }
         if ok == 0:

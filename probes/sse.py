@@ -50,6 +50,9 @@ _REASONING = (b'"reasoning_content":"', b'"reasoning":"')
 _FINISH = b'"finish_reason":"'
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _MAX_ERROR_BODY = 2048
+# a plain call's answer (HttpClient.request: /tokenize, /v1/models) is the caller's data, kept whole up to this;
+# a stream's non-SSE answer is an error, kept to _MAX_ERROR_BODY (a /tokenize of a 600-token prompt is ~4 KB)
+_MAX_PLAIN_BODY = 8 << 20
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class StreamResult:
     cum_tokens: int = 0  # last cumulative usage.completion_tokens seen on a content chunk
     body: bytes = b""  # the body of a non-SSE response (first 2 KiB)
     retry_after_s: float | None = None  # the response's Retry-After, in seconds (429/503)
+    body_bytes: int = 0  # the response body's bytes as they arrived (chunked framing included)
 
     @property
     def ok(self) -> bool:
@@ -226,6 +230,8 @@ class SseConnection(asyncio.Protocol):
 
     # -- body framing ----------------------------------------------------------------------------
     def _body(self, data: bytes, t: int) -> None:
+        if self.res is not None:
+            self.res.body_bytes += len(data)
         if not self.chunked:
             if self.remaining >= 0:
                 if len(data) >= self.remaining:
@@ -335,8 +341,9 @@ class SseConnection(asyncio.Protocol):
 
     def _payload(self, data: bytes, t: int) -> None:
         if not self.is_sse:
-            if len(self.body) < _MAX_ERROR_BODY:
-                self.body += data[: _MAX_ERROR_BODY - len(self.body)]
+            limit = _MAX_ERROR_BODY if self.expect_sse else _MAX_PLAIN_BODY
+            if len(self.body) < limit:
+                self.body += data[: limit - len(self.body)]
             return
         sse = self.sse
         if not sse and data.startswith(b"data: {") and data.endswith(b"}\n\n") and data.find(b"\n") == len(data) - 2:

@@ -88,6 +88,7 @@ class OtherData(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class TraceFile(msgspec.Struct, forbid_unknown_fields=True):
+    schema_version: int  # diagnose's (docs/json-schemas.md); the format reads other top-level keys as metadata
     traceEvents: list[Event]
     displayTimeUnit: Literal["ms", "ns"]
     otherData: OtherData

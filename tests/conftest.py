@@ -72,6 +72,15 @@ TIMING = (
     "tests/test_pyspy_probe.py::test_discovers_pid_from_listening_port",
     "tests/test_goodput.py::test_find_max_goodput_finds_the_servers_capacity",
     "tests/test_realtime.py::test_attach_realtime_is_recorded_in_the_bundle",
+    # a healthy server must draw no finding; on a busy machine the host probe rightly sees other processes on
+    # the (in-process) server's cores and HST005 fires: a finding about the machine's load, not the code
+    "tests/test_cli.py::test_attach_then_analyze_end_to_end",
+    # the page's render time and the loopback round trip are measured: a loaded machine stretches both
+    "tests/test_prometheus_rtt.py::test_a_proxys_round_trip_is_not_charged_to_the_server",
+    "tests/test_prometheus_rtt.py::test_on_loopback_nothing_is_taken_out",
+    # the busy child must be among the machine's three busiest processes: on a loaded machine (or beside the
+    # slow tier's other worker) other processes outrun it (failed so here, before and after the change)
+    "tests/test_host_foreign.py::test_scan_names_a_busy_process_outside_the_engine",
 )
 TIERS_FILE = Path(__file__).resolve().parent / "tiers.json"
 

@@ -80,7 +80,7 @@ def from_input(b: Bundle, where: str) -> list[Emitted]:
             run = got
         elif i <= len(phases):
             per_phase[phases[i - 1].phase] = got
-    d = derived.signals(run, phases, per_phase, b.manifest)
+    d = derived.signals(run, phases, per_phase, derived.slo_terms(b.meta))
     out.extend(_emit(list(d.values()), derived.__name__, where))
     return out
 
@@ -95,7 +95,8 @@ def synthetic_sweep_with_every_slo(tmp: Path) -> Path:
     for ph, ttft in ((0, 10), (1, 40)):
         for i in range(8):
             sent = ph * 1000 + i * 100
-            reqs.append(req(f"p{ph}-{i}", sent, sent + ttft + 20, first=sent + ttft, n=3, phase=ph))
+            reqs.append({**req(f"p{ph}-{i}", sent, sent + ttft + 20, first=sent + ttft, n=3, phase=ph),
+                         "body_bytes": 700})  # the streamed answer's size (stream_bytes_per_token_mean)
             chunks.append({"rid": f"p{ph}-{i}", "t": [sent + ttft, sent + ttft + 10, sent + ttft + 20],
                            "tok": [1, 1, 1]})
     phases = [{"phase": 0, "name": "c=1", "concurrency": 1, "start": 0, "end": 900},
@@ -113,13 +114,15 @@ def synthetic_otel_join(tmp: Path) -> Path:
 
 
 def sample_with_engine_config(tmp: Path) -> Path:
-    """A shipped sample whose manifest states every engine setting (as a server info endpoint would)."""
+    """A shipped sample whose manifest states every engine setting (as a server info endpoint would), its
+    requests asking for log-probabilities (attach --logprobs; no shipped sample does)."""
     from diagnose.normalize.prometheus import ENGINE_SETTINGS
 
     dst = tmp / "bundle"
     shutil.copytree(SAMPLES / "vllm_cpu_queue_bound" / "bundle", dst)
     m = json.loads((dst / "manifest.json").read_text())
     m["target"]["engine_config"] = {key: 2 for key in ENGINE_SETTINGS}
+    m["workload"].setdefault("extra", {})["logprobs"] = 20
     (dst / "manifest.json").write_text(json.dumps(m))
     return dst
 
@@ -175,6 +178,25 @@ def synthetic_tasks(tmp: Path) -> Path:
     return tmp / "b"
 
 
+def synthetic_every_error_class(tmp: Path) -> Path:
+    """One failed request of every error class (diagnose/normalize/errors.py), a Retry-After, a server that
+    stopped and came back (no shipped sample fails that way)."""
+    from tests.test_client_metrics import make_bundle
+    from tests.test_errors_taxonomy import PHASE, VLLM_REQUESTED, _failed, req
+
+    reqs = [req("ok0", 0, 5, first=1, n=3), _failed("ctx", 10, VLLM_REQUESTED),
+            _failed("429", 20, "HTTP 429: slow down", status=429, error="http_429", retry_after_s=1.0),
+            _failed("401", 30, "HTTP 401: no", status=401), _failed("404", 40, "HTTP 404: no model", status=404),
+            _failed("400", 50, "HTTP 400: bad field"), _failed("504", 60, "HTTP 504: gw", status=504, error="http_5xx"),
+            _failed("500", 70, "HTTP 500: oops", status=500, error="http_5xx"),
+            _failed("reset", 80, "connection closed", status=0, error="reset"),
+            _failed("timeout", 90, "no answer", status=200, error="timeout"),
+            _failed("sse", 100, "not an event stream", status=200, error="malformed_sse"),
+            req("ok1", 110, 115, first=111, n=3)]
+    make_bundle(tmp, reqs, [], phases=PHASE)
+    return tmp / "b"
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -183,7 +205,8 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
         out.extend(from_trace(t))
     for i, make in enumerate((synthetic_sweep_with_every_slo, synthetic_otel_join, sample_with_engine_config,
                               synthetic_nvml_with_nvlink, synthetic_short_client_stall,
-                              synthetic_host_with_foreign_scan, synthetic_fleet, synthetic_tasks)):
+                              synthetic_host_with_foreign_scan, synthetic_fleet, synthetic_tasks,
+                              synthetic_every_error_class)):
         d = tmp / f"s{i}"
         d.mkdir()
         out.extend(from_bundle(make(d)))

@@ -45,6 +45,10 @@ EXPECTED |= {"--overhead-budget"}  # what the probes may cost the server (docs/p
 EXPECTED |= {"--cost-per-hour"}  # the deployment's price, recorded: the report and compare price the run (docs/workload.md)
 EXPECTED |= {"--turns", "--think-time", "--retries"}  # tasks: conversations and agent chains (probes/sessions.py)
 EXPECTED |= {"--slots", "--no-slots"}  # llama.cpp's /slots (probes/slots.py)
+EXPECTED |= {"--config", "--print-config"}  # a YAML file of attach options, and writing one (docs/workload.md)
+EXPECTED |= {"--dataset", "--dataset-format"}  # prompts from a local file: ShareGPT or prompts JSONL (docs/workload.md)
+EXPECTED |= {"--greedy", "--temperature", "--sampling-seed"}  # the quality guard's sampling (docs/compare.md)
+EXPECTED |= {"--logprobs"}  # log-probabilities asked with every token (rule SCH014, docs/workload.md)
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +82,9 @@ def test_attach_has_exactly_the_options_it_had() -> None:
 def test_defaults_and_types_are_kept() -> None:
     o = _opts()
     assert (o["api"], o["arrival"], o["burstiness"], o["warmup"], o["baseline"]) == ("completions", "poisson", 1.0, 2, 8)
-    assert (o["input_tokens"], o["output_tokens"], o["ignore_eos"], o["shared_prefix"], o["seed"]) == (128, 64, True,
-                                                                                                      0.0, 0)
+    # the lengths are text since they may be distributions (issue 36): a plain integer is that one length
+    assert (o["input_tokens"], o["output_tokens"], o["ignore_eos"], o["shared_prefix"], o["seed"]) == ("128", "64",
+                                                                                                      True, 0.0, 0)
     assert (o["timeout"], o["metrics_interval"], o["nvml"], o["nvml_interval"]) == ("60s", "1s", True, "100ms")
     assert (o["otlp_grpc_port"], o["otlp_http_port"], o["pyspy_rate"]) == (4317, 4318, 10)
     assert o["progress"] is None  # tri-state: on a terminal only

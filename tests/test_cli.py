@@ -1,4 +1,8 @@
-"""The CLI end to end against a real streaming server, and every bad input: one line, right exit code."""
+"""The CLI end to end against a real streaming server, and every bad input: one line, right exit code.
+
+Help, rules, analyze and the attach errors before connecting run in this process (tests/cli_inproc.py); the
+captures stay real processes: a whole `diagnose attach` end to end, SIGINT/SIGTERM on a running capture, and the
+target killed under one."""
 
 from __future__ import annotations
 
@@ -14,16 +18,14 @@ import pytest
 
 from diagnose.cli import exits
 from diagnose.io.bundle import open_bundle
+from tests.cli_inproc import Ran
+from tests.cli_inproc import diagnose as run
 from tests.servers.truth import free_port, truth_server
 
 DIAG = [sys.executable, "-m", "diagnose"]
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(p: subprocess.CompletedProcess[str]) -> str:
+def one_line_error(p: subprocess.CompletedProcess[str] | Ran) -> str:
     assert "Traceback" not in p.stderr, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert lines, "expected an error message"
@@ -90,8 +92,9 @@ def test_attach_unreachable_and_refused(tmp_path: Path) -> None:
 
 def test_attach_then_analyze_end_to_end(tmp_path: Path) -> None:
     with truth_server(ttft_ms=5, itl_ms=2) as (url, _):
-        p = run("attach", "--url", url, "-c", "4", "-d", "3s", "--output-tokens", "16", "--baseline", "4",
-                "--slo", "ttft_p99=500ms,itl_p99=50ms", "--no-nvml", "-o", str(tmp_path / "b"))
+        p = subprocess.run([*DIAG, "attach", "--url", url, "-c", "4", "-d", "3s", "--output-tokens", "16",
+                            "--baseline", "4", "--slo", "ttft_p99=500ms,itl_p99=50ms", "--no-nvml",
+                            "-o", str(tmp_path / "b")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     b = open_bundle(tmp_path / "b")
     assert not b.partial

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from click.testing import CliRunner
 from diagnose import compare as cmp
 from diagnose.cli import exits
 from diagnose.cli.main import cli
-from diagnose.errors import InputError
+from diagnose.errors import BundleError, InputError
+from diagnose.io.manifest import read_manifest
 from diagnose.pipeline import analyze
 from diagnose.signals.cost import parse_price, per_unit, recorded_price
 from diagnose.signals.workload_card import workload_card
@@ -49,9 +51,15 @@ def test_one_definition_of_cost_per_unit() -> None:
     assert per_unit(3.6, 10.0, 1.0) == pytest.approx(1e-4)  # $3.60/h at 10 req/s: $0.0001 a request
     assert per_unit(3.6, 1000.0, 1e6) == pytest.approx(1.0)  # 1000 tok/s: $1 per million tokens
     assert math.isnan(per_unit(3.6, 0.0, 1.0)) and math.isnan(per_unit(3.6, math.nan, 1.0))
-    assert recorded_price({"options": {"cost_per_hour": 2}}) == 2.0
-    for m in ({}, {"options": {"cost_per_hour": True}}, {"options": {"cost_per_hour": -1}}, {"options": "x"}):
-        assert recorded_price(m) is None
+    assert recorded_price(read_manifest({"options": {"cost_per_hour": 2}}, "m.json")) == 2.0
+    for m in ({}, {"options": {"cost_per_hour": -1}}, {"options": {"cost_per_hour": None}}):
+        assert recorded_price(read_manifest(m, "m.json")) is None
+    # a price of the wrong type is the manifest's error, one line naming the file and the field
+    for m, want in (({"options": {"cost_per_hour": True}}, "options.cost_per_hour: expected a number, got True"),
+                    ({"options": "x"}, "field options: expected an object, got 'x'")):
+        with pytest.raises(BundleError, match=re.escape(want)) as e:
+            read_manifest(m, "m.json")
+        assert str(e.value).startswith("m.json: field ") and "\n" not in str(e.value)
 
 
 def test_the_card_prices_the_run_with_the_slo(tmp_path: Path) -> None:

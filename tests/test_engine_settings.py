@@ -27,6 +27,19 @@ def test_vllm_sglang_llamacpp_flags() -> None:
     assert settings_from_cmdline(["vllm", "serve", "m"]) == {}  # nothing stated: nothing guessed
 
 
+def test_llamacpp_settings_from_user_reports() -> None:
+    """Issue 34's families: continuous batching, the prompt cache, the physical batch, top-k and a server-wide
+    grammar or JSON schema (its value, even one that looks like a flag's value, is never parsed)."""
+    argv = ["llama-server", "-np", "4", "--no-cont-batching", "--no-cache-prompt", "-ub", "64", "--top-k", "0",
+            "--grammar", "root ::= [a-z ]*"]
+    assert settings_from_cmdline(argv) == {"max_num_seqs": 4.0, "continuous_batching": 0.0, "prefix_caching": 0.0,
+                                           "ubatch_tokens": 64.0, "sampling_top_k": 0.0, "constrained_decoding": 1.0}
+    assert settings_from_cmdline(["llama-server", "-nocb", "-j", '{"type": "object"}']) == {
+        "continuous_batching": 0.0, "constrained_decoding": 1.0}
+    assert settings_from_cmdline(["llama-server", "--json-schema-file=/s.json", "-cb", "--cache-prompt"]) == {
+        "constrained_decoding": 1.0, "continuous_batching": 1.0, "prefix_caching": 1.0}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

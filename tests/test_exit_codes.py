@@ -1,4 +1,7 @@
-"""Every exit status is documented in `--help`, and an invalid run exits with its own documented status."""
+"""Every exit status is documented in `--help`, and an invalid run exits with its own documented status.
+
+The invalid run is checked on a real process (the interpreter's exit status is the subject); the rest run in
+this process (tests/cli_inproc.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 
 from diagnose.cli import exits
+from tests.cli_inproc import diagnose
 
 ROOT = Path(__file__).resolve().parent.parent
 DIAG = [sys.executable, "-m", "diagnose"]
@@ -28,7 +32,7 @@ def documented(help_text: str) -> dict[int, str]:
 
 
 def test_top_level_help_documents_every_exit_status() -> None:
-    p = run("--help")
+    p = diagnose("--help")
     assert p.returncode == 0
     doc = documented(p.stdout)
     assert set(doc) == {c for c, _ in exits.TABLE}
@@ -38,7 +42,7 @@ def test_top_level_help_documents_every_exit_status() -> None:
 
 
 def test_analyze_help_documents_its_exit_statuses() -> None:
-    p = run("analyze", "--help")
+    p = diagnose("analyze", "--help")
     assert p.returncode == 0
     doc = documented(p.stdout)
     assert set(doc) == set(exits.ANALYZE_CODES)
@@ -80,10 +84,10 @@ def test_an_invalid_run_writes_the_report_then_exits_with_its_status(tmp_path: P
 
 
 def test_a_valid_run_exits_zero_and_fail_on_still_gates(tmp_path: Path) -> None:
-    p = run("analyze", str(QUEUE_BOUND), "-q", "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "f.json"))
+    p = diagnose("analyze", str(QUEUE_BOUND), "-q", "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "f.json"))
     assert p.returncode == 0, p.stderr
     data = json.loads((tmp_path / "f.json").read_text())
     assert data["run_valid"] is True
     assert any(f["severity"] == "warning" for f in data["findings"]), data["findings"]
-    p = run("analyze", str(QUEUE_BOUND), "-q", "--fail-on", "warning", "-o", str(tmp_path / "r2.html"))
+    p = diagnose("analyze", str(QUEUE_BOUND), "-q", "--fail-on", "warning", "-o", str(tmp_path / "r2.html"))
     assert p.returncode == exits.FAIL_ON, p.stderr

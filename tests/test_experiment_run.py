@@ -211,7 +211,6 @@ def test_attach_launch_verify_runs_the_experiment_flow(tmp_path: Path) -> None:
     finding's experiment planned from it and recorded, then run (this test server ignores an engine flag
     added to its command line) or, for a variable that is no engine flag, 'inconclusive: not run' (exit 8).
     Which finding leads depends on the host (CI: LAT001, --max-num-seqs; here once: host contention)."""
-    import json
     import shlex
     import subprocess
 
@@ -225,12 +224,14 @@ def test_attach_launch_verify_runs_the_experiment_flow(tmp_path: Path) -> None:
                         "-o", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
     assert p.returncode in (0, exits.REFUTED, exits.INCONCLUSIVE), p.stdout + p.stderr
     assert "Traceback" not in p.stderr, p.stderr
-    rec = json.loads((tmp_path / "x" / "experiment.json").read_text())
+    from tests.json_docs import check_document
+
+    rec = check_document("experiment", tmp_path / "x" / "experiment.json")  # docs/json-schemas.md
     assert rec["launch"] == shlex.split(cmd) and rec["attach_args"][:2] == ["--concurrency", "4"], rec
     assert (tmp_path / "x" / "before" / "manifest.json").is_file()
     if "not_run" in rec:
         assert p.returncode == exits.INCONCLUSIVE and p.stdout.startswith("inconclusive: not run: "), p.stdout
     else:  # the one flag changed, the same workload captured again, and verified
         assert rec["launch_after"] != rec["launch"] and (tmp_path / "x" / "after" / "manifest.json").is_file()
-        ver = json.loads((tmp_path / "x" / "verify.json").read_text())
+        ver = check_document("verification", tmp_path / "x" / "verify.json")
         assert ver["outcome"] in ("confirmed", "refuted", "inconclusive") and ver["finding"] == rec["finding"]

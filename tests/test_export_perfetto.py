@@ -107,7 +107,7 @@ def test_every_sample_exports_a_valid_timeline_with_one_track_per_source_record(
     assert sum(e.args["samples"] for e in windows) == int(st["samples"].sum())
 
     # the profiler trace, when the bundle has one: every kernel, aligned inside the profiler window
-    arts = [a for a in b.artifacts().values() if a.get("kind") == "torch_trace" and a.get("role") != "frontend"]
+    arts = [a for a in b.manifest["artifacts"].values() if a.get("kind") == "torch_trace" and a.get("role") != "frontend"]
     kernels = [e for e in slices(tf) if e.cat in ("kernel", "gpu_memcpy", "gpu_memset")]
     if arts:
         rt = read_trace(b.path / arts[0]["file"])
@@ -308,3 +308,18 @@ def test_a_directory_of_rank_traces_gives_one_process_group_per_rank(tmp_path: P
     procs = set(names(tf)[0].values())
     assert res.counts["profiler_files"] == 2
     assert {p.split(" · ")[0] for p in procs} == {"profiler rank 0", "profiler rank 1"}
+
+
+def test_every_export_format_is_one_registry_entry_whose_module_runs_it(tmp_path: Path) -> None:
+    """Issue 32 item 5: exports behind a registry: each format's module has the registry's run(), the CLI's
+    --format choices and default suffixes are the registry's, and a format written through it says what it wrote."""
+    import importlib
+
+    from diagnose.export import EXPORTERS, FORMATS, SUFFIX
+    from diagnose.pipeline import open_input
+
+    assert set(FORMATS) == set(SUFFIX) == set(EXPORTERS) == {"perfetto", "speedscope", "parquet"}
+    for e in EXPORTERS.values():
+        assert callable(importlib.import_module(f"diagnose.export.{e.module}").run), e.name
+    written = EXPORTERS["perfetto"].run(open_input(ROOT / "sample_traces" / "vllm_cpu_queue_bound"), tmp_path / "t.json")
+    assert "requests" in written.summary and (tmp_path / "t.json").stat().st_size > 0

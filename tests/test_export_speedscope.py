@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,13 @@ def test_cli_writes_the_file_and_a_trace_without_stacks_is_a_one_line_error(tmp_
     assert not (tmp_path / "t.json").exists()
 
 
-def test_without_a_recorded_rate_the_weights_are_sample_counts() -> None:
-    b = open_input(ROOT / "sample_traces" / "vllm_cpu_healthy")
-    del b.manifest["probes"]["pyspy"]["detail"]["rate_hz"]
+def test_without_a_recorded_rate_the_weights_are_sample_counts(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "sample_traces" / "vllm_cpu_healthy", tmp_path / "s")
+    mf = tmp_path / "s" / "bundle" / "manifest.json"
+    m = json.loads(mf.read_text())
+    del m["probes"]["pyspy"]["detail"]["rate_hz"]
+    mf.write_text(json.dumps(m))
+    b = open_input(tmp_path / "s")
     doc = speedscope.build(b).doc
     VALIDATOR.validate(json.loads(json.dumps(doc)))
     assert {p["unit"] for p in doc["profiles"]} == {"none"}

@@ -15,6 +15,8 @@ import pytest
 
 from diagnose.errors import InputError
 from diagnose.runs import goodput as gp
+from diagnose.signals.sweep import meets
+from tests.cli_inproc import diagnose
 from tests.servers.faults import fault_server
 
 DIAG = [sys.executable, "-m", "diagnose"]
@@ -34,7 +36,9 @@ def _server(edge: float, cap: float) -> tuple[list[float], Any]:
 
     def measure(level: float, step: str) -> gp.LevelPoint:
         tried.append(level)
-        return _point(level, level <= edge, 100.0 * min(level, cap))
+        p = _point(level, level <= edge, 100.0 * min(level, cap))
+        p.step = step
+        return p
 
     return tried, measure
 
@@ -46,9 +50,16 @@ def test_search_finds_the_edge_to_one_step(edge: int) -> None:
     assert r.max_goodput is not None and r.max_goodput.level == edge
     assert r.first_failing is not None and r.first_failing.level == edge + 1
     assert "bisected to one step" in r.stopped
-    ladder = [v for v in tried if v in (1, 2, 4, 8, 16, 32, 64)]
-    assert ladder == [v for v in (1, 2, 4, 8, 16, 32, 64) if v <= 2 * edge][: len(ladder)]
-    assert max(tried) < 4 * edge  # stopped at the first failing rung: never ran the rest of the ladder
+    rungs = (1, 2, 4, 8, 16, 32, 64)
+    first_fail = min(v for v in rungs if v > edge)
+    ladder = [v for v in tried if v in rungs]
+    beyond = [v for v in ladder if v > first_fail]
+    assert ladder == [v for v in rungs if v <= first_fail] + beyond
+    # past the first failing rung only while output tok/s still grew (it flattens from c=8), at most
+    # PLATEAU_LEVELS rungs (issue 34 item 6): never the rest of the ladder
+    assert len(beyond) <= gp.PLATEAU_LEVELS
+    assert all(v <= 16 for v in beyond) and (first_fail < 16 or not beyond)
+    assert (r.saturation is not None and r.saturation.level == 8) or len(beyond) == gp.PLATEAU_LEVELS
     assert len(tried) == len(set(tried))
 
 
@@ -65,6 +76,25 @@ def test_search_edges_of_the_ladder_and_the_bisection_budget() -> None:
     assert len(tried) == 4 and "budget (2) spent" in r.stopped
     assert r.max_goodput is not None and r.first_failing is not None
     assert r.max_goodput.level <= 37 < r.first_failing.level
+
+
+def test_the_search_goes_past_the_edge_to_the_throughput_plateau() -> None:
+    """The SLO fails from c=3 while throughput grows up to c=8: the saturation is the plateau (c=8), found by
+    going on up the ladder, not the best level before the edge; where the bound stops it first, 'at least'."""
+    tried, measure = _server(2, 8)
+    r = gp.search(measure, [1, 2, 4, 8, 16, 32, 64], "concurrency")
+    assert r.max_goodput is not None and r.max_goodput.level == 2 and r.first_failing is not None
+    assert r.first_failing.level == 3
+    assert tried == [1, 2, 4, 3, 8, 16] and [p.step for p in r.points][-2:] == ["plateau", "plateau"]
+    assert r.saturation is not None and r.saturation.level == 8, r.saturation_note
+    assert "2 level(s) past the edge" in r.stopped
+    tried, measure = _server(2, 1000)  # still growing at the bound
+    r = gp.search(measure, [1, 2, 4, 8, 16, 32, 64], "concurrency")
+    assert tried == [1, 2, 4, 3, 8, 16] and r.saturation is None
+    assert r.saturation_note.endswith("saturation at least 1600 tok/s"), r.saturation_note
+    tried, measure = _server(2, 1000)
+    r = gp.search(measure, [1, 2, 4, 8], "concurrency", max_plateau=0)  # the bound off: the old search
+    assert tried == [1, 2, 4, 3]
 
 
 def test_rate_bisection_is_geometric_and_stops_within_ten_percent() -> None:
@@ -96,7 +126,7 @@ def test_marginal_levels_make_the_edge_uncertain() -> None:
 def test_knee() -> None:
     assert gp.knee(["a", "b", "c", "d"], [100, 192, 200, 201])[0] == 1  # 192 is within 5% of 201
     i, note = gp.knee(["a", "b", "c"], [100, 200, 400])
-    assert i is None and note.startswith("not reached: output tok/s still grew 100% from b to c")
+    assert i is None and note == "not reached: output tok/s still grew 100% from b to c; saturation at least 400 tok/s"
     assert gp.knee(["a", "b"], [100, 101])[0] == 0
     assert gp.knee(["a"], [100])[0] is None
     assert gp.knee(["a", "b", "c"], [100, math.nan, 100.5])[0] == 0
@@ -108,9 +138,9 @@ def test_slo_terms_are_checked_before_anything_runs() -> None:
     with pytest.raises(InputError, match="--slo goodput_p99"):
         gp.slo_metrics({"goodput_p99_ms": 5.0})
     assert set(gp.slo_metrics({"ttft_p95_ms": 500.0, "itl_p99_ms": 50.0})) == {"ttft_p95", "itl_p99"}
-    assert gp.meets({"ttft_p99_ms": 10.0}, {"ttft_p99_ms": 50.0}) is True
-    assert gp.meets({"ttft_p99_ms": 60.0}, {"ttft_p99_ms": 50.0}) is False
-    assert gp.meets({}, {"ttft_p99_ms": 50.0}) is None
+    assert meets({"ttft_p99_ms": 10.0}, {"ttft_p99_ms": 50.0}) is True
+    assert meets({"ttft_p99_ms": 60.0}, {"ttft_p99_ms": 50.0}) is False
+    assert meets({}, {"ttft_p99_ms": 50.0}) is None
 
 
 def test_level_point_judges_each_term_with_its_interval() -> None:
@@ -200,12 +230,10 @@ def test_find_max_goodput_bad_input_is_one_line(tmp_path: Path) -> None:
     for args, msg in ((["--find-max-goodput"], "needs --slo"),
                       (["--find-max-goodput", "--slo", "ttft_p99=1s", "--observe"], "drop --observe"),
                       (["--find-max-goodput", "--slo", "ttft_p99=1s", "--search-steps", "-1"], "--search-steps -1")):
-        p = subprocess.run([*DIAG, "attach", "--url", "http://127.0.0.1:9", *args, "-o", str(tmp_path / "x")],
-                           capture_output=True, text=True, timeout=120)
+        p = diagnose("attach", "--url", "http://127.0.0.1:9", *args, "-o", str(tmp_path / "x"))
         assert p.returncode != 0 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
     # nothing answers: the first capture fails, named with its level and bundle, in one line
-    p = subprocess.run([*DIAG, "attach", "--url", "http://127.0.0.1:9", "--find-max-goodput", "--slo",
-                        "ttft_p99=1s", "-c", "1,2", "-n", "4", "--no-nvml", "-o", str(tmp_path / "y")],
-                       capture_output=True, text=True, timeout=120)
+    p = diagnose("attach", "--url", "http://127.0.0.1:9", "--find-max-goodput", "--slo", "ttft_p99=1s", "-c", "1,2",
+                 "-n", "4", "--no-nvml", "-o", str(tmp_path / "y"))
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert "the capture at c=1 into" in p.stderr and len(p.stderr.strip().splitlines()) <= 3, p.stderr

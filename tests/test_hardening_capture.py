@@ -22,6 +22,7 @@ import pytest
 from diagnose.cli import exits
 from diagnose.io.bundle import MANIFEST, open_bundle
 from diagnose.io.writer import BundleWriter
+from tests.cli_inproc import Ran, diagnose
 from tests.servers.faults import fault_server, free_port
 from tests.servers.truth import truth_server
 
@@ -40,7 +41,7 @@ def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
                           preexec_fn=preexec)
 
 
-def no_traceback(p: subprocess.CompletedProcess[str]) -> None:
+def no_traceback(p: subprocess.CompletedProcess[str] | Ran) -> None:
     assert "Traceback" not in p.stderr and "Exception in callback" not in p.stderr, p.stderr
 
 
@@ -50,8 +51,8 @@ def attach(url: str, out: Path, *extra: str, timeout: float = 120, env: dict[str
                preexec=preexec)
 
 
-def analyze(bundle: Path, tmp: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    p = run("analyze", str(bundle), "-o", str(tmp / "r.html"), "--json", str(tmp / "f.json"))
+def analyze(bundle: Path, tmp: Path) -> tuple[Ran, dict[str, Any]]:
+    p = diagnose("analyze", str(bundle), "-o", str(tmp / "r.html"), "--json", str(tmp / "f.json"))
     no_traceback(p)
     assert p.returncode in (exits.OK, exits.INVALID_RUN), p.stderr
     return p, json.loads((tmp / "f.json").read_text())

@@ -12,12 +12,19 @@ from diagnose.analysis import Window
 from diagnose.io.bundle import Bundle, open_bundle
 from diagnose.io.writer import BundleWriter
 from diagnose.normalize import host
-from diagnose.normalize.host_stacks import categorize, flame_tree
+from diagnose.normalize.host_stacks import categorize
 from diagnose.probes.pyspy import parse_raw
 from diagnose.reports.formatting import fmt_text
+from diagnose.reports.sections.host import flame_tree
 from diagnose.reports.sections.host import sections as host_sections
 from diagnose.rules.engine import evaluate
 from diagnose.rules.spec import load_rules, load_thresholds
+from diagnose.signals.host_tables import host_tables
+
+
+def stage2(t: dict[str, Any]) -> dict[str, Any]:
+    """The host tables as the view gets them: the normaliser's, and the pipeline's stage-2 ones."""
+    return {**t, **host_tables(t)}
 
 DATA = Path(__file__).parent / "host_data"
 SAMPLES = Path(__file__).parent.parent / "sample_traces"
@@ -194,13 +201,13 @@ def test_window_limits_signals(tmp_path: Path) -> None:
 def test_no_host_stream_no_signals(tmp_path: Path) -> None:
     BundleWriter(tmp_path / "e").finish()
     t = host.tables(open_bundle(tmp_path / "e"))
-    assert host.signals(t, RUN) == [] and host_sections(t) == []
+    assert host.signals(t, RUN) == [] and host_sections(stage2(t)) == []
 
 
 def test_sections_from_synthetic(tmp_path: Path) -> None:
     b = write_bundle(tmp_path, {(2, 20): {"cpu": 1.0, "wait": 0.25}}, [
         {"pid": 2, "tid": 20, "thread": "MainThread", "frames": SPIN, "count": 90}])
-    secs = {x.id: x for x in host_sections(host.tables(b))}
+    secs = {x.id: x for x in host_sections(stage2(host.tables(b)))}
     row = next(r for r in secs["host_processes"].payload.rows if r[0] == "engine_core")
     assert row[3].value == 1.0 and row[3].unit == "cores" and fmt_text(row[5]) == "20.0%"
     assert row[5].value == pytest.approx(0.2)
@@ -264,8 +271,8 @@ def test_competitor_on_the_workers_core_is_named(tmp_path: Path) -> None:
     assert status == {"another": "supported", "more": "open"}
     notes = {e.signal: e.note for e in f.evidence}
     assert "process 777 (python3)" in notes["host_competitor_core_ratio"]
-    secs = {x.id: x for x in host_sections(host.tables(engine_loop_and_worker(tmp_path / "again", 0.28, 0.72,
-                                                                                foreign=foreign)))}
+    secs = {x.id: x for x in host_sections(stage2(host.tables(engine_loop_and_worker(tmp_path / "again", 0.28, 0.72,
+                                                                                       foreign=foreign))))}
     rows = secs["host_foreign"].payload.rows
     # busiest on the worker's core first: the backup job uses more CPU than diagnose, but on core 1
     assert [r[0] for r in rows] == [777, 999, 888] and rows[1][1] == "diagnose (this capture)"
@@ -340,7 +347,7 @@ def test_real_contention_sample_names_the_victim() -> None:
         "thread 'MainThread' (tid 20852) of worker process 20852 (VLLM::Worker) waited 78% of its runnable time")
     assert s["host_run_queue_wait_ratio"].value > 0.9  # the old all-thread figure
     assert hst005_fires(s)
-    secs = {x.id: x for x in host_sections(t)}
+    secs = {x.id: x for x in host_sections(stage2(t))}
     assert "host_foreign" not in secs  # this probe version did not scan other processes
     assert secs["host_wait"].payload.rows[0][2:5] == ("VLLM::Worker", "MainThread", 20852)
 

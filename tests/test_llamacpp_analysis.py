@@ -11,6 +11,7 @@ import pytest
 
 from diagnose.engines.detect import settings_from_cmdline
 from diagnose.engines.experiments import spell_change
+from diagnose.io.manifest import read_manifest
 from diagnose.model import Signal
 from diagnose.pipeline import analyze
 from diagnose.reports.render import render_html
@@ -70,9 +71,9 @@ def test_an_experiment_names_the_engines_own_flag(change: str, kind: str, name: 
 def test_the_report_names_the_settings_read_by_the_engines_flags() -> None:
     manifest = {"target": {"engine": "llamacpp", "engine_config": {"max_num_seqs": 2, "context_size": 4096,
                                                                    "threads": 1, "flash_attention": 1}}}
-    assert engine_settings(manifest) == "--ctx-size 4096, flash_attention 1, --parallel 2, --threads 1"
-    assert engine_settings({"target": {"engine": "vllm", "engine_config": {"max_num_seqs": 2}}}) == "--max-num-seqs 2"
-    assert engine_settings({"target": {}}) == ""
+    assert engine_settings(read_manifest(manifest, "m").target) == "--ctx-size 4096, flash_attention 1, --parallel 2, --threads 1"
+    assert engine_settings(read_manifest({"target": {"engine": "vllm", "engine_config": {"max_num_seqs": 2}}}, "m").target) == "--max-num-seqs 2"
+    assert engine_settings(read_manifest({"target": {}}, "m").target) == ""
     page = render_html(analyze(SAMPLES / "llama_slots_saturated"))
     assert "Engine settings read from the server: --ctx-size 4096, --parallel 2, --threads 1" in page
 
@@ -115,3 +116,16 @@ def test_a_llamacpp_report_speaks_llamacpps_words() -> None:
     assert spell_text("raise --max-num-seqs", "vllm") == "raise --max-num-seqs"
     assert spell_text("the cap (max-num-seqs)", "sglang") == "the cap (--max-running-requests)"
     assert spell_text("cap --max-num-seqs, cuda graphs --enforce-eager", None) == "cap --max-num-seqs, cuda graphs --enforce-eager"
+
+
+def test_prefix_caching_is_switched_with_each_engines_own_flags() -> None:
+    """SCH006's cause and experiment name vLLM's --no-enable-prefix-caching; on llama-server the flag that turns
+    the prompt cache off is --no-cache-prompt (--cache-reuse, suggested before, is KV shifting and does not undo
+    it), on SGLang --disable-radix-cache."""
+    from diagnose.engines.experiments import flag_for, spell_text
+
+    change = "enable prefix caching (remove --no-enable-prefix-caching) and repeat the same workload"
+    assert spell_text(change, "llamacpp") == "enable prefix caching (remove --no-cache-prompt) and repeat the same workload"
+    assert spell_text("disabled (--no-enable-prefix-caching)", "sglang") == "disabled (--disable-radix-cache)"
+    assert spell_text(change, "vllm") == change
+    assert flag_for("prefix_caching", "llamacpp") == "--cache-prompt"

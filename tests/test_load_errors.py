@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from diagnose.probes.http_client import HttpClient
+from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.sse import StreamResult
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
@@ -103,7 +104,16 @@ def test_server_dying_mid_run_stops_the_run_and_keeps_what_finished(tmp_path: Pa
     assert len(ok) >= 5 and len(refused) >= 50
 
 
-def test_stale_pooled_connection_is_retried_once() -> None:
+def _run_on(loop_kind: str, coro: Any) -> Any:
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_stale_pooled_connection_is_retried_once(loop_kind: str) -> None:
     async def scenario() -> tuple[StreamResult, StreamResult]:
         srv = TestServer()
         url = await srv.start()
@@ -118,5 +128,43 @@ def test_stale_pooled_connection_is_retried_once() -> None:
         await srv.stop()
         return first, second
 
-    first, second = asyncio.run(scenario())
+    first, second = _run_on(loop_kind, scenario())
     assert first.ok and second.ok and len(second.t_ns) == 3
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_connection_the_server_drops_before_the_request_is_written_is_a_reset(loop_kind: str) -> None:
+    """A server being killed accepts a connection and drops it before the client's task resumes to write the
+    request: connection_lost has run by then. uvloop's write raises RuntimeError on such a transport ('the
+    handler is closed'); it ended the load probe in CI (stop 41) instead of being counted as a failed request."""
+    async def scenario() -> list[StreamResult]:
+        async def drop(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.transport.abort()
+
+        srv = await asyncio.start_server(drop, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        client = HttpClient(f"http://127.0.0.1:{port}", request_timeout_s=2)
+        connect = client._connect
+
+        async def late_connect() -> Any:  # the task resumes only after the drop has reached the protocol,
+            conn = await connect()  # as on a starved host
+            for _ in range(100):
+                if conn.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.closed
+            return conn
+
+        client._connect = late_connect  # type: ignore[method-assign]
+        body = b'{"model": "tiny", "prompt": "a", "max_tokens": 3, "stream": true}'
+        out = [await client.stream("/v1/completions", body, StreamResult()) for _ in range(3)]
+        with pytest.raises(RequestFailed):
+            await client.request("GET", "/v1/models")
+        await client.close()
+        srv.close()
+        await srv.wait_closed()
+        return out
+
+    results = _run_on(loop_kind, scenario())
+    assert all(r.error == "reset" and r.end_ns >= r.sent_ns > 0 for r in results), \
+        [(r.error, r.error_detail) for r in results]

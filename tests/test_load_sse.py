@@ -178,3 +178,43 @@ def test_usage_in_the_finishing_chunk_is_kept() -> None:
     res = feed(pieces, False, "per-chunk")
     assert res.ok and res.finish_reason == "length"
     assert res.usage == {"completion_tokens": 55, "prompt_tokens": 201, "total_tokens": 256}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_plain_answer_is_kept_whole(chunked: bool) -> None:
+    """HttpClient.request (/tokenize, /v1/models) returns the caller's data: kept whole, not cut to the 2 KiB a
+    stream's error body keeps (vLLM's /tokenize of a 600-token prompt is ~4 KB of JSON: cut, it did not parse,
+    and the prompt's token count was lost)."""
+    body = json.dumps({"count": 1500, "max_model_len": 2048, "tokens": list(range(1500))}).encode()
+    assert len(body) > 4096
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+        await reader.readexactly(n)
+        if chunked:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(0, len(body), 1000):
+                part = body[i:i + 1000]
+                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    async def go() -> tuple[int, bytes]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = HttpClient(f"http://127.0.0.1:{port}")
+        try:
+            return await client.request("POST", "/tokenize", {"prompt": "x"})
+        finally:
+            await client.close()
+            server.close()
+
+    status, got = asyncio.run(go())
+    assert status == 200 and got == body
+    assert len(json.loads(got)["tokens"]) == 1500

@@ -5,7 +5,6 @@ scrape by scrape from a known list of requests, in vLLM's metric names and its 1
 from __future__ import annotations
 
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from diagnose.io.workload_file import from_bundle, read_workload
 from diagnose.io.writer import BundleWriter
 from diagnose.normalize import prometheus
 from diagnose.signals.observed import observed_requests, observed_workload
+from tests.cli_inproc import diagnose
 
 DIAG = [sys.executable, "-m", "diagnose"]
 BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]  # vLLM's request_prompt_tokens buckets to 2048
@@ -36,19 +36,23 @@ def _hist(name: str, values: list[int]) -> list[list[object]]:
 
 
 def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: float = 0.4, interval: float = 0.5,
-                         lengths: bool = True, spans: int = 0, jitter: float = 0.0) -> BundleWriter:
+                         lengths: bool = True, spans: int = 0, jitter: float = 0.0,
+                         e2e_s: list[float] | None = None,
+                         spans_only: list[tuple[float, int, int]] = ()) -> BundleWriter:
     """An observe-mode bundle whose scrapes (every ``interval`` s) count ``reqs`` (finish time, input, output
     tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens; with ``spans``, the engine's
-    ``llm_request`` spans of that many requests (the first ones), each arriving 0.2 s before it finished."""
+    ``llm_request`` spans of that many requests (the first ones), each arriving ``e2e_s[n]`` (0.2) s before it
+    finished; ``spans_only``: spans of requests the scrapes never saw finish (they ended after the last one)."""
     bw = BundleWriter(path, target={"url": "http://x", "engine": "vllm"}, workload={"mode": "observe"})
-    if spans:
+    if spans or spans_only:
         sw = bw.stream("spans", "test spans")
-        for n, (t, i, o) in enumerate(reqs[:spans]):
+        for n, (t, i, o) in enumerate([*reqs[:spans], *spans_only]):
+            d = e2e_s[n] if e2e_s is not None and n < len(e2e_s) else 0.2
             sw.write({"trace_id": f"{n + 1:032x}", "span_id": f"{n + 1:016x}", "name": "llm_request",
-                      "kind": "SERVER", "source": "grpc", "start_unix_ns": bw.anchor_unix_ns + int((t - 0.2) * 1e9),
+                      "kind": "SERVER", "source": "grpc", "start_unix_ns": bw.anchor_unix_ns + int((t - d) * 1e9),
                       "end_unix_ns": bw.anchor_unix_ns + int(t * 1e9),
                       "attributes": {"gen_ai.usage.prompt_tokens": i, "gen_ai.usage.completion_tokens": o,
-                                     "gen_ai.latency.time_to_first_token": 0.02, "gen_ai.latency.e2e": 0.2}})
+                                     "gen_ai.latency.time_to_first_token": 0.02, "gen_ai.latency.e2e": d}})
     w = bw.stream("metrics", "test scrapes")
     end = max(t for t, _, _ in reqs) + interval
     for k in range(int(end / interval) + 2):
@@ -109,8 +113,8 @@ def test_the_observed_card_matches_the_traffic(tmp_path: Path) -> None:
 
 def test_the_report_card_of_an_observe_bundle(tmp_path: Path) -> None:
     write_observe_bundle(tmp_path / "obs", _known())
-    p = subprocess.run([*DIAG, "analyze", str(tmp_path / "obs"), "-o", str(tmp_path / "r.html"), "--json",
-                        str(tmp_path / "a.json"), "-q"], capture_output=True, text=True, timeout=180)
+    p = diagnose("analyze", str(tmp_path / "obs"), "-o", str(tmp_path / "r.html"), "--json",
+                 str(tmp_path / "a.json"), "-q")
     assert p.returncode in (0, 5), p.stderr
     card = orjson.loads((tmp_path / "a.json").read_bytes())["workload_card"]
     assert card["source"] == "observed traffic" and card["requests"] == 120
@@ -164,8 +168,7 @@ def test_the_prefix_share_holds_with_large_blocks() -> None:
 
 def test_diagnose_workload_writes_the_observed_workload(tmp_path: Path) -> None:
     write_observe_bundle(tmp_path / "obs", _known())
-    p = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl")],
-                       capture_output=True, text=True, timeout=120)
+    p = diagnose("workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl"))
     assert p.returncode == 0, p.stderr
     assert "120 requests" in p.stdout
     rp = read_workload(tmp_path / "w.jsonl")
@@ -201,6 +204,27 @@ def test_the_engines_spans_give_exact_lengths_and_arrivals(tmp_path: Path) -> No
     assert [r.offset_s for r in got] == pytest.approx([t - reqs[0][0] for t, _, _ in reqs], abs=1e-6)
     share = sum(len(r.prefix) * 16 for r in got) / sum(r.input_tokens for r in got)
     assert share == pytest.approx(0.5, abs=0.01)
+
+
+def test_the_spans_stand_for_the_requests_the_counter_saw_finish(tmp_path: Path) -> None:
+    """The card's requests are those the server's counter saw finish in the window; its lengths come from the
+    spans of the same requests, chosen by when they ended, not when they arrived. Chosen by arrival, the long
+    requests that arrived before the first scrape were left out and those that arrived near the end but finished
+    after the last scrape (their spans exported later) were counted: on a loaded vLLM the spans of the last
+    arrivals come after the receiver's drain, and the lengths leaned to the short requests (engine tier: 53 spans
+    for 64 arrivals)."""
+    reqs = _known()
+    long = [4.0 if n % 4 == 0 else 0.2 for n in range(len(reqs))]  # every 4th request runs 4 s
+    end = reqs[-1][0]
+    late = [(end + 3.0 + k, 300, 90) for k in range(6)]  # arrived in the window, finished after it
+    write_observe_bundle(tmp_path / "obs", reqs, spans=len(reqs), e2e_s=long + [4.0] * len(late), spans_only=late)
+    from diagnose.pipeline import analyze
+    from diagnose.signals.workload_card import workload_card
+
+    card = workload_card(analyze(tmp_path / "obs"))
+    assert card is not None and card["lengths_from"] == "engine spans (120 requests)", card.get("lengths_from")
+    out = np.array([r[2] for r in reqs], dtype=float)
+    assert card["output_tokens_mean"] == pytest.approx(out.mean())
 
 
 def test_spans_of_too_few_requests_leave_the_histograms(tmp_path: Path) -> None:

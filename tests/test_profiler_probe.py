@@ -109,7 +109,7 @@ def test_collects_worker_and_frontend_traces_of_this_capture_only(tmp_path: Path
     assert start[1]["profile_prefix"].startswith("diagnose-")
     assert [c[0] for c in eng.calls] == ["start", "stop"]
     b = open_bundle(ctx.bundle.path)
-    arts = b.artifacts()
+    arts = b.manifest["artifacts"]
     traces = {k: v for k, v in arts.items() if v["kind"] == "torch_trace"}
     assert {v["role"] for v in traces.values()} == {"worker", "frontend"}
     assert all("old_rank0" not in k for k in arts)  # files of earlier runs are left alone

@@ -13,6 +13,7 @@ import pytest
 from diagnose.analysis import Window
 from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.io.bundle import open_bundle
+from diagnose.io.manifest import Manifest, read_manifest
 from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
 from diagnose.normalize import client, otel
@@ -35,6 +36,10 @@ REQUESTS = [
     ("b1", 1600, 1650, 2000), ("b2", 2000, 2060, 2400),
 ]
 EXCLUDED = {"x1", "x2", "x3"}
+
+
+def _typed(m: dict[str, Any]) -> Manifest:
+    return read_manifest(m, "manifest.json")
 
 
 def _bundle(tmp: Path, *, window: bool, spans: bool = False) -> Path:
@@ -155,18 +160,18 @@ def test_otel_decomposition_leaves_out_the_profiled_requests(tmp_path: Path) -> 
 
 def test_window_sources_and_overlap_rule() -> None:
     detail = {"window_start_ns": 100, "window_end_ns": 200, "stop_done_ns": 300}
-    assert profiler_windows({"probes": {"profiler": {"detail": detail}}}) == [(100.0, 300.0)]
+    assert profiler_windows(_typed({"probes": {"profiler": {"detail": detail}}})) == [(100.0, 300.0)]
     # no stop answer recorded: up to the stop request; interrupted before that: to the end of the capture
-    assert profiler_windows({"probes": {"profiler": {"detail": {"window_start_ns": 100, "window_end_ns": 200}}}}) \
+    assert profiler_windows(_typed({"probes": {"profiler": {"detail": {"window_start_ns": 100, "window_end_ns": 200}}}})) \
         == [(100.0, 200.0)]
-    assert profiler_windows({"probes": {"profiler": {"detail": {"window_start_ns": 100}}}}) == [(100.0, math.inf)]
+    assert profiler_windows(_typed({"probes": {"profiler": {"detail": {"window_start_ns": 100}}}})) == [(100.0, math.inf)]
     # an older bundle: the window stamped on the torch_trace artifacts
     arts = {"profiler/a.pt.trace.json.gz": {"kind": "torch_trace", "window_start_ns": 10, "window_end_ns": 20},
             "profiler/a.profiler_out.txt": {"kind": "torch_profiler_table", "window_start_ns": 10}}
-    assert profiler_windows({"artifacts": arts}) == [(10.0, 20.0)]
+    assert profiler_windows(_typed({"artifacts": arts})) == [(10.0, 20.0)]
     # the profiler never started (404, unavailable): no window
-    assert profiler_windows({"probes": {"profiler": {"state": "unavailable", "detail": {"start_ms": 3.0}}}}) == []
-    assert profiler_windows({}) == []
+    assert profiler_windows(_typed({"probes": {"profiler": {"state": "unavailable", "detail": {"start_ms": 3.0}}}})) == []
+    assert profiler_windows(_typed({})) == []
     w = [(100.0, 200.0)]
     assert overlaps(50, 100, w) and overlaps(200, 250, w) and overlaps(120, 130, w) and overlaps(50, 250, w)
     assert not overlaps(50, 99, w) and not overlaps(201, 300, w)

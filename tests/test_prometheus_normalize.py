@@ -14,14 +14,22 @@ import pytest
 from diagnose.analysis import Window
 from diagnose.io.bundle import open_bundle
 from diagnose.io.writer import BundleWriter
+from diagnose.normalize import TableContext
 from diagnose.normalize import prometheus as prom
 from diagnose.probes.prometheus import parse_scrape
 from diagnose.reports.formatting import fmt_text
-from diagnose.reports.sections.prometheus import sections as prom_sections
+from diagnose.reports.sections.prometheus import sections as _prom_sections
+from diagnose.signals.server_tables import server_tables
 
 DATA = Path(__file__).parent / "data" / "metrics"
 REAL_BUNDLE = DATA / "vllm_cpu_maxseqs2_bundle"
 ALL = Window(-math.inf, math.inf)
+
+
+def prom_sections(tables: dict[str, pd.DataFrame]) -> list:  # type: ignore[type-arg]
+    """The Prometheus sections as the report builds them: from the pipeline's stage-2 tables for the whole capture
+    (diagnose/signals/server_tables.py), which the sections only format."""
+    return _prom_sections({**tables, **server_tables(tables, ALL)})
 
 
 def _bundle(tmp_path: Path, texts: list[str], step_s: float = 1.0, target: dict[str, Any] | None = None) -> Path:
@@ -186,9 +194,11 @@ def test_malformed_samples_are_skipped_with_a_warning(tmp_path: Path) -> None:
     bw.stream("metrics").write({"t_ns": "bad", "samples": []})
     bw.finish()
     b = open_bundle(tmp_path / "b")
-    s = {x.name: x for x in prom.signals(prom.tables(b), ALL)}
+    ctx = TableContext.defaults()
+    s = {x.name: x for x in prom.signals(prom.tables(b, ctx), ALL)}
     assert s["queue_depth_max"].value == 3 and "running_requests_max" not in s
-    assert any("3 malformed" in w for w in b.warnings)
+    # the normaliser returns its note (the pipeline adds it to the analysis's warnings), not through the bundle
+    assert any("3 malformed" in w for w in ctx.notes) and not any("3 malformed" in w for w in b.warnings)
 
 
 def test_manifest_max_num_seqs_becomes_a_signal(tmp_path: Path) -> None:

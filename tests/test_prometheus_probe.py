@@ -84,8 +84,10 @@ def _text(body: str, status: int = 200) -> Handler:
 def test_scrapes_are_filtered_parsed_and_timed(tmp_path: Path) -> None:
     status, bdir, stop_at = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=1.5)
     assert status.state == "ok", status
-    # parsed in the child process once it has started (in a thread until then)
-    assert status.detail["parse_note"] == "" and status.detail["parsed_in_worker"] >= 1
+    # parsed in the child process once it has started (in a thread until then); a note says why it did not
+    # (CI once met "parse worker did not start" here, on a loaded machine, when the note did not say why)
+    assert status.detail["parse_note"] == "", status.detail["parse_note"]
+    assert status.detail["parsed_in_worker"] >= 1
     b = open_bundle(bdir)
     recs = b.records("metrics")
     assert len(recs) >= 3 and status.detail["scrapes_ok"] == len(recs)
@@ -243,6 +245,9 @@ def test_a_dead_parse_worker_falls_back_to_a_thread(tmp_path: Path, monkeypatch:
     status, bdir, _ = _run_probe(tmp_path, _text(VLLM_SCRAPE), duration_s=0.5)
     assert status.state == "ok", status
     assert "thread" in status.detail["parse_note"] and status.detail["parsed_in_worker"] == 0
+    # and says why, in the child's own words: its exit status and the last line of its stderr
+    assert "exit status 1" in status.detail["parse_note"], status.detail["parse_note"]
+    assert "No module named diagnose.no_such_module_for_the_test" in status.detail["parse_note"], status.detail
     assert status.detail["scrapes_failed"] == 0
     assert len(open_bundle(bdir).records("metrics")) == status.detail["scrapes_ok"] >= 2
 

@@ -21,6 +21,7 @@ from diagnose.normalize import host
 from diagnose.probes.base import CaptureContext, Target
 from diagnose.probes.pyspy import PTRACE_FIX, PySpyProbe, parse_raw, pyspy_binary
 from diagnose.reports.sections.host import sections as host_sections
+from tests.test_host_normalize import stage2
 
 TARGET = Path(__file__).parent / "host_data" / "spin_target.py"
 pytestmark = pytest.mark.skipif(pyspy_binary() is None, reason="py-spy not installed")
@@ -83,7 +84,7 @@ def test_samples_threads_and_categorises(tmp_path: Path, target: tuple[subproces
     assert len(s["host_thread_saturated_max_ratio"].series) >= 3
     assert 0.0 <= s["host_cpu_steal_or_contention_ratio"].value < 1.0
     assert (tmp_path / "b" / "artifacts" / f"pyspy_{proc.pid}.txt").exists()
-    ids = {x.id for x in host_sections(t)}
+    ids = {x.id for x in host_sections(stage2(t))}
     assert {"host_processes", "host_categories", "host_threads", "host_flamegraph", "host_pyspy_cost"} <= ids
 
 

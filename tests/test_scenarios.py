@@ -200,6 +200,37 @@ def test_the_llama_split_draws_its_families_on_llama_server(tmp_path: Path) -> N
     assert last("--input-tokens") < slot < last("--input-tokens") + last("--output-tokens")  # prompt fits, output not
 
 
+@pytest.mark.parametrize(("engine", "tuning", "families"), [("llamacpp", "user_families_llamacpp.yaml", 8),
+                                                             ("vllm", "user_families.yaml", 4)])
+def test_the_user_report_families_cite_threads_and_draw_held_back_variants(
+        tmp_path: Path, engine: str, tuning: str, families: int) -> None:
+    """Issue 34's families from user reports: every tuning scenario cites a public thread and names real rules;
+    a held-back draw gives one variant of each family, none repeating a tuning scenario, that loads as a
+    scenario file of the same engine."""
+    import yaml
+
+    from scenarios.heldout import DEFAULTS, variants
+
+    path = ROOT / "scenarios" / tuning
+    raw = yaml.safe_load(path.read_text())["scenarios"]
+    assert len(raw) == families and all(str(s.get("thread", "")).startswith("https://github.com/") for s in raw)
+    ids = {r.id for r in load_rules()}
+    tune = load_scenarios(path)
+    for s in tune:
+        assert s.expect_top in ids and set(s.expect_top3) <= ids and s.expect_top in s.expect_top3, s.name
+    names = frozenset(s.name for s in tune)
+    held = variants(20261234, names, engine=engine, families="user")
+    assert len(held) == families and not {v["name"] for v in held} & names
+    # one variant of each tuning family (a held-back name extends its family's tuning name)
+    assert sorted(next(n for n in names if v["name"].startswith(n)) for v in held) == sorted(names)
+    assert variants(20261234, names, engine=engine, families="user") == held  # the seed alone decides
+    p = tmp_path / "h.yaml"
+    p.write_text(yaml.safe_dump({"defaults": DEFAULTS[engine], "scenarios": held}))
+    loaded = load_scenarios(p)
+    assert all(s.expect_top in ids and s.expect_top in s.expect_top3 for s in loaded)
+    assert {s.engine_kind for s in loaded} == {"llamacpp" if engine == "llamacpp" else "vllm"}
+
+
 def test_a_llama_scenario_cannot_ask_for_spans(tmp_path: Path) -> None:
     p = tmp_path / "s.yaml"
     p.write_text("defaults: {engine: {kind: llamacpp}}\nscenarios:\n  - {name: x, otlp: true, expect: {top: null}}\n")

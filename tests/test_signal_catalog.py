@@ -8,8 +8,6 @@ emitted with; every declared signal is emitted by its producer.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from diagnose.signals.catalog import (
     SLO_METRICS,
     is_known,
 )
+from tests.cli_inproc import diagnose
 from tests.signal_producers import Emitted, emitted_everywhere, sample_bundles, trace_inputs
 
 CASES_DIR = Path(__file__).parent / "rules" / "cases"
@@ -133,20 +132,18 @@ def test_lint_suggests_the_declared_name(tmp_path: Path) -> None:
     assert any("did you mean" in p and "server_ttft_p99_ms" in p for p in problems), problems
 
 
-def test_cli_rules_lint_fails_on_an_undeclared_name(tmp_path: Path) -> None:
+def test_cli_rules_lint_fails_on_an_undeclared_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rules = _user_rule(tmp_path, signal="gpu_utl_mean_ratio")
-    p = subprocess.run([sys.executable, "-m", "diagnose", "rules", "lint", "--rules", str(rules)],
-                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    p = diagnose("rules", "lint", "--rules", str(rules))
     assert p.returncode == 1, p.stdout + p.stderr
     assert "unknown signal 'gpu_utl_mean_ratio'" in p.stdout and "Traceback" not in p.stderr
-    ok = subprocess.run([sys.executable, "-m", "diagnose", "rules", "lint"], capture_output=True, text=True,
-                        timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    ok = diagnose("rules", "lint")
     assert ok.returncode == 0 and "rules: OK" in ok.stdout, ok.stdout + ok.stderr
 
 
 def test_cli_rules_signals_lists_the_catalogue() -> None:
-    p = subprocess.run([sys.executable, "-m", "diagnose", "rules", "signals"], capture_output=True, text=True,
-                       timeout=120)
+    p = diagnose("rules", "signals")
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     assert len(lines) == len(CATALOG) + 1 and lines[-1] == f"{len(CATALOG)} signals"

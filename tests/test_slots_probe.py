@@ -87,6 +87,27 @@ def test_samples_of_a_llama_server_become_context_signals(tmp_path: Path) -> Non
     assert sig["slots_busy_mean"] == 1.0  # the idle slot's old numbers do not count
 
 
+def test_an_answer_arriving_in_pieces_is_read_whole(tmp_path: Path) -> None:
+    """/slots of many slots arrives in several pieces (a busy server, a slow network): one read(n) returns what
+    has arrived so far, which is not JSON yet. Every sample must still be read whole."""
+    body = json.dumps([_slot(i, i % 2 == 0, 100 + i, 10) for i in range(16)]).encode()
+    assert len(body) > 4096
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 1024):
+            await resp.write(body[i:i + 1024])
+            await asyncio.sleep(0.003)
+        await resp.write_eof()
+        return resp
+
+    _, _, st = _capture(tmp_path, handler, duration_s=0.6)
+    assert st is not None and st.state == "ok", st
+    assert st.detail["samples"] >= 3 and st.detail["slots"] == 16, st.detail
+    assert st.detail.get("failed", 0) == 0, st.detail
+
+
 def _open(path: Path) -> Any:
     from diagnose.io.bundle import open_bundle
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 from diagnose.rules.spec import CATALOG_DIR, THRESHOLDS_FILE
+from tests.cli_inproc import diagnose
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_BOUND = ROOT / "sample_traces" / "vllm_cpu_client_bound" / "bundle"
@@ -20,6 +19,8 @@ def test_every_threshold_is_used_by_a_rule() -> None:
     rules = "\n".join(p.read_text() for p in sorted(CATALOG_DIR.rglob("*.yaml")))
     # the one table-stage judgement (which requests a short client stall touched) reads its thresholds by name
     stalls = (ROOT / "diagnose" / "normalize" / "client_stalls.py").read_text()
+    # and so does the readiness card (diagnose readiness, issue 37), which judges its own measurements
+    stalls += (ROOT / "diagnose" / "readiness" / "card.py").read_text()
     unused = [n for n in names if f"${n}" not in rules and f"thr.{n}" not in rules and f'"{n}"' not in stalls]
     assert not unused, f"thresholds no rule uses: {unused}"
     for n in ("client_cpu_bound_percent", "client_cpu_bound_share", "client_loop_lag_max_ms",
@@ -52,8 +53,7 @@ def test_the_catalogue_writes_no_threshold_as_a_number() -> None:
 def _val001(tmp_path: Path, *overrides: str) -> bool:
     out = tmp_path / f"f{len(overrides)}.json"
     args = [a for o in overrides for a in ("--threshold", o)]
-    p = subprocess.run([sys.executable, "-m", "diagnose", "analyze", str(CLIENT_BOUND), "-o", str(tmp_path / "r.html"),
-                        "--json", str(out), *args], capture_output=True, text=True, timeout=240)
+    p = diagnose("analyze", str(CLIENT_BOUND), "-o", str(tmp_path / "r.html"), "--json", str(out), *args)
     fired = any(f["rule_id"] == "VAL001" for f in json.loads(out.read_text())["findings"])
     assert p.returncode == (5 if fired else 0), p.stderr  # 5: an invalid run (diagnose analyze --help)
     return fired

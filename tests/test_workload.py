@@ -22,6 +22,7 @@ from diagnose.errors import DiagnoseError, InputError
 from diagnose.io.bundle import Bundle, open_bundle
 from diagnose.io.workload_file import encode_workload, from_bundle, read_workload
 from diagnose.io.writer import BundleWriter
+from tests.cli_inproc import diagnose
 from tests.load_testserver import TestServer
 from tests.test_load_probe import run_probe, spec_for
 
@@ -179,8 +180,8 @@ def test_bad_records_are_skipped_and_counted(tmp_path: Path) -> None:
 
 def test_attach_with_a_bad_workload_is_one_line_before_connecting(tmp_path: Path) -> None:
     (tmp_path / "w.jsonl").write_text('{"offset_s": "soon"}\n')
-    p = subprocess.run([*DIAG, "attach", "--url", "http://127.0.0.1:9", "--workload", str(tmp_path / "w.jsonl"),
-                        "-o", str(tmp_path / "b")], capture_output=True, text=True, timeout=60)
+    p = diagnose("attach", "--url", "http://127.0.0.1:9", "--workload", str(tmp_path / "w.jsonl"),
+                 "-o", str(tmp_path / "b"))
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and "Traceback" not in p.stderr and len(lines) == 1, p.stderr
     assert lines[0].startswith("diagnose: error:") and "w.jsonl:1:" in lines[0]
@@ -335,8 +336,7 @@ def test_round_trip_bundle_workload_replay(tmp_path: Path) -> None:
     assert block == 16 and all(len(r.prefix) == 2 and r.prefix == reqs[0].prefix for r in reqs)  # 40 // 16
     # the command writes the same file; then replay it
     out = tmp_path / "w.jsonl"
-    p = subprocess.run([*DIAG, "workload", str(tmp_path / "b1"), "-o", str(out)], capture_output=True, text=True,
-                       timeout=120)
+    p = diagnose("workload", str(tmp_path / "b1"), "-o", str(out))
     assert p.returncode == 0, p.stderr
     assert out.read_bytes().split(b"\n", 1)[1] == encode_workload(reqs, block_tokens=block, source="").split(b"\n", 1)[1]
     assert b"prompt" not in out.read_bytes() and "11 requests" in p.stdout
@@ -358,12 +358,11 @@ def test_workload_of_an_observe_bundle_is_one_line(tmp_path: Path) -> None:
     bw.finish()
     with pytest.raises(DiagnoseError, match="observe-mode capture with fewer than two metrics scrapes"):
         from_bundle(open_bundle(tmp_path / "obs"))
-    p = subprocess.run([*DIAG, "workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl")],
-                       capture_output=True, text=True, timeout=120)
+    p = diagnose("workload", str(tmp_path / "obs"), "-o", str(tmp_path / "w.jsonl"))
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith("diagnose: error:"), p.stderr
     assert "observe" in lines[0] and not (tmp_path / "w.jsonl").exists()
-    p = subprocess.run([*DIAG, "workload", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
+    p = diagnose("workload", str(tmp_path / "nothing"))
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no such file" in p.stderr
 
 
@@ -432,8 +431,8 @@ def test_attach_workload_end_to_end_with_card_in_json_and_report(tmp_path: Path)
     rp = read_workload(DATA / "azure_sample.csv")
     recs = sorted(b.records("requests"), key=lambda r: r["replay_index"])
     assert [r["max_tokens"] for r in recs] == [r.output_tokens for r in rp.requests] and all(r["ok"] for r in recs)
-    p = subprocess.run([*DIAG, "analyze", str(tmp_path / "b"), "-o", str(tmp_path / "r.html"), "--json",
-                        str(tmp_path / "f.json")], capture_output=True, text=True, timeout=180)
+    p = diagnose("analyze", str(tmp_path / "b"), "-o", str(tmp_path / "r.html"), "--json",
+                 str(tmp_path / "f.json"))
     assert p.returncode in (0, 5), p.stderr
     card = json.loads((tmp_path / "f.json").read_text())["workload_card"]
     assert card["source"].startswith("replay of ") and card["requests"] == 12 and card["mode"] == "replay"

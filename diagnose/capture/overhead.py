@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from diagnose.errors import InputError
+from diagnose.io.manifest import Manifest
 
 DEFAULT_BUDGET = 0.01  # of one core: `attach --overhead-budget 1%`
 MIN_FACTOR = 0.1  # an adapting probe samples at least a tenth as often as asked, whatever the budget says
@@ -61,6 +62,54 @@ def parse_budget(text: str | float | None) -> float | None:
     if not (0 < v <= 1) or not math.isfinite(v):
         raise InputError(f"--overhead-budget {text!r}: must be more than 0% and at most 100% of one core")
     return v
+
+
+# -- the network's share of an exchange (issue 36, client defect 2) ---------------------------------------
+PINGS = 3  # requests timed before a probe's first exchange to learn the network's round trip (the fastest counts)
+PING_PATH = "/v1/models"  # a page every OpenAI-compatible server answers at once (any status will do)
+RTT_SIGNIFICANT_MS = 2.0  # a round trip over this is a network's (a proxy, a port-forward), not a local handler's
+
+
+async def round_trip_ms(session: Any, url: str, headers: dict[str, str], timeout_s: float) -> float | None:
+    """The network's round trip to the server, ms: the fastest of ``PINGS`` answers (headers received) to a
+    request every server answers at once (``PING_PATH``), on the probe's kept connection (the first also
+    connects). None when the server does not answer (the probe's first exchange then says why). Behind a proxy
+    adding 80 ms, every exchange took 80 ms and more of which the server spent a few: charged whole, a 1%
+    budget stretched the Prometheus and /slots intervals from 1 s to 10 s."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    best: float | None = None
+    for _ in range(PINGS):
+        t0 = time.monotonic_ns()
+        try:
+            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                ms = (time.monotonic_ns() - t0) / 1e6
+                await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return best
+        best = ms if best is None else min(best, ms)
+    return best
+
+
+def server_ms(t0_ns: int, headers_ns: int, end_ns: int, rtt_ms: float | None) -> float:
+    """The server's time for one exchange (sent, headers received, body read), ms: the whole exchange on a
+    short round trip (loopback: the transfer is the server writing); over ``RTT_SIGNIFICANT_MS``, the time to
+    first byte less the round trip (the transfer is the network's)."""
+    if rtt_ms is not None and rtt_ms > RTT_SIGNIFICANT_MS:
+        return max(0.0, (headers_ns - t0_ns) / 1e6 - rtt_ms)
+    return (end_ns - t0_ns) / 1e6
+
+
+def network_basis(rtt_ms: float | None, what: str, local: str) -> str:
+    """The ``basis`` of a probe's server cost: ``local`` on a short round trip, else how the network's was
+    taken out."""
+    if rtt_ms is not None and rtt_ms > RTT_SIGNIFICANT_MS:
+        return (f"server: each {what} exchange's time to first byte less the network's {rtt_ms:.3g} ms round "
+                "trip (the transfer is the network's)")
+    return local
 
 
 def is_local(url: str) -> bool:
@@ -161,14 +210,13 @@ PROBE_TITLES = {"prometheus": "Prometheus", "pyspy": "py-spy", "host": "/proc co
                 "nvml": "NVML", "profiler": "engine profiler", "pyinstrument": "pyinstrument"}
 
 
-def probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def probe_cost(manifest: Manifest) -> dict[str, Any] | None:
     """The capture's probe cost on the server from the probes' statuses: ``{share, budget, over_budget,
     own_share, probes: [{name, share, own_share, target_ms, own_cpu_s, colocated, adapted}], adapted: [lines],
     line}``; None for a bundle whose probes recorded no cost (older bundles, traces)."""
-    probes = manifest.get("probes") or {}
     rows: list[dict[str, Any]] = []
-    for name, st in sorted(probes.items()):
-        c = ((st or {}).get("detail") or {}).get("cost") if isinstance(st, dict) else None
+    for st in sorted(manifest.probes, key=lambda p: p.name):
+        name, c = st.name, st.detail.get("cost")
         if not isinstance(c, dict):
             continue
         rows.append({"name": str(name), "share": share_of(c), "own_share": share_of(c, "own_cpu_s"),
@@ -177,8 +225,8 @@ def probe_cost(manifest: dict[str, Any]) -> dict[str, Any] | None:
                      "basis": str(c.get("basis") or ""), "adapted": str(c.get("adapted") or "")})
     if not rows:
         return None
-    budget = (manifest.get("options") or {}).get("overhead_budget")
-    budget = float(budget) if isinstance(budget, (int, float)) and budget > 0 else None
+    budget = manifest.options.overhead_budget
+    budget = float(budget) if budget is not None and budget > 0 else None
     total = sum(r["share"] for r in rows)
     over = budget is not None and total > budget
     parts = ", ".join(f"{PROBE_TITLES.get(r['name'], r['name'])} {_pct(r['share'])}"

@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from diagnose.io.manifest import Manifest
+
 
 def _num(v: Any) -> float | None:
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
@@ -23,24 +25,25 @@ def _num(v: Any) -> float | None:
     return None
 
 
-def profiler_windows(manifest: dict[str, Any]) -> list[tuple[float, float]]:
+def profiler_windows(manifest: Manifest) -> list[tuple[float, float]]:
     """Excluded spans [(start_ns, end_ns)] (CLOCK_MONOTONIC ns) of the profiler window, or [] when none ran.
 
     Read from the profiler probe's status detail; a bundle without it (older writers) falls back to the
     window stamped on its ``torch_trace`` artifacts. ``end_ns`` is ``inf`` when the capture stopped with the
     profiler still on and no end was recorded.
     """
-    detail = ((manifest.get("probes") or {}).get("profiler") or {}).get("detail") or {}
-    cands: list[dict[str, Any]] = [detail] if isinstance(detail, dict) else []
-    if _num(cands[0].get("window_start_ns") if cands else None) is None:
-        cands = [a for a in (manifest.get("artifacts") or {}).values()
-                 if isinstance(a, dict) and a.get("kind") == "torch_trace"]
+    detail = manifest.probe_detail("profiler")
+    cands: list[tuple[Any, Any, Any]] = [(detail.get("window_start_ns"), detail.get("stop_done_ns"),
+                                          detail.get("window_end_ns"))]
+    if _num(cands[0][0]) is None:
+        cands = [(a.window_start_ns, a.stop_done_ns, a.window_end_ns) for a in manifest.artifacts.values()
+                 if a.kind == "torch_trace"]
     out: list[tuple[float, float]] = []
-    for c in cands:
-        start = _num(c.get("window_start_ns"))
+    for first, stop_done, window_end in cands:
+        start = _num(first)
         if start is None:
             continue
-        ends = [e for e in (_num(c.get("stop_done_ns")), _num(c.get("window_end_ns"))) if e is not None]
+        ends = [e for e in (_num(stop_done), _num(window_end)) if e is not None]
         end = max(ends) if ends else math.inf
         if end >= start and (start, end) not in out:
             out.append((start, end))

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from diagnose.capture.datasets import Dataset
+from diagnose.capture.lengths import LengthDist
 from diagnose.errors import InputError
 
 Mode = Literal["concurrency", "rate", "observe", "replay"]
@@ -134,10 +136,23 @@ class WorkloadSpec:
     turns: int = 1
     think_time_s: float = 0.0
     retries: int = 0
+    # length distributions (diagnose/capture/lengths.py; None: every request input_tokens / output_tokens long).
+    # With one, input_tokens / output_tokens are its nominal length (the median of its draws): the baseline
+    # phase's requests and the prompt calibration use it
+    input_dist: LengthDist | None = None
+    output_dist: LengthDist | None = None
+    # a dataset (diagnose/capture/datasets.py): its records' prompts instead of synthetic ones
+    dataset: Dataset | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "replay"}
+        own = ("replay", "input_dist", "output_dist", "dataset")
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in own}
         d["phases"] = [asdict(p) for p in self.phases]
+        if self.dataset is not None:
+            d["dataset"] = self.dataset.summary()
+        for key, dist in (("input_lengths", self.input_dist), ("output_lengths", self.output_dist)):
+            if dist is not None:
+                d[key] = dist.to_json()
         if self.replay is not None:
             d["replay"] = self.replay.summary()
         return d

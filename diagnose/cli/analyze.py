@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,69 +41,11 @@ def run_analysis(path: Path, rules_dirs: tuple[Path, ...] = (), threshold_files:
                    include_python=include_python, cost_per_hour=price)
 
 
-def verdict_line(a: Analysis) -> str:
-    """The verdict as the CLI prints it: the judgement stage's text, plus the headline numbers when judged."""
-    from diagnose.rules.verdict import key_numbers
-
-    if a.verdict is None:
-        return ""
-    signals, level = a.verdict_window()
-    nums = key_numbers(signals, f"at {level}: " if level else "") if a.verdict.judged else ""
-    return a.verdict.headline + (f" ({nums})" if nums else "")
-
-
-# The version of the `analyze --json` document: raised when a key is removed, renamed or changes meaning (new
-# keys do not raise it); a consumer checks it before reading (README, "analyse").
-JSON_SCHEMA_VERSION = 1
-
-
 def analysis_json(a: Analysis) -> dict[str, Any]:
-    return {
-        "schema_version": JSON_SCHEMA_VERSION,
-        "source": a.source,
-        "verdict": verdict_line(a),
-        "verdict_level": a.verdict.level if a.verdict else None,
-        "diagnosis": None if a.verdict is None or not a.verdict.cause else {
-            "top_rule": a.verdict.top_rule, "cause": a.verdict.cause, "cause_status": a.verdict.cause_status,
-            "cause_evidence": a.verdict.cause_evidence, "share": a.verdict.share, "share_of": a.verdict.share_of, "refute": a.verdict.refute,
-            "experiment": a.verdict.experiment, "explains": list(a.verdict.explains), "symptom": a.verdict.symptom},
-        "run_valid": a.run_valid,
-        "partial": a.partial,
-        "findings": [f.to_json() for f in a.findings],
-        "not_evaluated": [n.to_json() for n in a.not_evaluated],
-        "signals": {k: {"value": s.value, "unit": s.unit, "source": s.source} for k, s in sorted(a.signals.items())},
-        "phases": [
-            {"phase": p.phase, "name": p.name, "role": p.role,
-             "signals": {k: s.value for k, s in sorted(ps.items())}}
-            for p, ps in zip(a.phases, a.phase_signals, strict=False)
-        ],
-        "probes": [s.to_json() for s in a.probe_statuses],
-        **_probe_cost_json(a),
-        "warnings": a.warnings,
-        **_trace_json(a),
-        **_workload_json(a),
-    }
+    """The `analyze --json` document of ``a`` (reports/document.build_document, from the page's view model)."""
+    from diagnose.reports.document import build_document
 
-
-def _probe_cost_json(a: Analysis) -> dict[str, Any]:
-    """What the probes cost the server (diagnose/capture/overhead.py; docs/probe-cost.md); nothing when not recorded."""
-    pc = a.probe_cost
-    return {"probe_cost": pc} if pc is not None else {}
-
-
-def _workload_json(a: Analysis) -> dict[str, Any]:
-    """The bundle's workload card (diagnose/signals/workload_card.py; docs/workload.md); nothing for a trace."""
-    card = a.workload_card
-    return {"workload_card": card} if card is not None else {}
-
-
-def _trace_json(a: Analysis) -> dict[str, Any]:
-    """Kernel traces: the per-step table, its percentiles and the graph mode (docs/trace-analysis.md)."""
-    tables = a.tables
-    keys = (("steps", "trace_steps"), ("step_percentiles", "trace_step_percentiles"), ("graph_mode", "trace_graph_mode"))
-    out = {k: json.loads(tables[t].to_json(orient="records")) for k, t in keys
-           if t in tables and not tables[t].empty}
-    return {"trace": out} if out else {}
+    return build_document(a)
 
 
 @click.command(epilog=exits.epilog(exits.ANALYZE_CODES), context_settings=settings())
@@ -160,7 +101,10 @@ def _analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tupl
     import orjson
 
     from diagnose.io.outputs import write_bytes
+    from diagnose.io.schemas import dumps
+    from diagnose.reports.document import build_document, verdict_line
     from diagnose.reports.render import write_report
+    from diagnose.reports.view_model import build_view
 
     overrides = parse_threshold_overrides(threshold_values)
     from diagnose.signals.cost import parse_price
@@ -173,10 +117,12 @@ def _analyze(source: Path, output: Path, json_out: Path | None, rules_dirs: tupl
     with scale_out(ScaleOut(scheduler=scheduler, workers=workers)):  # trace sets fan out on Dask (trace-analysis.md)
         # the price is an argument of the analysis (the workload card's cost), never written into its manifest
         analysis = run_analysis(source, rules_dirs, threshold_files, overrides, include_python, price)
-    write_report(analysis, output)
+    view = build_view(analysis)  # one view model: the page renders it, the --json document projects it
+    write_report(analysis, output, view=view)
     if json_out is not None:
-        write_bytes(json_out, orjson.dumps(analysis_json(analysis), option=orjson.OPT_INDENT_2
-                                           | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+        # schema_version written first (a reader tells the version from the file's first bytes), the rest sorted
+        write_bytes(json_out, dumps(build_document(analysis, view), option=orjson.OPT_INDENT_2
+                                    | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
     if not quiet:
         for w in analysis.warnings:
             click.echo(f"warning: {w}", err=True)

@@ -21,6 +21,8 @@ import click
 
 from diagnose.capture.workload import parse_slo
 from diagnose.cli import settings
+from diagnose.cli.attach_config import config_api_key, load_config, print_config
+from diagnose.errors import InputError
 from diagnose.probes import probe_specs
 from diagnose.probes.base import ProbeOption, ProbeSpec
 
@@ -103,6 +105,11 @@ class AttachCommand(click.Command):
 
 
 @click.command(cls=AttachCommand, context_settings=settings())
+@click.option("--config", type=click.Path(path_type=Path), metavar="FILE", is_eager=True, callback=load_config,
+              help="Read attach options from this YAML file (each by its long name, e.g. input-tokens: 512; "
+                   "api_key: the key itself, never stored); an option on the command line overrides the file's.")
+@click.option("--print-config", is_flag=True,
+              help="Write the current options (command line over --config) as a config file to stdout; run nothing.")
 @click.option("--url", help="Server base URL, e.g. http://127.0.0.1:8000 (no /v1).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Bundle directory (default: ./diagnose-<time>).")
 @click.option("--force", is_flag=True, help="Replace the output directory if it exists.")
@@ -152,6 +159,13 @@ def attach(**o: Any) -> None:
     from diagnose.probes.load_options import check_options
 
     check_options(o)  # --duration, --slo, --speed, --loop, --max-concurrency: one line, before anything runs
+    ctx = click.get_current_context()
+    if o["print_config"]:
+        print_config(ctx)
+        return
+    if config_api_key(ctx) is not None and (o["launch"] or o["verify"] or o["find_max_goodput"] or o["prometheus"]):
+        raise InputError(f"--config {o['config']}: api_key works for a capture with --url; with --launch, --verify, "
+                         "--find-max-goodput or --prometheus give api_key_env (an environment variable's name)")
     if o["launch"] or o["verify"]:
         from diagnose.cli.attach_launch import launched
 

@@ -17,6 +17,7 @@ from diagnose.capture.overhead import parse_budget
 from diagnose.capture.realtime import RealtimePriority
 from diagnose.capture.redact import Redactor, safe_url, url_secrets
 from diagnose.capture.workload import WorkloadSpec, parse_duration, parse_slo
+from diagnose.cli.attach_config import config_api_key, resolved_options
 from diagnose.errors import InputError
 from diagnose.io.writer import BundleWriter
 from diagnose.model import ProbeStatus
@@ -36,7 +37,10 @@ def _event_loop_policy() -> None:
         pass
 
 
-def _api_key(api_key_env: str | None) -> str | None:
+def _api_key(api_key_env: str | None, from_config: str | None = None) -> str | None:
+    """The API key: from --api-key-env's variable, else the config file's api_key, else OPENAI_API_KEY."""
+    if from_config is not None and not api_key_env:
+        return from_config
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:
@@ -115,7 +119,8 @@ def capture(o: Options) -> None:
     if o["cost_per_hour"] is not None:
         parse_price(o["cost_per_hour"])
     url, basic_auth = _split_url(str(o["url"]))
-    target = Target(url=url, api_key=_api_key(o["api_key_env"]), basic_auth=basic_auth)
+    ctx = click.get_current_context(silent=True)
+    target = Target(url=url, api_key=_api_key(o["api_key_env"], config_api_key(ctx)), basic_auth=basic_auth)
     slo = parse_slo(o["slo"])
     workload: WorkloadSpec | None = None
     if not o["observe"]:
@@ -165,6 +170,8 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
     for spec in probe_specs():
         if spec.record is not None:
             options.update(spec.record(o))
+    # every attach option's value (the config file's and the command line's; never the API key)
+    options.update(resolved_options(click.get_current_context(silent=True)))
     if rt is not None:
         options["realtime"] = dict(rt.info)
         if not rt.info["applied"]:
@@ -195,7 +202,8 @@ async def _attach(target: Target, workload: WorkloadSpec | None, probes: list[Pr
     if why:
         log(f"capture failed: {why}")
     if o["report"]:
-        from diagnose.cli.analyze import run_analysis, verdict_line
+        from diagnose.cli.analyze import run_analysis
+        from diagnose.reports.document import verdict_line
         from diagnose.reports.render import write_report
 
         analysis = run_analysis(out)

@@ -38,9 +38,14 @@ def check_seed(seed: int) -> None:
 
 
 def _json(obj: dict[str, Any]) -> bytes:
+    """A JSON document as the commands write it: indented, keys sorted, ``schema_version`` (when it has one)
+    first (docs/json-schemas.md)."""
     import orjson
 
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    from diagnose.io.schemas import dumps
+
+    option = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    return dumps(obj, option) if "schema_version" in obj else orjson.dumps(obj, option=option)
 
 
 def _pct(v: float | None) -> str:
@@ -55,7 +60,9 @@ def verification_lines(v: Verification) -> list[str]:
         lines.append(f"  expected {m.signal} {m.expect}: {_pct(m.rel)}{iv} -> {m.outcome}")
     if v.worse_elsewhere:
         lines.append("  significantly worse elsewhere: " + ", ".join(v.worse_elsewhere))
-    return lines
+    from diagnose.compare.quality import lines as quality_lines
+
+    return lines + quality_lines(v.comparison.quality)
 
 
 def _after(state: str) -> str:

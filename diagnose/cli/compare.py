@@ -10,7 +10,10 @@ import click
 
 from diagnose.cli import exits, settings
 from diagnose.cli.common import _analyze, _json, _pct, _write, check_seed
+from diagnose.cli.quality_options import MAX_SCORE_DROP, MIN_AGREEMENT, QUALITY_TIMEOUT_S, quality_options
 from diagnose.errors import InputError
+from diagnose.io import schemas
+from diagnose.io.schemas import versioned
 
 if TYPE_CHECKING:  # pandas/numpy: `diagnose --help` must not pay for them
     from diagnose.compare.core import Comparison
@@ -49,6 +52,9 @@ def comparison_lines(c: Comparison) -> list[str]:
         if f["change"] != "unchanged":
             lines.append(f"  finding {f['rule']}: {f['change']} ({f['title_b'] or f['title_a']})")
     lines += [f"  no gain: {j}" for j in c.judgements]
+    from diagnose.compare.quality import lines as quality_lines
+
+    lines += quality_lines(c.quality)
     for g in c.gate:
         if g["regressed"]:
             lines.append(f"  REGRESSION at {g['level']}: {g['metric']} {_pct(g['rel'])} "
@@ -85,15 +91,19 @@ def comparison_lines(c: Comparison) -> list[str]:
 @click.option("--noise", type=float, default=0.10, show_default=True, metavar="SHARE",
               help="Run-to-run noise band: better/worse only when the whole interval of the relative change lies "
                    "beyond +-SHARE (0: any significant change counts). The CI gate uses its own allowances.")
+@quality_options
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float, resamples: int,
             resample: str, seed: int, gate: str | None, cost: str | None, noise: float, quiet: bool,
-            allow_undecided: bool = False) -> None:
+            allow_undecided: bool = False, quality_cmd: str | None = None,
+            quality_timeout: float = QUALITY_TIMEOUT_S, min_agreement: float = MIN_AGREEMENT,
+            max_score_drop: float = MAX_SCORE_DROP) -> None:
     """Compare two runs (bundles, or two traces): per matched load level, every latency percentile,
     throughput and goodput of B against A with a bootstrap confidence interval, better / worse / no
     significant change; what differs between the runs; which findings appeared or went away.
 
-    A is the baseline, B the new run. With --fail-on-regression it is a CI gate.
+    A is the baseline, B the new run. With --fail-on-regression it is a CI gate (outputs that no longer agree,
+    or a --quality-cmd score that fell, fail it too).
     """
     from diagnose import compare as cmp
     from diagnose.compare import gate as gate_rules
@@ -101,6 +111,9 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
 
     cmp.check_options(confidence, resamples, resample)
     cmp.check_noise(noise)
+    from diagnose.compare.quality import check_options as check_quality
+
+    check_quality(min_agreement, max_score_drop, quality_timeout)
     check_seed(seed)
     rules = gate_rules.parse_gate(gate) if gate is not None else None
     if allow_undecided and rules is None:
@@ -109,7 +122,7 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
     check_outputs((("-o", output), ("--json", json_out)), (a, b))
     with terminate_interrupts():  # SIGTERM: exit 130 with no temporary file left, as Ctrl-C
         c, recorded = _compare(cmp, a, b, output, json_out, confidence, resamples, resample, seed, rules, prices,
-                               noise)
+                               noise, (quality_cmd, quality_timeout, min_agreement, max_score_drop))
     if not quiet:
         for line in comparison_lines(c):
             click.echo(line)
@@ -118,7 +131,7 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
         outs = [str(p) for p in (output, json_out) if p is not None]
         if outs:
             click.echo("written: " + ", ".join(outs))
-    if any(g["regressed"] for g in c.gate):
+    if any(g["regressed"] for g in c.gate) or (rules and c.quality and c.quality["failed"]):
         raise click.exceptions.Exit(exits.REGRESSION)
     if any(g.get("outcome") == "undecided" for g in c.gate) and not allow_undecided:
         click.echo(f"diagnose: the gate could not judge every metric (exit {exits.UNDECIDED}; "
@@ -128,16 +141,21 @@ def compare(a: Path, b: Path, output: Path | None, json_out: Path | None, confid
 
 def _compare(cmp: Any, a: Path, b: Path, output: Path | None, json_out: Path | None, confidence: float,
              resamples: int, resample: str, seed: int, rules: Any, prices: tuple[float, float] | None,
-             noise: float) -> tuple[Comparison, tuple[float, float] | None]:
+             noise: float, q: tuple[str | None, float, float, float] = (None, QUALITY_TIMEOUT_S, MIN_AGREEMENT,
+                                                                        MAX_SCORE_DROP),
+             ) -> tuple[Comparison, tuple[float, float] | None]:
     an_a, an_b = _analyze(a), _analyze(b)
     recorded = cmp.recorded_prices(an_a, an_b) if prices is None else None
     c = cmp.compare(an_a, an_b, confidence=confidence, resamples=resamples, seed=seed,
                     resample=resample, cost_per_hour=prices or recorded, noise=noise)
+    from diagnose.compare.quality import quality
+
+    c.quality = quality(str(a), str(b), *q)
     if rules:
         from diagnose.compare.gate import apply_gate
 
         apply_gate(c, rules)
-    _write(json_out, _json(c.to_json()))
+    _write(json_out, _json(versioned(schemas.COMPARISON, c.to_json())))
     if output is not None:
         from diagnose.reports.compare import render_comparison
 

@@ -76,17 +76,7 @@ def _export(source: Path, fmt: str, out: Path, include_text: bool, quiet: bool) 
 
 
 def _run(bundle: Any, fmt: str, out: Path, include_text: bool) -> tuple[str, list[str]]:
-    if fmt == "perfetto":
-        from diagnose.export.perfetto import export as export_perfetto
+    from diagnose.export import EXPORTERS
 
-        res = export_perfetto(bundle, out, include_text=include_text)
-        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in res.counts.items() if v), res.warnings
-    if fmt == "speedscope":
-        from diagnose.export.speedscope import export as export_speedscope
-
-        sres = export_speedscope(bundle, out)
-        return f"{sres.profiles} profiles, {sres.frames} frames, {sres.samples} samples", []
-    from diagnose.export.parquet import export as export_parquet
-
-    pres = export_parquet(bundle, out)
-    return f"{len(pres.tables)} tables, {sum(pres.tables.values())} rows", pres.warnings
+    written = EXPORTERS[fmt].run(bundle, out, include_text=include_text)
+    return written.summary, written.warnings

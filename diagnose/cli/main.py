@@ -22,6 +22,8 @@ from diagnose.errors import DiagnoseError
 # name -> "module:attribute" of the click command
 COMMANDS = {
     "attach": "diagnose.cli.attach:attach",
+    "capacity": "diagnose.cli.capacity:capacity",
+    "readiness": "diagnose.cli.readiness:readiness",
     "analyze": "diagnose.cli.analyze:analyze",
     "compare": "diagnose.cli.compare:compare",
     "experiment": "diagnose.cli.experiment:experiment",

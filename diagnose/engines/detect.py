@@ -333,12 +333,23 @@ VALUE_FLAGS: dict[str, str] = {
     "-c": "context_size", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
     "--tp-size": "tensor_parallel_size", "--tp": "tensor_parallel_size", "--threads": "threads", "-t": "threads",
     "--gpu-memory-utilization": "gpu_memory_utilization",
+    # llama.cpp (issue 34, families from user reports: docs/families-from-users.md)
+    "--ubatch-size": "ubatch_tokens", "-ub": "ubatch_tokens", "--top-k": "sampling_top_k",
 }
 BOOL_FLAGS: dict[str, tuple[str, float]] = {
     "--enable-prefix-caching": ("prefix_caching", 1.0), "--no-enable-prefix-caching": ("prefix_caching", 0.0),
     "--disable-radix-cache": ("prefix_caching", 0.0),
     "--enable-chunked-prefill": ("chunked_prefill", 1.0), "--no-enable-chunked-prefill": ("chunked_prefill", 0.0),
     "--enforce-eager": ("cuda_graphs", 0.0), "--disable-cuda-graph": ("cuda_graphs", 0.0),
+    # llama.cpp: continuous batching (on by default) and its per-slot prompt cache (on by default)
+    "--cont-batching": ("continuous_batching", 1.0), "-cb": ("continuous_batching", 1.0),
+    "--no-cont-batching": ("continuous_batching", 0.0), "-nocb": ("continuous_batching", 0.0),
+    "--cache-prompt": ("prefix_caching", 1.0), "--no-cache-prompt": ("prefix_caching", 0.0),
+}
+# a flag whose mere presence (with any value: a grammar, a schema, a file) states a setting
+PRESENCE_FLAGS: dict[str, tuple[str, float]] = {
+    flag: ("constrained_decoding", 1.0)
+    for flag in ("--grammar", "--grammar-file", "--json-schema", "-j", "--json-schema-file", "-jf")
 }
 
 
@@ -357,6 +368,9 @@ def settings_from_cmdline(argv: Sequence[str]) -> dict[str, float]:
         flag, eq, inline = arg.partition("=")
         if flag in BOOL_FLAGS and not eq:
             key, val = BOOL_FLAGS[flag]
+            out[key] = val
+        elif flag in PRESENCE_FLAGS:
+            key, val = PRESENCE_FLAGS[flag]
             out[key] = val
         elif flag in CHOICE_FLAGS:
             key, words = CHOICE_FLAGS[flag]

@@ -45,7 +45,7 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, str]]] = {
                                                     "llamacpp": "--cache-type-k"}),
     "prefix_caching": ("automatic prefix caching", {"vllm": "--enable-prefix-caching",
                                                     "sglang": "--disable-radix-cache (remove)",
-                                                    "llamacpp": "--cache-reuse"}),
+                                                    "llamacpp": "--cache-prompt"}),
     "cuda_graphs": ("CUDA/HIP graph capture", {"vllm": "--enforce-eager (remove)",
                                                "sglang": "--disable-cuda-graph (remove)"}),
     "api_server_count": ("API-server (frontend) processes", {"vllm": "--api-server-count",
@@ -61,6 +61,11 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, str]]] = {
                                                           "sglang": "--disable-custom-all-reduce (remove)"}),
     "tensor_parallel_size": ("the tensor-parallel degree", {"vllm": "--tensor-parallel-size", "sglang": "--tp-size",
                                                             "tgi": "--num-shard"}),
+    # llama.cpp settings from user reports (issue 34: SCH011-SCH013)
+    "continuous_batching": ("continuous batching", {"llamacpp": "--no-cont-batching (remove)"}),
+    "sampling_top_k": ("the server's default top-k", {"llamacpp": "--top-k"}),
+    "constrained_decoding": ("a grammar / JSON schema for every request",
+                             {"llamacpp": "--grammar / --json-schema (remove)"}),
 }
 
 
@@ -133,6 +138,14 @@ def describe(kind: str, name: str, value: str, engine: str | None = None) -> str
     return head + (f" = {value}" if value else "")
 
 
+# the flag that turns a setting OFF, where an engine has one: prose that says "remove --no-enable-prefix-caching"
+# names the engine's own (llama-server's --no-cache-prompt; --cache-reuse is another thing: KV shifting)
+OFF_FLAGS: dict[str, dict[str, str]] = {
+    "prefix_caching": {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache",
+                       "llamacpp": "--no-cache-prompt"},
+}
+
+
 def spell_text(text: str, engine: str | None) -> str:
     """Prose written in vLLM's words in the engine's own (the engine map, ``ENGINE_FLAGS``): on llama.cpp
     'the batch-size cap (max-num-seqs)' reads 'the batch-size cap (--parallel)', and a setting named by its
@@ -140,6 +153,9 @@ def spell_text(text: str, engine: str | None) -> str:
     Unchanged for vLLM, an unknown engine, and settings an engine has no plain flag for."""
     if not engine or engine == "vllm" or not text:
         return text
+    for off in OFF_FLAGS.values():  # before the on-flags: "--no-enable-prefix-caching" holds "enable-prefix-caching"
+        if off.get("vllm") and off.get(engine):
+            text = re.sub(rf"(?<![\w-]){re.escape(off['vllm'])}(?![\w-])", off[engine], text)
     for name, (_what, flags) in ENGINE_FLAGS.items():
         ours, theirs = flags.get("vllm", ""), flags.get(engine, "")
         if not ours or not theirs or "(" in ours or "(" in theirs:

@@ -24,8 +24,11 @@ import pandas as pd
 from diagnose import __version__
 from diagnose.analysis import Analysis
 from diagnose.errors import require
+from diagnose.export import Written
 from diagnose.export.files import SCHEMA_FILE, NothingExported, output_dir
+from diagnose.io import schemas
 from diagnose.io.bundle import Bundle
+from diagnose.io.manifest import Capture
 from diagnose.model import Signal
 
 SIGNAL_COLUMNS = ["window", "phase", "name", "value", "unit", "source", "description", "series_points"]
@@ -79,6 +82,11 @@ def judgement_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     }
 
 
+def _anchor(cap: Capture) -> dict[str, int] | None:
+    """The bundle's clock anchor as the manifest records it, None without one."""
+    return {"unix_ns": cap.anchor.unix_ns, "monotonic_ns": cap.anchor.monotonic_ns} if cap.anchored else None
+
+
 def _as_text(v: Any) -> str | None:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
@@ -116,10 +124,10 @@ def export(bundle: Bundle, out: Path) -> ParquetExport:
     a = analyze_opened(bundle)
     tables = {**a.tables, **judgement_tables(a)}
     res = ParquetExport(warnings=list(a.warnings))
-    schema: dict[str, Any] = {"exporter": f"diagnose {__version__}", "source": a.source,
+    schema: dict[str, Any] = {"schema_version": schemas.PARQUET_SCHEMA, "exporter": f"diagnose {__version__}", "source": a.source,
                               "clock": "t_s and *_s columns: seconds since the bundle's clock anchor "
                                        "(manifest capture.clock_anchor)",
-                              "clock_anchor": (bundle.manifest.get("capture") or {}).get("clock_anchor"),
+                              "clock_anchor": _anchor(bundle.meta.capture),
                               "tables": {}}
     if not any(len(t) for name, t in tables.items() if name not in NOT_DATA):
         raise NothingExported(f"{bundle.source}: nothing usable to export: every table of measured data is empty "
@@ -133,3 +141,9 @@ def export(bundle: Bundle, out: Path) -> ParquetExport:
                                       "columns": [{"name": f.name, "type": str(f.type)} for f in table.schema]}
         (tmp / SCHEMA_FILE).write_bytes(orjson.dumps(schema, option=orjson.OPT_INDENT_2))
     return res
+
+
+def run(bundle: Bundle, out: Path, *, include_text: bool = False) -> Written:
+    """The registry's entry point (diagnose/export/__init__.py); ``include_text``: the tables hold no request text."""
+    res = export(bundle, out)
+    return Written(f"{len(res.tables)} tables, {sum(res.tables.values())} rows", list(res.warnings))

@@ -38,9 +38,11 @@ import pandas as pd
 
 from diagnose import __version__
 from diagnose.capture.profiler_window import overlaps, profiler_windows
+from diagnose.export import Written
 from diagnose.export.chrome import TraceBuilder, lanes
 from diagnose.export.files import NothingExported, write_bytes
 from diagnose.export.profiler import add_traces
+from diagnose.io import schemas
 from diagnose.io.bundle import Bundle
 
 CAT_REQUEST = "request"
@@ -73,13 +75,14 @@ def _text_key(key: str) -> bool:
 
 # -- the whole document --------------------------------------------------------------------------------------
 def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
-    from diagnose.normalize import client, gpu, host, prometheus
+    from diagnose.normalize import TableContext, client, gpu, host, prometheus
     from diagnose.normalize.trace import trace_artifacts
     from diagnose.pipeline import normalize
 
     tb = TraceBuilder()
-    warnings: list[str] = []
-    tables = normalize(bundle, [client, prometheus, host, gpu]) if bundle.kind == "bundle" else {}
+    ctx = TableContext.defaults()
+    tables = normalize(bundle, [client, prometheus, host, gpu], ctx) if bundle.kind == "bundle" else {}
+    warnings: list[str] = list(ctx.notes)  # what the normalisers skipped (duplicate requests, malformed samples)
     amono = bundle.anchor_mono_ns if bundle.kind == "bundle" else 0
     aunix = bundle.anchor_unix_ns if bundle.kind != "trace" else 0
     counts: dict[str, int] = {}
@@ -93,11 +96,10 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
     counts["metric_counters"] = _metrics(tb, tables.get("metrics"))
     counts["gpu_counters"] = _gpu(tb, tables.get("gpu_samples"))
     counts["pyspy_threads"] = _host(tb, tables, bundle)
-    arts = bundle.artifacts()
+    arts = bundle.meta.artifacts
     files = []
     for p in trace_artifacts(bundle):
-        entry = next((e for e in arts.values() if isinstance(e, dict) and Path(str(e.get("file", ""))).name == p.name),
-                     None)
+        entry = next((e for e in arts.values() if Path(e.file or "").name == p.name), None)
         files.append((p, entry))
     prof = add_traces(tb, files, anchor_unix_ns=aunix, anchor_mono_ns=amono)
     warnings += prof.warnings
@@ -116,7 +118,9 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
         "counts": counts,
         "warnings": warnings,
     }
-    doc = {"traceEvents": tb.events(origin), "displayTimeUnit": "ms", "otherData": other}
+    # schema_version: a top-level key the Chrome JSON trace format reads as the trace's metadata
+    doc = {"schema_version": schemas.PERFETTO, "traceEvents": tb.events(origin), "displayTimeUnit": "ms",
+           "otherData": other}
     return PerfettoExport(doc=doc, counts=counts, warnings=warnings)
 
 
@@ -155,7 +159,7 @@ def _capture(tb: TraceBuilder, bundle: Bundle, tables: dict[str, pd.DataFrame], 
             tb.slice(pid, tid, str(r.get("name") or f"phase {r.get('phase')}"), start, end, "phase",
                      {k: r.get(k) for k in ("phase", "role", "mode", "concurrency", "rate", "arrival", "requests",
                                             "interrupted")})
-    windows = profiler_windows(bundle.manifest)
+    windows = profiler_windows(bundle.meta)
     if windows:
         tid = tb.thread(pid, "profiler", "engine profiler window")
         ended = bundle.capture_end_unix_ns
@@ -202,7 +206,7 @@ def _requests_and_spans(tb: TraceBuilder, bundle: Bundle, amono: int, aunix: int
     reqs = [r for r in every if _int(r.get("sent_ns")) is not None]
     _skipped(warnings, bundle, len(every) - len(reqs), "request(s) without a send time")
     reqs.sort(key=lambda r: int(r["sent_ns"]))
-    windows = profiler_windows(bundle.manifest)
+    windows = profiler_windows(bundle.meta)
     span_tracks = 0
     stored_text = False
     if reqs:
@@ -357,7 +361,7 @@ def _host(tb: TraceBuilder, tables: dict[str, pd.DataFrame], bundle: Bundle) -> 
     threads = tables.get("host_threads")
     procs = tables.get("host_processes")
     roles = {int(p): str(r) for p, r in zip(procs["pid"], procs["role"], strict=True)} if procs is not None else {}
-    rate = ((bundle.manifest.get("probes") or {}).get("pyspy") or {}).get("detail", {}).get("rate_hz")
+    rate = bundle.meta.probe_detail("pyspy").get("rate_hz")
 
     def pid_of(p: int) -> int:
         return tb.process(f"pyspy:{p}", f"py-spy · {roles.get(p, 'other')} (pid {p})", "pyspy")
@@ -394,3 +398,9 @@ def _host(tb: TraceBuilder, tables: dict[str, pd.DataFrame], bundle: Bundle) -> 
         for (p, t), v in per.items():
             tb.counter(pid_of(int(p)), "CPU (cores)", round(float(t) * 1e9), float(v), "host")
     return len(seen)
+
+
+def run(bundle: Bundle, out: Path, *, include_text: bool = False) -> Written:
+    """The registry's entry point (diagnose/export/__init__.py): write, and say what was written."""
+    res = export(bundle, out, include_text=include_text)
+    return Written(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in res.counts.items() if v), list(res.warnings))

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.export.chrome import TraceBuilder, lanes
+from diagnose.io.manifest import Artifact
 from diagnose.trace.parse import RankTrace, read_trace
 
 CAT_GPU = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
@@ -43,13 +44,13 @@ def _ns(frame: pd.DataFrame, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
     return ts, ts + dur
 
 
-def offset_ns(rt: RankTrace, anchor_unix_ns: int, entry: dict[str, Any] | None, anchor_mono_ns: int,
+def offset_ns(rt: RankTrace, anchor_unix_ns: int, entry: Artifact | None, anchor_mono_ns: int,
               warnings: list[str]) -> int:
     """What to add to a trace's ts (in ns) to put it on the bundle's clock."""
     base = rt.meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and not isinstance(base, bool):
         return base - anchor_unix_ns
-    start = (entry or {}).get("window_start_ns")
+    start = entry.window_start_ns if entry is not None else None
     first = min((float(f["ts_us"].min()) for f in (rt.gpu, rt.runtime, rt.cpu_ops, rt.annotations) if len(f)),
                 default=0.0)
     if isinstance(start, int) and anchor_unix_ns:
@@ -59,11 +60,11 @@ def offset_ns(rt: RankTrace, anchor_unix_ns: int, entry: dict[str, Any] | None, 
     return 0
 
 
-def add_traces(tb: TraceBuilder, files: list[tuple[Path, dict[str, Any] | None]], *, anchor_unix_ns: int,
+def add_traces(tb: TraceBuilder, files: list[tuple[Path, Artifact | None]], *, anchor_unix_ns: int,
                anchor_mono_ns: int) -> ProfilerResult:
     res = ProfilerResult()
     for idx, (path, entry) in enumerate(files):
-        rt = read_trace(path, rank=(entry or {}).get("rank") if isinstance((entry or {}).get("rank"), int) else None)
+        rt = read_trace(path, rank=entry.rank if entry is not None else None)
         res.files += 1
         res.warnings += rt.warnings
         off = offset_ns(rt, anchor_unix_ns, entry, anchor_mono_ns, res.warnings)

@@ -21,7 +21,9 @@ import pandas as pd
 
 from diagnose import __version__
 from diagnose.errors import DiagnoseError
+from diagnose.export import Written
 from diagnose.export.files import write_bytes
+from diagnose.io import schemas
 from diagnose.io.bundle import Bundle
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
@@ -54,7 +56,7 @@ def build(bundle: Bundle) -> SpeedscopeExport:
     st = t.get("host_stacks")
     if st is None or st.empty:
         raise DiagnoseError(f"{bundle.source}: no py-spy stacks to export (capture with attach --pyspy)")
-    rate = ((bundle.manifest.get("probes") or {}).get("pyspy") or {}).get("detail", {}).get("rate_hz")
+    rate = bundle.meta.probe_detail("pyspy").get("rate_hz")
     rate = float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 else None
     procs = t.get("host_processes", pd.DataFrame(columns=["pid", "role"]))
     roles = {int(p): str(r) for p, r in zip(procs["pid"], procs["role"], strict=True)}
@@ -87,7 +89,7 @@ def build(bundle: Bundle) -> SpeedscopeExport:
                          "unit": "seconds" if rate else "none", "startValue": 0, "endValue": sum(weights),
                          "samples": samples, "weights": weights})
     active = max(range(len(profiles)), key=lambda i: profiles[i]["endValue"]) if profiles else 0
-    doc = {"$schema": SCHEMA_URL, "shared": {"frames": frames}, "profiles": profiles,
+    doc = {"schema_version": schemas.SPEEDSCOPE, "$schema": SCHEMA_URL, "shared": {"frames": frames}, "profiles": profiles,
            "name": f"{_label(Path(str(bundle.source)))}: py-spy host stacks", "activeProfileIndex": active,
            "exporter": f"diagnose {__version__}"}
     return SpeedscopeExport(doc=doc, profiles=len(profiles), frames=len(frames), samples=n_samples)
@@ -97,3 +99,9 @@ def export(bundle: Bundle, out: Path) -> SpeedscopeExport:
     res = build(bundle)
     write_bytes(out, orjson.dumps(res.doc))
     return res
+
+
+def run(bundle: Bundle, out: Path, *, include_text: bool = False) -> Written:
+    """The registry's entry point (diagnose/export/__init__.py); ``include_text``: stacks hold no request text."""
+    res = export(bundle, out)
+    return Written(f"{res.profiles} profiles, {res.frames} frames, {res.samples} samples")

@@ -77,7 +77,8 @@ async def _run(api: PrometheusAPI, o: dict[str, Any], since: float, duration: fl
         bundle.update("capture", {"ended_unix_ns": end_ns, "ended_at": utc_iso(end_ns)})
     log(f"bundle: {out}")
     if o.get("report"):
-        from diagnose.cli.analyze import run_analysis, verdict_line
+        from diagnose.cli.analyze import run_analysis
+        from diagnose.reports.document import verdict_line
         from diagnose.reports.render import write_report
 
         analysis = run_analysis(out)

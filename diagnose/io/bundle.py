@@ -13,7 +13,7 @@ import io
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +24,7 @@ import orjson
 from diagnose import __version__
 from diagnose.errors import BundleError
 from diagnose.io import schema
-from diagnose.io.manifest import Manifest, read_manifest
+from diagnose.io.manifest import Artifact, Manifest, StreamEntry, read_manifest
 from diagnose.model import Phase, ProbeStatus
 
 SCHEMA_VERSION = 1
@@ -144,7 +144,6 @@ class Bundle:
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     kind: str = "bundle"  # "bundle" (on disk) | "trace" | "spans" (a lone input adapted in memory)
-    thresholds: dict[str, float] = field(default_factory=dict)  # the analysis's (pipeline sets them); {}: defaults
     probe_problems: dict[str, str] = field(default_factory=dict)  # probe -> why its evidence is missing or broken
     _tallies: dict[str, _StreamTally] = field(default_factory=dict, repr=False)
     _noted: set[str] = field(default_factory=set, repr=False)
@@ -206,10 +205,9 @@ class Bundle:
         out += [ProbeStatus(name, "failed", why) for name, why in self.probe_problems.items() if name not in seen]
         return out
 
-    def listed_streams(self) -> dict[str, dict[str, Any]]:
-        """The manifest's ``streams`` entries that are objects (the manifest check vouches for the rest)."""
-        streams = self.manifest.get("streams")
-        return {str(k): v for k, v in streams.items() if isinstance(v, dict)} if isinstance(streams, dict) else {}
+    def listed_streams(self) -> Mapping[str, StreamEntry]:
+        """The manifest's ``streams`` entries, by stream name."""
+        return self.meta.streams
 
     def stream_file(self, name: str) -> Path | None:
         """The file of stream ``name``: the one the manifest names when it exists, else ``<name>.jsonl`` or
@@ -217,8 +215,9 @@ class Bundle:
         is a leftover, said in ``warnings``). A path that is not a regular file (a FIFO, a directory) is
         never opened: a warning, and the stream counts as missing."""
         cands = [self.path / f"{name}.jsonl", self.path / f"{name}.jsonl.gz"]
-        listed = self.listed_streams().get(name, {}).get("file")
-        if isinstance(listed, str) and listed in (c.name for c in cands):
+        entry = self.listed_streams().get(name)
+        listed = entry.file if entry is not None else None
+        if listed is not None and listed in (c.name for c in cands):
             cands.sort(key=lambda c: c.name != listed)
         present = [c for c in cands if os.path.lexists(c)]
         root = self.path.resolve()
@@ -308,11 +307,10 @@ class Bundle:
         gave fewer records than the manifest counts, is a warning, and a missing or empty one marks the probe
         that wrote it as failed."""
         for name, entry in sorted(self.listed_streams().items()):
-            listed = entry.get("records")
-            n = listed if isinstance(listed, int) and not isinstance(listed, bool) and listed >= 0 else None
+            n = entry.records
             p = self.stream_file(name)
             writers = STREAM_PROBE.get(name, ())
-            ran = self.manifest.get("probes") or {}
+            ran = {s.name for s in self.meta.probes}
             probe = next((w for w in writers if w in ran), writers[0] if writers else None)
             if p is None:
                 what = f"stream {name} is listed in the manifest" + (f" with {n} records" if n else "")
@@ -329,16 +327,11 @@ class Bundle:
                 if got == 0 and probe:
                     self.degrade_probe(probe, f"stream {name} holds no readable record (manifest: {n})")
 
-    def artifacts(self) -> dict[str, dict[str, Any]]:
-        arts = self.manifest.get("artifacts")
-        return {str(k): v for k, v in arts.items() if isinstance(v, dict)} if isinstance(arts, dict) else {}
-
-    def artifact_file(self, name: str, entry: dict[str, Any]) -> Path | None:
+    def artifact_file(self, name: str, entry: Artifact) -> Path | None:
         """The file of artifact ``name``, confined to the bundle directory: an absolute path, a path with
         ``..`` or a symlink that leads outside the bundle is refused (a warning, never opened), as is a path
         that is missing or not a regular file."""
-        rel = entry.get("file")
-        rel = rel if isinstance(rel, str) and rel else f"artifacts/{name}"
+        rel = entry.file or f"artifacts/{name}"
         root = self.path.resolve()
         cand = Path(rel)
         try:
@@ -413,7 +406,7 @@ def open_bundle(path: str | Path) -> Bundle:
         raise BundleError(f"{mf}: cannot read ({e.strerror or e})") from e
     if not isinstance(manifest, dict):
         raise BundleError(f"{mf}: expected a JSON object")
-    ver = manifest.get("schema_version")
+    ver = manifest.get("schema_version")  # raw: the version decides whether the typed reader may run at all
     if ver not in SUPPORTED_SCHEMA_VERSIONS or isinstance(ver, bool):
         raise BundleError(
             f"{mf}: unknown schema_version {ver!r}; this diagnose {__version__} reads "
@@ -421,7 +414,7 @@ def open_bundle(path: str | Path) -> Bundle:
         )
     b = Bundle(path=p, manifest=manifest)
     b.meta  # noqa: B018 - the schema check, here: a bad manifest is one line before any analysis starts
-    if not isinstance((manifest.get("capture") or {}).get("clock_anchor"), dict):
+    if not b.meta.capture.anchored:
         b.warn(f"{mf}: capture.clock_anchor is missing; times are read on the probes' own clock (no wall-clock "
                "mapping for traces or spans)")
     if b.partial:

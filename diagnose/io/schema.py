@@ -64,6 +64,7 @@ class Request(_Rec):
     turn: Count | None = None
     turns: Count | None = None
     attempt: Count | None = None
+    retry_after_s: NonNeg | None = None  # the server's Retry-After (429/503), seconds
 
     def __post_init__(self) -> None:
         if self.sent_ns is not None:

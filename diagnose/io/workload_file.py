@@ -27,12 +27,14 @@ from msgspec import Meta
 
 from diagnose.capture.workload import Replay, ReplayRequest
 from diagnose.errors import DiagnoseError, InputError
+from diagnose.io.manifest import Workload
+from diagnose.io.schemas import WORKLOAD_FILE
 from diagnose.io.workload_store import MAX_GAP_S, MAX_REPLAY_SPAN_S, RequestStore, check_span, human_s
 
 if TYPE_CHECKING:
     from diagnose.io.bundle import Bundle
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = WORKLOAD_FILE  # the header's diagnose_workload and schema_version (diagnose/io/schemas.py)
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default KV-cache block: prefix caching hits whole blocks of this many tokens
 MOONCAKE_BLOCK_TOKENS = 512  # the Mooncake traces hash blocks of 512 tokens
 MAX_TOKENS = 10_000_000
@@ -46,6 +48,7 @@ Hash = str | int
 
 class _Header(msgspec.Struct, forbid_unknown_fields=False):
     diagnose_workload: Annotated[int, Meta(ge=1, le=FORMAT_VERSION)]
+    schema_version: Annotated[int, Meta(ge=1, le=FORMAT_VERSION)] | None = None  # the same number, since v1
     block_tokens: Annotated[int, Meta(ge=1, le=1_000_000)] = DEFAULT_BLOCK_TOKENS
 
 
@@ -308,7 +311,7 @@ def _read_azure(path: Path, skips: _Skips) -> RequestStore:
 # -- writing ----------------------------------------------------------------------------------------------
 def encode_workload(reqs: Sequence[ReplayRequest], *, block_tokens: int, source: str) -> bytes:
     """The file: one header line, then one line per request (fields left out when empty)."""
-    head = {"diagnose_workload": FORMAT_VERSION, "block_tokens": block_tokens, "source": source,
+    head = {"schema_version": FORMAT_VERSION, "diagnose_workload": FORMAT_VERSION, "block_tokens": block_tokens, "source": source,
             "requests": len(reqs)}
     lines = [orjson.dumps(head)]
     for r in reqs:
@@ -334,19 +337,18 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     (diagnose/signals/observed.py)."""
     recs = bundle.records("requests") if bundle.has_stream("requests") else []
     if not recs:
-        if (bundle.manifest.get("workload") or {}).get("mode") == "observe":
+        if bundle.meta.workload is not None and bundle.meta.workload.mode == "observe":
             return _from_observed(bundle)
         raise DiagnoseError(f"{bundle.path}: no request records to derive a workload from (the capture recorded "
                             "no request)")
-    wl = bundle.manifest.get("workload") or {}
+    wl = bundle.meta.workload or Workload()
     baseline = {p.get("phase") for p in bundle.records("phases") if p.get("role") == "baseline"} \
         if bundle.has_stream("phases") else set()
-    baseline |= {p.get("index") for p in wl.get("phases") or [] if isinstance(p, dict) and p.get("role") == "baseline"}
-    replay = wl.get("replay") if isinstance(wl.get("replay"), dict) else None
-    block = _int((replay or {}).get("block_tokens")) or DEFAULT_BLOCK_TOKENS
+    baseline |= {p.index for p in wl.phases if p.role == "baseline"}
+    block = _int(wl.replay.block_tokens if wl.replay is not None else None) or DEFAULT_BLOCK_TOKENS
     load = next((s for s in bundle.meta.probes if s.name == "load"), None)
     shared_tokens = _int((load.detail if load else {}).get("shared_prefix_tokens"))
-    frac = wl.get("shared_prefix_fraction")
+    frac = wl.shared_prefix_fraction
     rows: list[tuple[int, ReplayRequest]] = []
     salt = ""
     for r in recs:
@@ -380,7 +382,7 @@ def from_bundle(bundle: Bundle) -> tuple[list[ReplayRequest], int, str]:
     reqs = [ReplayRequest(offset_s=(t - t0) / 1e9, input_tokens=q.input_tokens, output_tokens=q.output_tokens,
                           session=q.session, turn=q.turn, prefix=q.prefix) for t, q in rows]
     _warn_span(bundle, reqs)
-    mode = wl.get("mode")
+    mode = wl.mode
     note = ("from a concurrency run: closed-loop sends (each when a request ended) become fixed offsets"
             if mode == "concurrency" else f"from a {mode} run" if mode else "from a load run")
     return reqs, block, note

@@ -19,6 +19,7 @@ import orjson
 from diagnose import __version__
 from diagnose.capture.redact import Redactor
 from diagnose.errors import BundleError
+from diagnose.io import schemas
 from diagnose.io.bundle import MANIFEST, SCHEMA_VERSION
 from diagnose.model import ProbeStatus
 
@@ -237,7 +238,8 @@ class BundleWriter:
         with self._lock:
             for name, sw in self._streams.items():
                 self.manifest["streams"][name]["records"] = sw.records
-            data = orjson.dumps(self.redactor.value(self.manifest), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+            data = schemas.dumps(self.redactor.value(self.manifest),  # schema_version first, then sorted
+                                 orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
             tmp = self.path / (MANIFEST + ".tmp")
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.model import Signal, Window
+from diagnose.normalize import TableContext
 from diagnose.normalize.otel import tail_pct
 from diagnose.normalize.prometheus import client_ttft_s, counter_increase, hist_tail_mean
 from diagnose.requests import select
@@ -33,7 +34,7 @@ STALL_FACTOR = 2.0  # a token gap longer than this many ITL P50s is a stall (its
 TAIL_MIN_REQUESTS = 5  # the slow requests' split needs at least this many of them
 
 
-def tables(bundle: object) -> dict[str, pd.DataFrame]:
+def tables(bundle: object, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     return {}
 
 

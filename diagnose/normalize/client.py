@@ -27,8 +27,9 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.io.bundle import Bundle
+from diagnose.io.manifest import Workload
 from diagnose.model import Signal
-from diagnose.normalize import client_stalls
+from diagnose.normalize import TableContext, client_stalls, errors
 from diagnose.requests import PCTS, finite, in_flight_mean, percentiles, select, span_s
 from diagnose.signals.catalog import SIGNALS
 
@@ -42,8 +43,8 @@ REQUEST_COLUMNS = ["rid", "phase", "warmup", "ok", "error", "error_detail", "htt
                    "intended_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "output_tokens", "output_tokens_usage",
                    "output_tokens_chunks", "n_chunks", "prompt_tokens", "prompt_tokens_planned",
                    "prompt_tokens_source", "output_tps_req", "schedule_lag_ms", "capped", "cached_tokens",
-                   "finish_reason", "max_tokens", "trace_id", "span_id", "profiled",
-                   "session", "turn", "turns", "attempt"]
+                   "finish_reason", "max_tokens", "trace_id", "span_id", "profiled", "retry_after_s",
+                   "body_bytes", "session", "turn", "turns", "attempt"]
 CUT_BELOW = 0.9  # an output ended for length under this share of its max_tokens was cut short by the server
 EXCLUDED_COLUMNS = ["reason", "start_s", "end_s"]
 
@@ -52,11 +53,12 @@ def _f(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     if not bundle.has_stream("requests"):
         return {}
+    ctx = ctx if ctx is not None else TableContext.defaults()
     anchor = bundle.anchor_mono_ns
-    windows = profiler_windows(bundle.manifest)
+    windows = profiler_windows(bundle.meta)
     chunks = {r["rid"]: r for r in bundle.iter_records("chunks") if "rid" in r and isinstance(r.get("t_ns"), list)}
     rows = []
     gap_rid: list[Any] = []
@@ -113,10 +115,12 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             # a task's request (attach --turns, probes/sessions.py; a replayed file's session): which task, turn
             "session": None if r.get("session") is None else str(r.get("session")), "turn": _f(r.get("turn")),
             "turns": _f(r.get("turns")), "attempt": _f(r.get("attempt")),
+            "retry_after_s": _f(r.get("retry_after_s")),  # the server's Retry-After (429/503), when it sent one
+            "body_bytes": _f(r.get("body_bytes")),  # the streamed answer's size (absent in older bundles)
         })
     if dups:
         shown = ", ".join(map(str, dups[:3])) + (", ..." if len(dups) > 3 else "")
-        bundle.warn(f"{bundle.stream_file('requests')}: skipped {len(dups)} duplicate request record(s) "
+        ctx.note(f"{bundle.stream_file('requests')}: skipped {len(dups)} duplicate request record(s) "
                     f"(request ids seen before: {shown}); each request counted once")
     out: dict[str, pd.DataFrame] = {"requests": pd.DataFrame(rows, columns=REQUEST_COLUMNS)}
     out["client_excluded"] = pd.DataFrame([{"reason": "profiler", "start_s": (a - anchor) / 1e9,
@@ -132,7 +136,10 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                "in_flight": _f(h.get("in_flight")), "cpu_percent": _f(h.get("cpu_percent"))}
               for h in bundle.iter_records("client_health")]
     out["client_health"] = pd.DataFrame(health, columns=["t_s", "loop_lag_ms", "in_flight", "cpu_percent"])
-    client_stalls.mark(out, bundle)  # requests touched by one short client stall: left out, not the run
+    client_stalls.mark(out, bundle, ctx.thresholds)  # requests touched by one short client stall: left out, not the run
+    # the self-check's stall rows (count, longest with its cause, requests left out), made once here for the report
+    out["client_stall_checks"] = pd.DataFrame(client_stalls.report_rows(out), columns=["check", "value", "unit"],
+                                              dtype=object)  # counts stay ints, the longest stall a float
     phases = []
     for p in bundle.iter_records("phases"):
         if "start_ns" in p:
@@ -141,19 +148,61 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
             q["end_s"] = (_f(p.get("end_ns")) - anchor) / 1e9
             phases.append(q)
     out["client_phases"] = pd.DataFrame(phases)
-    wl = bundle.manifest.get("workload") or {}
-    facts = {"warmup_requests": wl.get("warmup_requests"), "workload_shared_prefix_ratio": wl.get("shared_prefix_fraction")}
+    wl = bundle.meta.workload or Workload()
+    shared = wl.shared_prefix_fraction
+    history = conversation_prefix_share(out["requests"])
+    if history is not None and not (isinstance(shared, (int, float)) and shared >= history):
+        shared = history  # multi-turn: each turn's prompt repeats the conversation before it (issue 34)
+    facts = {"warmup_requests": wl.warmup_requests, "workload_shared_prefix_ratio": shared,
+             "workload_logprobs_tokens": wl.logprobs}
     out["client_workload"] = pd.DataFrame([{"name": k, "value": float(v)} for k, v in facts.items()
                                            if isinstance(v, (int, float)) and not isinstance(v, bool)],
                                           columns=["name", "value"])
-    slo = (bundle.manifest.get("options") or {}).get("slo") or {}
-    if isinstance(slo, dict):
-        out["client_slo"] = pd.DataFrame([{"key": str(k), "limit_ms": float(v)} for k, v in slo.items()
-                                          if isinstance(v, (int, float)) and v > 0], columns=["key", "limit_ms"])
+    out["client_slo"] = pd.DataFrame([{"key": k, "limit_ms": float(v)} for k, v in bundle.meta.options.slo.items()
+                                      if v is not None and v > 0], columns=["key", "limit_ms"])
     return out
 
 
+def conversation_prefix_share(req: pd.DataFrame) -> float | None:
+    """Of multi-turn requests (attach --turns, a replayed session), the mean share of a prompt that repeats its
+    conversation so far: for a turn after the first, (the previous turn's prompt + its answer) / this prompt,
+    at most 1; a first turn repeats nothing (0). None where no session has two consecutive turns: the
+    workload's shared prefix is then the client's --shared-prefix alone. A prefix cache can serve that share
+    (SCH006 judges its hits against it)."""
+    cols = ("session", "turn", "prompt_tokens", "output_tokens")
+    if not len(req) or any(c not in req.columns for c in cols):
+        return None
+    r = req.loc[req["session"].notna() & np.isfinite(req["turn"].to_numpy(dtype=float)), list(cols)]
+    if not len(r):
+        return None
+    shares: list[float] = []
+    later = 0
+    for _sess, g in r.groupby("session", sort=False):
+        g = g.sort_values("turn", kind="stable")
+        turn, prompt, answer = (g[c].to_numpy(dtype=float) for c in ("turn", "prompt_tokens", "output_tokens"))
+        for i in range(len(g)):
+            if i and turn[i] == turn[i - 1] + 1 and prompt[i] > 0 and np.isfinite(prompt[i - 1] + answer[i - 1]):
+                shares.append(min(1.0, (prompt[i - 1] + answer[i - 1]) / prompt[i]))
+                later += 1
+            else:
+                shares.append(0.0)
+    return float(np.mean(shares)) if later else None
+
+
 # -- signals -------------------------------------------------------------------------------------------
+def _stream_bytes(ok: pd.DataFrame) -> list[Signal]:
+    """``stream_bytes_per_token_mean``: the bytes of the streamed answers over their output tokens (requests that
+    recorded both): what the server writes for each token (~200 bytes of JSON a chunk; several times that with
+    log-probabilities asked, rule SCH014). Bundles recorded before the client counted bytes have none."""
+    if "body_bytes" not in ok.columns or not len(ok):
+        return []
+    b, n = ok["body_bytes"].to_numpy(dtype=float), ok["output_tokens"].to_numpy(dtype=float)
+    known = np.isfinite(b) & (b > 0) & np.isfinite(n) & (n > 0)
+    if not known.any():
+        return []
+    return [_sig("stream_bytes_per_token_mean", float(b[known].sum() / n[known].sum()), "bytes")]
+
+
 def _cut_outputs(ok: pd.DataFrame) -> list[Signal]:
     """``output_tokens_asked_mean`` and ``output_cut_share_ratio``: of the requests that asked for a length, the
     share the server ended for length (finish reason ``length``) with under ``CUT_BELOW`` of the tokens asked:
@@ -243,6 +292,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
     if len(done):
         sigs.append(_sig("error_rate_ratio", (~done["ok"].astype(bool)).sum() / len(done), "ratio"))
         sigs.append(_sig("http_429_ratio", (done["error"] == "http_429").sum() / len(done), "ratio"))
+        sigs.extend(errors.signals(done, req))  # each failure named by its class (diagnose/normalize/errors.py)
     named = {x.name: x.value for x in sigs}
     if named.get("itl_p50_ms", 0) > 0 and "ttft_p50_ms" in named:
         sigs.append(_sig("ttft_p50_itl_ratio", named["ttft_p50_ms"] / named["itl_p50_ms"], "ratio"))
@@ -260,6 +310,7 @@ def _window_core(req: pd.DataFrame, itl: pd.DataFrame, window: Window,
         if vals.size:
             sigs.append(_sig(name, float(vals.mean()), "tokens"))
     sigs.extend(_cut_outputs(ok))
+    sigs.extend(_stream_bytes(ok))
     if slo is not None and not slo.empty and len(done):
         for key, limit in zip(slo["key"], slo["limit_ms"], strict=True):
             sigs.append(_sig(f"slo_{key}", float(limit), "ms"))
@@ -291,6 +342,9 @@ def _self_check(health: pd.DataFrame | None, window: Window, out: dict[str, Sign
                                              list(zip(h["t_s"], h["cpu_percent"], strict=True)))
 
 
+_FACT_UNITS = {"warmup_requests": "requests", "workload_logprobs_tokens": "tokens"}  # the others: ratios
+
+
 def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     req = tables.get("requests")
     if req is None or req.empty:
@@ -300,7 +354,7 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     wl = tables.get("client_workload")
     if wl is not None and out:  # workload facts the rules read (from the manifest's workload spec)
         for name, value in zip(wl["name"], wl["value"], strict=True):
-            out[name] = _sig(name, float(value), "requests" if name == "warmup_requests" else "ratio")
+            out[name] = _sig(name, float(value), _FACT_UNITS.get(name, "ratio"))
     _arrivals(req, tables.get("client_phases"), window, out)
     _self_check(tables.get("client_health"), window, out)
     if window.phase is None:
@@ -312,7 +366,8 @@ def _arrivals(req: pd.DataFrame, phases: pd.DataFrame | None, window: Window, ou
     """``workload_open_loop`` (1: every measured phase of the window sends at a rate or replays a workload
     file, 0: a closed loop at a concurrency) and, for an open loop, ``arrival_gap_cv_ratio``: the coefficient
     of variation of the gaps between the window's sends (Poisson 1; gamma arrivals of burstiness b about
-    1/sqrt(b)). A closed loop sends when a request ends, so it has no arrival bursts of its own."""
+    1/sqrt(b)); a request held back by ``--max-concurrency`` counts at its scheduled time. A closed loop sends
+    when a request ends, so it has no arrival bursts of its own."""
     if phases is None or phases.empty or "phase" not in phases.columns:
         return
     rows = phases[phases["role"] != "baseline"] if "role" in phases.columns else phases
@@ -328,7 +383,13 @@ def _arrivals(req: pd.DataFrame, phases: pd.DataFrame | None, window: Window, ou
     sel = select(req, window).counted
     gaps: list[np.ndarray] = []
     for _ph, g in sel.groupby("phase"):
-        t = np.sort(g["sent_s"].to_numpy(dtype=float))
+        # a send held back by --max-concurrency went when a slot freed, not when the workload had it arrive:
+        # its arrival is its scheduled time, so the cap's releases do not read as bursty arrivals (issue 34)
+        t = g["sent_s"].to_numpy(dtype=float)
+        if "capped" in g.columns and "intended_s" in g.columns:
+            held = g["capped"].fillna(False).astype(bool).to_numpy()
+            t = np.where(held, g["intended_s"].to_numpy(dtype=float), t)
+        t = np.sort(t)
         t = t[np.isfinite(t)]
         if t.size >= 3:
             gaps.append(np.diff(t))

@@ -20,6 +20,7 @@ whether it was marked. docs/metrics.md states the rule.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,22 +29,11 @@ import pandas as pd
 from diagnose.io.bundle import Bundle
 
 TICK_S = 0.1  # one health sample covers this much time before its stamp (the health stream's period)
-# the judgement numbers live in rules/thresholds.yaml (overridable with --threshold); the pipeline hands the
-# analysis's thresholds to the bundle (Bundle.thresholds); a bundle opened alone reads the file's values
+# the judgement numbers live in rules/thresholds.yaml (overridable with --threshold): the pipeline passes the
+# analysis's thresholds to the table stage (diagnose.normalize.TableContext), and from there to mark() and stalls()
 LAG_KEY = "client_loop_lag_max_ms"  # a stall = a sample over the client-bound loop-lag bound
 COUNT_KEY, SPAN_KEY, SHARE_KEY = "client_stall_max_count", "client_stall_max_s", "client_stall_max_touched_ratio"
 
-
-def _thresholds(bundle: Bundle) -> dict[str, float]:
-    if bundle.thresholds:
-        return dict(bundle.thresholds)
-    from diagnose.rules.spec import load_thresholds
-
-    return dict(load_thresholds())
-
-
-def stall_lag_ms(bundle: Bundle) -> float:
-    return float(_thresholds(bundle)[LAG_KEY])
 
 STALL_COLUMNS = ["start_s", "end_s", "lag_ms", "cause", "gc_pause_ms", "gc_generation", "flush_records",
                  "requests", "marked"]
@@ -53,11 +43,11 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def stalls(bundle: Bundle) -> pd.DataFrame:
+def stalls(bundle: Bundle, thresholds: Mapping[str, float]) -> pd.DataFrame:
     """Every health sample over the threshold ``client_loop_lag_max_ms``, as a span with its recorded cause (``requests`` and
     ``marked`` are filled by :func:`mark`)."""
     anchor = bundle.anchor_mono_ns
-    limit = stall_lag_ms(bundle)
+    limit = float(thresholds[LAG_KEY])
     rows = []
     for h in bundle.iter_records("client_health"):
         lag = _num(h.get("loop_lag_ms"))
@@ -87,13 +77,13 @@ def _touched(req: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def mark(tables: dict[str, pd.DataFrame], bundle: Bundle) -> None:
+def mark(tables: dict[str, pd.DataFrame], bundle: Bundle, thresholds: Mapping[str, float]) -> None:
     """Adds table ``client_stalls`` and the boolean column ``client_stall`` to ``requests`` (touched by a
     marked stall) and to ``client_health`` (the marked stall samples), in place."""
     req = tables.get("requests")
     if req is None:
         return
-    st = stalls(bundle)
+    st = stalls(bundle, thresholds)
     req["client_stall"] = False
     health = tables.get("client_health")
     if health is not None:
@@ -104,7 +94,7 @@ def mark(tables: dict[str, pd.DataFrame], bundle: Bundle) -> None:
     st["requests"] = [int(_touched(req, st.iloc[[i]]).sum()) for i in range(len(st))]
     touched = _touched(req, st)
     measured = int((~req["warmup"].astype(bool)).sum()) if "warmup" in req.columns else len(req)
-    thr = _thresholds(bundle)
+    thr = thresholds
     short = len(st) <= thr[COUNT_KEY] and float((st["end_s"] - st["start_s"]).max()) <= thr[SPAN_KEY] + TICK_S
     if short and touched.sum() <= thr[SHARE_KEY] * max(1, measured):
         st["marked"] = True

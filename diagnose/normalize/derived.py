@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
+from diagnose.io.manifest import Manifest
 from diagnose.model import Phase, Signal
 from diagnose.signals.catalog import SIGNALS
 
@@ -36,9 +36,10 @@ def _load(p: Phase) -> float | None:
     return p.level
 
 
-def slo_terms(manifest: Mapping[str, Any]) -> dict[str, float]:
-    slo = (manifest.get("options") or {}).get("slo") or {}
-    return {str(k): float(v) for k, v in slo.items() if isinstance(v, (int, float)) and v > 0}
+def slo_terms(manifest: Manifest) -> dict[str, float]:
+    """The SLO the capture recorded ('ttft_p99_ms' -> limit); {} when none. A limit that is not positive (or
+    null) is left out: no SLO is judged on it (the manifest reader refuses one that is not a number)."""
+    return {k: float(v) for k, v in manifest.options.slo.items() if v is not None and v > 0}
 
 
 def worst_slo_ratio(sigs: Mapping[str, Signal], slo: Mapping[str, float], metric: str | None = None) -> float | None:
@@ -60,8 +61,9 @@ def _reference(out: dict[str, Signal], bs: Mapping[str, Signal]) -> None:
 
 
 def signals(run: Mapping[str, Signal], phases: Sequence[Phase],
-            per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
-    out = _signals(run, phases, per_phase, manifest)
+            per_phase: Mapping[int, Mapping[str, Signal]], slo: Mapping[str, float]) -> dict[str, Signal]:
+    """The signals derived from others; ``slo``: the capture's SLO terms (:func:`slo_terms`)."""
+    out = _signals(run, phases, per_phase, slo)
     out.update(itl_split(run, out))
     out.update(kv_demand(run))
     out.update(context_wanted(run))
@@ -73,13 +75,15 @@ def context_wanted(run: Mapping[str, Signal]) -> dict[str, Signal]:
     max_tokens (means) for one sequence; on an engine whose context is split between fixed slots (llama.cpp:
     ``slot_context_tokens`` known) that times the slots (max_num_seqs), since ``--ctx-size`` is their total."""
     prompt, asked = _val(run, "prompt_tokens_mean"), _val(run, "output_tokens_asked_mean")
-    if prompt is None or asked is None:
+    overflow = _val(run, "error_context_request_tokens")  # what the rejected requests needed (no request finished)
+    if (prompt is None or asked is None) and overflow is None:
         return {}
-    one = prompt + asked
+    one = prompt + asked if prompt is not None and asked is not None else float(overflow or 0.0)
+    what = f"{prompt:.0f} + {asked:.0f}" if prompt is not None and asked is not None else \
+        f"{one:.0f} (the rejected requests' prompt + max_tokens)"
     slots = _val(run, "max_num_seqs") if _val(run, "slot_context_tokens") is not None else None
     sig = _sig("context_wanted_tokens", one * (slots or 1), "tokens")
-    how = (f"({prompt:.0f} + {asked:.0f}) tokens x {slots:.0f} slots" if slots
-           else f"{prompt:.0f} + {asked:.0f} tokens for one sequence")
+    how = (f"({what}) tokens x {slots:.0f} slots" if slots else f"{what} tokens for one sequence")
     return {sig.name: replace(sig, description=f"{sig.description} ({how})")}
 
 
@@ -137,9 +141,8 @@ def itl_split(run: Mapping[str, Signal], derived: Mapping[str, Signal]) -> dict[
 
 
 def _signals(run: Mapping[str, Signal], phases: Sequence[Phase],
-             per_phase: Mapping[int, Mapping[str, Signal]], manifest: Mapping[str, Any]) -> dict[str, Signal]:
+             per_phase: Mapping[int, Mapping[str, Signal]], slo: Mapping[str, float]) -> dict[str, Signal]:
     out: dict[str, Signal] = {}
-    slo = slo_terms(manifest)
     for metric in SLO_METRICS:
         r = worst_slo_ratio(run, slo, metric)
         if r is not None:

@@ -26,7 +26,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.io.bundle import Bundle, MemoryBundle
 from diagnose.model import Signal, Source
-from diagnose.normalize import prometheus
+from diagnose.normalize import TableContext, prometheus
 
 SOURCE: Source = "server"
 REPLICA_COLUMNS = ["replica", "name", "labels", "detail", "why", "load_mean", "running_mean", "waiting_mean",
@@ -40,7 +40,7 @@ def _f(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     reps = [r for r in bundle.iter_records("fleet_replicas") if isinstance(r.get("replica"), str)]
     if not reps:
         return {}

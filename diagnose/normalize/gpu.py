@@ -26,7 +26,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Source
-from diagnose.normalize import sampled_in
+from diagnose.normalize import TableContext, sampled_in
 
 SOURCE: Source = "gpu"
 BENIGN_THROTTLE_MASK = 0x1 | 0x2 | 0x100  # idle, application clocks, display clock: not a slowdown
@@ -46,7 +46,7 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     data: dict[str, list[dict[str, Any]]] = {k: [] for k in _COLS}
     if not bundle.has_stream("gpu_samples"):
         return {k: pd.DataFrame(columns=v) for k, v in _COLS.items()}

@@ -40,11 +40,13 @@ import re
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Window
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Source
+from diagnose.normalize import TableContext
 from diagnose.normalize.host_stacks import CATEGORIES, CATEGORY_TEXT, categorize
 
 SOURCE: Source = "host"
@@ -127,7 +129,7 @@ def _system_rows(sysc: list[dict[str, Any]], anchor: int) -> list[dict[str, Any]
     return rows
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     if not bundle.has_stream("host_samples"):
         return _empty()
     anchor = bundle.anchor_mono_ns
@@ -183,11 +185,13 @@ def thread_categories(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd
     return g[["pid", "tid", "category", "frac"]]
 
 
-def category_cpu(t: dict[str, pd.DataFrame], w: Window | None = None) -> dict[str, float]:
-    """CPU seconds per category over the window (thread CPU time split by its samples' categories)."""
+def category_cpu(t: dict[str, pd.DataFrame], w: Window | None = None,
+                 fr: pd.DataFrame | None = None) -> dict[str, float]:
+    """CPU seconds per category over the window (thread CPU time split by its samples' categories; ``fr``:
+    ``thread_categories(t, w)`` where the caller has it)."""
     th = t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"]))
     th = _in_window(th, w) if w is not None else th
-    fr = thread_categories(t, w)
+    fr = thread_categories(t, w) if fr is None else fr
     out = dict.fromkeys(CATEGORIES, 0.0)
     if th.empty:  # no /proc counters: fall back to sample counts
         st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
@@ -209,8 +213,7 @@ def category_cpu(t: dict[str, pd.DataFrame], w: Window | None = None) -> dict[st
     return out
 
 
-def _spin_frac(t: dict[str, pd.DataFrame], w: Window) -> dict[tuple[int, int], float]:
-    fr = thread_categories(t, w)
+def _spin_frac(fr: pd.DataFrame) -> dict[tuple[int, int], float]:
     sp = fr[fr["category"] == "spin_wait"]
     return {(int(r.pid), int(r.tid)): float(r.frac) for r in sp.itertuples(index=False)}
 
@@ -228,8 +231,9 @@ def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     th = _in_window(t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"])), window)
     st = _in_window(t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"])), window)
     out: list[Signal] = []
+    fr = thread_categories(t, window)  # once per window: category_cpu, the spin share and thread_wait read it
     if not st.empty:
-        cats = category_cpu(t, window)
+        cats = category_cpu(t, window, fr)
         total = sum(cats.values())
         if total > 0:
             for cat, v in cats.items():
@@ -238,30 +242,33 @@ def signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
             out.append(Signal("host_spin_wait_share_ratio", cats["spin_wait"] / total, "ratio", SOURCE,
                               "share of the engine processes' CPU time spent spin-waiting"))
     if not th.empty:
-        out.extend(_thread_signals(t, th, window))
-    out.extend(_contention_signals(t, th, window))
+        out.extend(_thread_signals(t, th, fr))
+    out.extend(_contention_signals(t, th, window, fr))
     out.extend(_gil_signals(t, window))
     return out
 
 
-def _thread_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window) -> list[Signal]:
-    spin = _spin_frac(t, window)
-    span = th.groupby(["pid", "tid"]).agg(cpu_s=("cpu_s", "sum"), t0=("t0_s", "min"), t1=("t_s", "max"),
-                                          comm=("comm", "first"))
-    span["busy"] = span["cpu_s"] / (span["t1"] - span["t0"]).clip(lower=1e-9)
-    span["useful"] = [b * (1.0 - spin.get((int(p), int(i)), 0.0)) for (p, i), b in span["busy"].items()]
+def _thread_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, fr: pd.DataFrame) -> list[Signal]:
+    spin = _spin_frac(fr)
+    cpu_a, t0_a, t1_a = (th[c].to_numpy(dtype=float) for c in ("cpu_s", "t0_s", "t_s"))
+    comm_a = th["comm"].to_numpy()
+    # per thread (groupby order): CPU seconds over its span (spin-wait included), and without the spin-wait
+    span = []
+    for pid, tid, idx in _groups(th):
+        busy = float(cpu_a[idx].sum()) / max(float(t1_a[idx].max() - t0_a[idx].min()), 1e-9)
+        span.append((pid, tid, idx, busy, busy * (1.0 - spin.get((pid, tid), 0.0)), str(comm_a[idx[0]])))
     out = []
-    pid, tid = span["busy"].idxmax()
-    out.append(Signal("host_thread_busy_max_ratio", float(span["busy"].max()), "ratio", SOURCE,
+    pid, tid, _, busy, _, comm = max(span, key=lambda r: r[3])  # the first of a tie, as idxmax
+    out.append(Signal("host_thread_busy_max_ratio", busy, "ratio", SOURCE,
                       f"busiest engine thread's CPU share of one core, spin-wait included: "
-                      f"{_thread_label(t, int(pid), int(tid), str(span.loc[(pid, tid), 'comm']))}"))
-    pid, tid = span["useful"].idxmax()
-    sp = 1.0 - spin.get((int(pid), int(tid)), 0.0)
-    one = th[(th["pid"] == pid) & (th["tid"] == tid)]
-    series = tuple((float(r.t_s), float(r.cpu_ratio) * sp) for r in one.itertuples(index=False))
-    out.append(Signal("host_thread_saturated_max_ratio", float(span["useful"].max()), "ratio", SOURCE,
+                      f"{_thread_label(t, pid, tid, comm)}"))
+    pid, tid, idx, _, useful, comm = max(span, key=lambda r: r[4])
+    sp = 1.0 - spin.get((pid, tid), 0.0)
+    ts_a, ratio_a = th["t_s"].to_numpy(dtype=float), th["cpu_ratio"].to_numpy(dtype=float)
+    series = tuple((float(ts_a[i]), float(ratio_a[i]) * sp) for i in idx)
+    out.append(Signal("host_thread_saturated_max_ratio", useful, "ratio", SOURCE,
                       f"busiest engine thread's on-CPU share of one core, spin-wait excluded: "
-                      f"{_thread_label(t, int(pid), int(tid), str(span.loc[(pid, tid), 'comm']))}", series))
+                      f"{_thread_label(t, pid, tid, comm)}", series))
     total = th.groupby("t_s")["cpu_ratio"].sum()
     cpus = t.get("host_processes", pd.DataFrame(columns=_COLS["host_processes"])).get("cpus")
     if cpus is not None and cpus.notna().any():
@@ -277,12 +284,23 @@ THREAD_WAIT_COLS = ["pid", "tid", "role", "process", "thread", "cpu_s", "run_s",
                     "runnable_ratio", "wait_share", "core", "loop_share", "kind", "why"]
 
 
-def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataFrame:
+def _groups(th: pd.DataFrame) -> list[tuple[int, int, np.ndarray]]:
+    """The rows of each (pid, tid) of ``th``, in the order of ``th.groupby(["pid", "tid"])`` (keys ascending,
+    rows in table order within a group): one pandas groupby per thread costs a millisecond, these are a slice."""
+    pid, tid = th["pid"].to_numpy(), th["tid"].to_numpy()
+    order = np.lexsort((tid, pid))  # stable: a group's rows keep their order
+    sp, st = pid[order], tid[order]
+    cut = np.flatnonzero((sp[1:] != sp[:-1]) | (st[1:] != st[:-1])) + 1
+    return [(int(sp[a]), int(st[a]), order[a:b]) for a, b in zip([0, *cut], [*cut, len(order)], strict=True)]
+
+
+def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None, fr: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per engine thread over the window: run-queue wait and what the thread is (module docstring).
 
     ``wait_share`` = wait / (run + wait); ``runnable_ratio`` = (run + wait) per wall second; ``core`` the core
     it ran on most often (-1 unknown); ``loop_share`` the share of its py-spy samples in spin_wait/waiting
-    (NaN without samples); ``kind`` work | poll_loop | idle, and ``why`` in words."""
+    (NaN without samples); ``kind`` work | poll_loop | idle, and ``why`` in words. ``fr``:
+    ``thread_categories(t, w)`` where the caller has it."""
     th = t.get("host_threads", pd.DataFrame(columns=_COLS["host_threads"]))
     th = _in_window(th, w) if w is not None else th
     if th.empty:
@@ -290,26 +308,34 @@ def thread_wait(t: dict[str, pd.DataFrame], w: Window | None = None) -> pd.DataF
     if "core" not in th.columns:
         th = th.assign(core=-1)
     dur = max(1e-9, float(th["t_s"].max() - th["t0_s"].min()))
-    fr = thread_categories(t, w)
+    fr = thread_categories(t, w) if fr is None else fr
     loop = fr[fr["category"].isin(["spin_wait", "waiting"])].groupby(["pid", "tid"])["frac"].sum().to_dict()
     sampled = set(zip(fr["pid"].astype(int), fr["tid"].astype(int), strict=False))
     st = t.get("host_stacks", pd.DataFrame(columns=_COLS["host_stacks"]))
     names = st[st["thread"] != ""].groupby(["pid", "tid"])["thread"].first().to_dict() if not st.empty else {}
     procs = t.get("host_processes", pd.DataFrame(columns=_COLS["host_processes"]))
     pname = dict(zip(procs["pid"].astype(int), procs["name"].astype(str), strict=False))
+    run_a, wait_a, cpu_a = (th[c].to_numpy(dtype=float) for c in ("run_s", "wait_s", "cpu_s"))
+    core_a, role_a, comm_a = th["core"].to_numpy(), th["role"].to_numpy(), th["comm"].to_numpy()
     rows = []
-    for (pid, tid), g in th.groupby(["pid", "tid"]):
-        pid, tid = int(pid), int(tid)
-        run, wait, cpu = float(g["run_s"].sum()), float(g["wait_s"].sum()), float(g["cpu_s"].sum())
-        known = g["core"][g["core"] >= 0]
-        core = int(known.mode().iloc[0]) if not known.empty else -1
-        role = str(g["role"].iloc[0])
+    for pid, tid, idx in _groups(th):
+        # the sums as pandas takes them over one group (numpy's sum of the group's values in table order)
+        run, wait, cpu = float(run_a[idx].sum()), float(wait_a[idx].sum()), float(cpu_a[idx].sum())
+        cores = core_a[idx]
+        known = cores[cores >= 0]
+        if len(known):
+            vals, counts = np.unique(known, return_counts=True)
+            core = int(vals[int(np.argmax(counts))])  # the most frequent; the smallest of a tie, as Series.mode
+        else:
+            core = -1
+        first = int(idx[0])
+        role, comm = str(role_a[first]), str(comm_a[first])
         lshare = float(loop.get((pid, tid), 0.0)) if (pid, tid) in sampled else math.nan
         runnable, run_ratio = (run + wait) / dur, run / dur
-        thread = str(names.get((pid, tid)) or g["comm"].iloc[0])
+        thread = str(names.get((pid, tid)) or comm)
         if role in POLL_ROLES:
             kind, why = "poll_loop", POLL_ROLES[role]
-        elif POLL_THREADS.match(thread) or POLL_THREADS.match(str(g["comm"].iloc[0])):
+        elif POLL_THREADS.match(thread) or POLL_THREADS.match(comm):
             kind, why = "poll_loop", "a messaging library's polling thread (by name)"
         elif lshare >= POLL_LOOP_MIN_SHARE:
             kind, why = "poll_loop", f"{lshare:.0%} of its py-spy samples spin or wait"
@@ -332,14 +358,31 @@ def _share(df: pd.DataFrame) -> float | None:
     return wait / (run + wait) if run + wait > 0 else None
 
 
+def _kahan(values: Any) -> float:
+    """A sum as pandas' groupby takes it (compensated), so that a group's total is the same to the last bit."""
+    total = comp = 0.0
+    for v in values:
+        if v == v:  # NaN is left out
+            y = float(v) - comp
+            s = total + y
+            comp = s - total - y
+            total = s
+    return total
+
+
 def process_wait(tw: pd.DataFrame) -> pd.DataFrame:
     """Per engine process: the run-queue wait share of its working threads (columns pid, role, process,
     wait_share, run_s, wait_s, threads), worst first."""
+    cols = ["pid", "role", "process", "run_s", "wait_s", "threads"]
     wk = tw[tw["kind"] == "work"]
     if wk.empty:
         return pd.DataFrame(columns=["pid", "role", "process", "wait_share", "run_s", "wait_s", "threads"])
-    g = wk.groupby(["pid", "role", "process"], as_index=False).agg(run_s=("run_s", "sum"), wait_s=("wait_s", "sum"),
-                                                                   threads=("tid", "count"))
+    groups: dict[tuple[Any, Any, Any], list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(wk["pid"], wk["role"], wk["process"], strict=True)):
+        groups[key].append(i)
+    run_a, wait_a = wk["run_s"].to_numpy(dtype=float), wk["wait_s"].to_numpy(dtype=float)
+    g = pd.DataFrame([(*k, _kahan(run_a[ix]), _kahan(wait_a[ix]), len(ix)) for k, ix in sorted(groups.items())],
+                     columns=cols)
     g["wait_share"] = g["wait_s"] / (g["run_s"] + g["wait_s"]).clip(lower=1e-12)
     return g.sort_values(["wait_share", "wait_s"], ascending=False).reset_index(drop=True)
 
@@ -377,13 +420,14 @@ def _who(r: Any) -> str:
     return f"thread {r.thread!r} (tid {int(r.tid)}) of {r.role} process {int(r.pid)} ({r.process or '?'})"
 
 
-def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window) -> list[Signal]:
+def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Window,
+                        fr: pd.DataFrame) -> list[Signal]:
     out = []
     series: list[tuple[float, float]] = []
     ratio = None
     if not th.empty:
         out.extend(_all_threads_wait(th))
-        tw = thread_wait(t, window)
+        tw = thread_wait(t, window, fr)
         pw = process_wait(tw)
         loops = tw[(tw["kind"] == "poll_loop") & (tw["runnable_ratio"] >= BUSY_THREAD_MIN_RATIO)]
         lw = _share(loops)
@@ -412,8 +456,8 @@ def _contention_signals(t: dict[str, pd.DataFrame], th: pd.DataFrame, window: Wi
             desc = ("run-queue wait / (run + wait) of the engine's working threads (poll/yield loops and background "
                     "pollers excluded): " + ", ".join(f"{r.role} {int(r.pid)} {r.wait_share:.0%}"
                                                       for r in pw.itertuples(index=False)))
-            one = th[[(int(p), int(i)) in set(zip(work["pid"], work["tid"], strict=False))
-                      for p, i in zip(th["pid"], th["tid"], strict=False)]]
+            working = set(zip(work["pid"], work["tid"], strict=False))
+            one = th[[(int(p), int(i)) in working for p, i in zip(th["pid"], th["tid"], strict=False)]]
             per_t = one.groupby("t_s")[["run_s", "wait_s"]].sum()
             tot = per_t["run_s"] + per_t["wait_s"]
             series = [(float(k), float(w / s)) for k, w, s in zip(per_t.index, per_t["wait_s"], tot, strict=False)
@@ -512,10 +556,20 @@ def _gil_signals(t: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     d = d[(d["t_s"] >= window.start_s) & (d["t_s"] <= window.end_s)]
     if d.empty:
         return []
-    snap = d.groupby(["pid", "t_s"]).agg(gil=("gil", "any"), active=("active", "sum"))
-    held = snap.groupby(level="pid")["gil"].mean()
-    contended = snap.assign(c=snap["gil"] & (snap["active"] >= 2)).groupby(level="pid")["c"].mean()
-    return [Signal("host_gil_held_ratio", float(held.max()), "ratio", SOURCE,
-                   f"share of py-spy snapshots in which a thread held the GIL (process {int(held.idxmax())})"),
-            Signal("host_gil_contention_ratio", float(contended.max()), "ratio", SOURCE,
+    # per snapshot (pid, t_s): a thread held the GIL; threads active. Per process: the shares of its snapshots
+    snap: dict[tuple[int, float], list[int]] = {}
+    for pid, ts, gil, active in zip(d["pid"], d["t_s"], d["gil"], d["active"], strict=True):
+        one = snap.setdefault((pid, ts), [0, 0])
+        one[0] |= bool(gil)
+        one[1] += int(active)
+    held: dict[int, list[int]] = {}
+    for (pid, _), (gil, active) in sorted(snap.items()):
+        h = held.setdefault(pid, [0, 0, 0])
+        h[0] += gil
+        h[1] += gil and active >= 2
+        h[2] += 1
+    held_pid = max(held, key=lambda p: held[p][0] / held[p][2])  # the first of a tie, as idxmax
+    return [Signal("host_gil_held_ratio", held[held_pid][0] / held[held_pid][2], "ratio", SOURCE,
+                   f"share of py-spy snapshots in which a thread held the GIL (process {int(held_pid)})"),
+            Signal("host_gil_contention_ratio", max(c / n for _, c, n in held.values()), "ratio", SOURCE,
                    "share of snapshots with the GIL held and two or more threads active in one process")]

@@ -15,8 +15,6 @@ A stack (frames root first, each ``"func (file)"`` as py-spy writes them) gets o
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Any
 
 CATEGORIES: tuple[str, ...] = (
     "http_serialization", "tokenization", "detokenization", "request_processing", "scheduling",
@@ -90,36 +88,3 @@ def categorize(frames: list[str]) -> str:
             if pat.search(f):
                 return cat
     return "other"
-
-
-def flame_tree(rows: Iterable[tuple[list[str], float]], root_name: str = "all",
-               min_fraction: float = 0.002, max_depth: int = 64) -> dict[str, Any]:
-    """A flame-graph tree {name, value, children} from (path, weight) rows; tiny branches are pruned."""
-    root = _Node(root_name)
-    for path, weight in rows:
-        if weight <= 0:
-            continue
-        node = root
-        node.value += weight
-        for name in path[:max_depth]:
-            nxt = node.children.get(name)
-            if nxt is None:
-                nxt = node.children[name] = _Node(name)
-            node = nxt
-            node.value += weight
-    cutoff = root.value * min_fraction
-
-    def finish(n: _Node) -> dict[str, Any]:
-        kids = [finish(c) for c in sorted(n.children.values(), key=lambda c: -c.value) if c.value >= cutoff]
-        return {"name": n.name, "value": round(n.value, 3), "children": kids}
-
-    return finish(root)
-
-
-class _Node:
-    __slots__ = ("name", "value", "children")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.value = 0.0
-        self.children: dict[str, _Node] = {}

@@ -33,6 +33,7 @@ from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.errors import InputError
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
+from diagnose.normalize import TableContext
 from diagnose.requests import window_mask
 from diagnose.signals.catalog import SIGNALS
 
@@ -55,13 +56,13 @@ def _num(v: Any) -> float:
 
 
 # -- tables ----------------------------------------------------------------------------------------
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     spans = list(bundle.iter_records("spans"))
     if not spans:
         return {}
     requests = list(bundle.iter_records("requests")) if bundle.has_stream("requests") else []
     return build_tables(spans, requests, anchor_unix_ns=bundle.anchor_unix_ns, anchor_mono_ns=bundle.anchor_mono_ns,
-                        windows=profiler_windows(bundle.manifest))
+                        windows=profiler_windows(bundle.meta))
 
 
 def spans_table(spans: Iterable[dict[str, Any]], anchor_unix_ns: int) -> pd.DataFrame:
@@ -293,6 +294,12 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(_sig("ttft_engine_share_ratio", shares["queue_ms"] + shares["prefill_ms"], "ratio",
                         SIGNALS["ttft_engine_share_ratio"] + note))
         out.extend(_tail_split(j, total_col, parts, tail_pct(tables), note))
+        if total_col == "client_ttft_ms":  # per request: client TTFT - the engine's own TTFT (issue 34)
+            gap = j["client_network_ms"].to_numpy(dtype=float)
+            gap = gap[np.isfinite(gap)]
+            if gap.size:
+                out.append(_sig("ttft_client_network_p50_ms", float(np.percentile(gap, 50)), "ms",
+                                SIGNALS["ttft_client_network_p50_ms"]))
     server = w[np.isfinite(w["server_ttft_ms"].to_numpy(dtype=float))]
     if len(server):
         out.append(_sig("span_requests_count", float(len(server)), "count", "server request spans in the window"))

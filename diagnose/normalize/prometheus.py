@@ -35,6 +35,7 @@ from diagnose.analysis import Window
 from diagnose.engines.detect import DP_LABEL, MetricRef, engine_from_metric_names, metric_map
 from diagnose.io.bundle import Bundle, lines_text
 from diagnose.model import Signal, Source
+from diagnose.normalize import TableContext
 from diagnose.normalize.prom_hist import (
     QuantileEstimate,
     TailMean,
@@ -45,6 +46,7 @@ from diagnose.normalize.prom_hist import (
 )
 from diagnose.numbers import fmt_value
 from diagnose.requests import finite, in_flight_mean, select, span_s
+from diagnose.signals.catalog import SIGNALS
 
 SOURCE: Source = "server"
 METRIC_COLUMNS = ["t_s", "t0_s", "signal", "value", "delta", "engine", "dp", "kind", "unit", "agg", "metric"]
@@ -87,21 +89,42 @@ def _scalar_rows(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float
             for dp, vs in groups.items()]
 
 
-def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]]) -> _Series:
+_BucketOf = dict[tuple[int, tuple[tuple[str, str], ...]], tuple[tuple[tuple[str, str], ...], float] | None]
+_STR = {str}
+
+
+def _bucket_of(ref: MetricRef, labels: dict[str, Any]) -> tuple[tuple[tuple[str, str], ...], float] | None:
+    """A bucket sample's series key (its labels but ``le``) and upper bound; None when it is not one of ``ref``'s."""
+    if "le" not in labels or not ref.matches_labels(labels):
+        return None
+    key = tuple(sorted((k, str(x)) for k, x in labels.items() if k != "le"))
+    try:
+        le = parse_le(str(labels["le"]))
+    except ValueError:
+        return None
+    return key, le * ref.scale if math.isfinite(le) else le
+
+
+def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]],
+                 seen: _BucketOf | None = None) -> _Series:
+    """``seen``: the buckets already read by label set, over the scrapes of one table (every scrape repeats
+    the same label sets: each is matched, sorted and parsed once)."""
     name = next((n for n in ref.names if f"{n}_bucket" in idx), None)
     series: _Series = {}
     if name is None:
         return series
+    seen = {} if seen is None else seen
     for labels, v in idx[f"{name}_bucket"]:
-        if "le" not in labels or not ref.matches_labels(labels):
+        if {*map(type, labels.values())} <= _STR:  # label values as the exposition format has them: text
+            ck = (id(ref), tuple(labels.items()))
+            hit = seen[ck] if ck in seen else seen.setdefault(ck, _bucket_of(ref, labels))
+        else:  # a malformed label value (a number, a list): read alone
+            hit = _bucket_of(ref, labels)
+        if hit is None:
             continue
-        key = tuple(sorted((k, str(x)) for k, x in labels.items() if k != "le"))
-        try:
-            le = parse_le(str(labels["le"]))
-        except ValueError:
-            continue
+        key, bound = hit
         s = series.setdefault(key, {"b": {}, "sum": math.nan, "count": math.nan})
-        s["b"][le * ref.scale if math.isfinite(le) else le] = v
+        s["b"][bound] = v
     for suffix, field in (("_sum", "sum"), ("_count", "count")):
         for labels, v in idx.get(f"{name}{suffix}", []):
             key = tuple(sorted((k, str(x)) for k, x in labels.items()))
@@ -122,7 +145,7 @@ def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None, restarted: boo
             "sum": cur["sum"] - prev["sum"], "count": cur["count"] - prev["count"]}
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     numbered = list(bundle.iter_numbered("metrics"))
     if not numbered:
         return {}
@@ -132,7 +155,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     fam_names = [str(f.get("name", "")) for f in bundle.iter_records("metric_families")]
     sample_names = (str(s[0]) for s in records[0].get("samples") or [] if isinstance(s, list) and s)
     engine = (engine_from_metric_names(fam_names) or engine_from_metric_names(sample_names)
-              or str((bundle.manifest.get("target") or {}).get("engine") or "unknown"))
+              or bundle.meta.target.engine or "unknown")
     refs = metric_map(engine)
     dp_label = DP_LABEL.get(engine, "")
     anchor = bundle.anchor_mono_ns
@@ -142,6 +165,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
     scrapes: list[dict[str, Any]] = []
     config: dict[str, float] = {}
     prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
+    seen: _BucketOf = {}  # bucket label sets already read (the same in every scrape)
     bad_total = 0
     start_time: float | None = None
     for line, rec in numbered:
@@ -167,7 +191,7 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                 rows.extend(_scalar_rows(ref, idx, engine, dp_label, t_s))
                 continue
             agg: dict[str, Any] = {"b": defaultdict(float), "sum": 0.0, "count": 0.0, "t0": t_s, "n": 0}
-            for skey, cur in _hist_series(ref, idx).items():
+            for skey, cur in _hist_series(ref, idx, seen).items():
                 prev = prev_hist.get((ref.signal, skey))
                 prev_hist[(ref.signal, skey)] = (t_s, cur)
                 d = _hist_delta(cur, prev[1] if prev else None, restarted)
@@ -185,19 +209,16 @@ def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
                 sum_rows.append({"t0_s": agg["t0"], "t_s": t_s, "signal": ref.signal, "count": agg["count"],
                                  "sum": agg["sum"]})
     if bad_total:
-        bundle.warn(f"{bundle.stream_file('metrics') or bundle.path / 'metrics.jsonl'}: skipped {bad_total} "
+        (ctx or TableContext.defaults()).note(
+            f"{bundle.stream_file('metrics') or bundle.path / 'metrics.jsonl'}: skipped {bad_total} "
                     f"malformed sample(s) (not [name, labels, value] with a finite value within 1e18) on "
                     f"{lines_text(sorted(bad_lines))}")
     metrics = pd.DataFrame(rows, columns=[c for c in METRIC_COLUMNS if c not in ("t0_s", "delta")])
     metrics = _add_deltas(metrics, {s["t_s"] for s in scrapes if s["restarted"]})
-    target = bundle.manifest.get("target") or {}
-    for src in (target, target.get("config") or {}, target.get("engine_config") or {}):
-        if not isinstance(src, dict):
-            continue
-        for key in ENGINE_SETTINGS:  # what the engine said about itself (server info, its command line)
-            v = src.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                config.setdefault(key, float(v))
+    stated = bundle.meta.target.settings  # what the engine said about itself (server info, its command line)
+    for key in ENGINE_SETTINGS:
+        if key in stated:
+            config.setdefault(key, float(stated[key]))
     out = {
         "metrics": metrics,
         "metrics_hist": pd.DataFrame(hist_rows, columns=HIST_COLUMNS),
@@ -214,6 +235,7 @@ ENGINE_SETTINGS: dict[str, str] = {
     "kv_block_size_tokens": "tokens", "kv_blocks": "blocks", "prefix_caching": "flag", "chunked_prefill": "flag",
     "cuda_graphs": "flag", "tensor_parallel_size": "ranks", "max_model_len": "tokens", "context_size": "tokens",
     "max_concurrent_requests": "requests", "max_batch_total_tokens": "tokens", "threads": "threads",
+    "continuous_batching": "flag", "ubatch_tokens": "tokens", "sampling_top_k": "tokens", "constrained_decoding": "flag",
 }
 
 
@@ -229,6 +251,18 @@ def _add_deltas(df: pd.DataFrame, restarts: set[float]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------------
 _BY_SIGNAL: ContextVar[dict[int, dict[Any, pd.DataFrame]] | None] = ContextVar("prometheus_by_signal", default=None)
+# within one :func:`signals` call: each histogram's increase and mean over the window, computed once (one
+# histogram gives its P50, P90, P99, tail mean and mean: each read the same two sums)
+_MEMO: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("prometheus_memo", default=None)
+
+
+def _memo(key: tuple[Any, ...], compute: Any) -> Any:
+    memo = _MEMO.get()
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
 def _rows(df: pd.DataFrame, signal: str) -> pd.DataFrame:
@@ -289,6 +323,12 @@ def hist_window(tables: dict[str, pd.DataFrame], signal: str, window: Window) ->
     df = tables.get("metrics_hist")
     if df is None or df.empty:
         return [], []
+    les, cum = _memo(("hist_window", id(df), signal, window.start_s, window.end_s),
+                     lambda: _hist_window(df, signal, window))
+    return list(les), list(cum)
+
+
+def _hist_window(df: pd.DataFrame, signal: str, window: Window) -> tuple[list[float], list[float]]:
     h = _overlapping(_rows(df, signal), window)
     if h.empty:
         return [], []
@@ -322,6 +362,10 @@ def hist_mean(tables: dict[str, pd.DataFrame], signal: str, window: Window) -> t
     df = tables.get("metrics_hist_sum")
     if df is None or df.empty:
         return None
+    return _memo(("hist_mean", id(df), signal, window.start_s, window.end_s), lambda: _hist_mean(df, signal, window))
+
+
+def _hist_mean(df: pd.DataFrame, signal: str, window: Window) -> tuple[float, float] | None:
     h = _overlapping(_rows(df, signal), window)
     n = float(h["count"].sum())
     return (float(h["sum"].sum()) / n, n) if n > 0 else None
@@ -411,10 +455,11 @@ def signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
     # each metric table split by signal once per call: the helpers below look one signal up many times
     split = {id(df): dict(tuple(df.groupby("signal", sort=False))) for name in ("metrics", "metrics_hist",
              "metrics_hist_sum") if (df := tables.get(name)) is not None and not df.empty}
-    token = _BY_SIGNAL.set(split)
+    token, memo = _BY_SIGNAL.set(split), _MEMO.set({})
     try:
         return _signals(tables, window)
     finally:
+        _MEMO.reset(memo)
         _BY_SIGNAL.reset(token)
 
 
@@ -551,6 +596,9 @@ def _signals(tables: dict[str, pd.DataFrame], window: Window) -> list[Signal]:
         out.append(Signal("server_ttft_client_gap_mean_ms", gap[0], "ms", SOURCE,
                           f"client mean TTFT - server mean TTFT ({gap[1]:.0f} client requests): time outside the "
                           "engine's TTFT interval (HTTP, frontend before arrival, detokenize, SSE, network)"))
+        if gap[2] > 0:  # the same gap as a share of the client's mean TTFT (issue 34: time outside the server)
+            out.append(Signal("server_ttft_client_gap_share_ratio", min(1.0, max(0.0, gap[0] / gap[2])), "ratio",
+                              SOURCE, SIGNALS["server_ttft_client_gap_share_ratio"]))
     cfg = tables.get("server_config")
     if cfg is not None:
         for key, value in zip(cfg["key"], cfg["value"], strict=True):
@@ -629,10 +677,12 @@ def client_ttft_s(tables: dict[str, pd.DataFrame], window: Window) -> list[float
     return [float(v) / 1e3 for v in finite(select(req, window).ok["ttft_ms"])]
 
 
-def ttft_gap(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, int] | None:
-    """(client mean TTFT - server mean TTFT in ms, client count), when both sides have observations."""
+def ttft_gap(tables: dict[str, pd.DataFrame], window: Window) -> tuple[float, int, float] | None:
+    """(client mean TTFT - server mean TTFT in ms, client count, client mean TTFT in ms), when both sides have
+    observations."""
     client = client_ttft_s(tables, window)
     server = hist_mean(tables, "ttft_seconds", window)
     if not client or server is None:
         return None
-    return (sum(client) / len(client) - server[0]) * 1e3, len(client)
+    mean = sum(client) / len(client)
+    return (mean - server[0]) * 1e3, len(client), mean * 1e3

@@ -23,7 +23,7 @@ import pandas as pd
 from diagnose.analysis import Window
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Source
-from diagnose.normalize import sampled_in
+from diagnose.normalize import TableContext, sampled_in
 
 SOURCE: Source = "server"
 COLUMNS = ["t_s", "slot", "n_ctx", "busy", "used"]
@@ -33,7 +33,7 @@ def _n(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     if not bundle.has_stream("slots"):
         return {"slots": pd.DataFrame(columns=COLUMNS)}
     anchor = bundle.anchor_mono_ns

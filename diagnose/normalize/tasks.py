@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.model import Signal, Source, Window
+from diagnose.normalize import TableContext
 from diagnose.normalize.client import good_mask
 from diagnose.requests import span_s, window_mask
 from diagnose.signals.catalog import SIGNALS
@@ -24,7 +25,7 @@ SOURCE: Source = "client"
 PCTS = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("max", 100.0))
 
 
-def tables(bundle: object) -> dict[str, pd.DataFrame]:
+def tables(bundle: object, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     return {}
 
 

@@ -19,6 +19,7 @@ from diagnose.analysis import Window
 from diagnose.errors import DiagnoseError
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal
+from diagnose.normalize import TableContext
 from diagnose.trace.analyze import analyze_files
 from diagnose.trace.signals import trace_signals
 
@@ -29,10 +30,10 @@ def trace_artifacts(bundle: Bundle) -> list[Path]:
     """The worker traces among the bundle's artifacts, each confined to the bundle directory (a path that
     leads outside it, or is missing, is a warning and marks the profiler probe failed; never opened)."""
     out = []
-    for name, entry in sorted(bundle.artifacts().items()):
-        if entry.get("kind") != "torch_trace" or entry.get("role") == "frontend":
+    for name, entry in sorted(bundle.meta.artifacts.items()):
+        if entry.kind != "torch_trace" or entry.role == "frontend":
             continue
-        p = bundle.artifact_file(name, entry) if bundle.kind == "bundle" else bundle.path / str(entry.get("file"))
+        p = bundle.artifact_file(name, entry) if bundle.kind == "bundle" else bundle.path / str(entry.file)
         if p is None:
             bundle.degrade_probe("profiler", f"trace artifact {name} unusable")
             continue
@@ -51,22 +52,23 @@ def span_table(ranks: pd.DataFrame, anchor_unix_ns: int | None) -> pd.DataFrame:
                         columns=SPAN_COLUMNS).reset_index(drop=True)
 
 
-def tables(bundle: Bundle) -> dict[str, pd.DataFrame]:
+def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     files = trace_artifacts(bundle)
     if not files:
         return {}
-    include_python = bool((bundle.manifest.get("options") or {}).get("include_python"))
+    ctx = ctx if ctx is not None else TableContext.defaults()
+    include_python = bundle.meta.options.include_python
     try:
         a = analyze_files(files, include_python=include_python)
     except DiagnoseError as e:
         if bundle.kind == "trace":  # the trace is the whole input: its error is the job's error
             raise
-        bundle.warn(f"trace analysis skipped: {e}")
+        ctx.note(f"trace analysis skipped: {e}")
         bundle.degrade_probe("profiler", "its trace cannot be read")
         return {"trace_warnings": pd.DataFrame({"message": [f"trace analysis skipped: {e}"]}, dtype=object)}
     for w in a.warnings:  # damaged events the reader dropped: said on the command line and in --json too
         if "ignored" in w:
-            bundle.warn(f"trace: {w}")
+            ctx.note(f"trace: {w}")
     out = dict(a.tables)
     out["trace_span"] = span_table(out["trace_ranks"], bundle.anchor_unix_ns)
     return out

@@ -82,7 +82,7 @@ def test_every_probe_lands_in_one_bundle_and_report(start_vllm: Callable[..., ob
     check_three_processes(out)
 
     # the worker's torch trace, and the profiler window
-    traces = [a for a in b.artifacts().values() if a["kind"] == "torch_trace"]
+    traces = [a for a in b.manifest["artifacts"].values() if a["kind"] == "torch_trace"]
     worker = [a for a in traces if a["role"] == "worker"]
     assert len(worker) == 1 and worker[0]["iterations"] == ITERATIONS and worker[0]["bytes"] > 0
     d = st["profiler"].detail

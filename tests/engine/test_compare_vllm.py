@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.engine import VllmServer
 from tests.conftest import with_eager
 from tests.engine.evidence import analyzed_evidence, runs_evidence
 
@@ -33,20 +34,28 @@ def _warm(url: str, out: Path, load: Sequence[str]) -> None:
     _attach(url, out, "--baseline", "0", "--warmup", "0", load=load)
 
 
-def _varied_lengths(path: Path, n: int = 64) -> list[str]:
-    """A workload file of ``n`` requests all due at once, 128 prompt tokens, 24-40 output tokens (seeded), sent
-    8 at a time: the closed loop at c=8 of LOAD, with output lengths that vary. With every output exactly 32
-    tokens the two batch slots of --max-num-seqs 2 lock into one of two regimes that persist for a whole run:
-    staggered (each admission's prefill stalls the other request's decode, >50 ms token gaps every 0.35 s)
-    or in step (both finish together, no stall). CI met one of each in an A/A pair: ITL P99 102 vs 19 ms,
-    TPOT P50 -24%, a real difference the intervals rightly found. Varied lengths keep the slots from locking."""
+# The closed loop at c=8 of LOAD, with output lengths that vary (seeded: the same sequence in every capture).
+# With every output exactly 32 tokens the two batch slots of --max-num-seqs 2 lock into one of two regimes that
+# persist for a whole run: staggered (each admission's prefill stalls the other request's decode, >50 ms token
+# gaps every 0.35 s) or in step (both finish together, no stall). CI met one of each in an A/A pair: ITL P99 102
+# vs 19 ms, TPOT P50 -24%, a real difference the intervals rightly found. Varied lengths keep the slots from
+# locking. (A workload file of 64 requests all due at once, sent 8 at a time, did the same before length
+# distributions existed; the tool reads such a file as one burst of 64 arrivals, an open loop, and SCH008 then
+# took SCH001's place: not what this test is about.)
+VARIED = ["--concurrency", "8", "--duration", "12s", "--input-tokens", "128", "--output-tokens", "uniform:min=24,max=40"]
+
+
+def _backlog(path: Path, n: int = 64) -> list[str]:
+    """A warm-up bounded by count, not time: ``n`` requests all due at once (128 prompt tokens, 24-40 output
+    tokens, seeded), sent 8 at a time. A 12 s warm-up at c=8 served 9 requests on a slow, loaded host, and
+    compare rightly called the next capture's server cold beside the second's (162 served before it)."""
     import random
 
     rng = random.Random(5)
     rows = [{"diagnose_workload": 1, "block_tokens": 16}]
     rows += [{"offset_s": 0.0, "input_tokens": 128, "output_tokens": rng.randint(24, 40)} for _ in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return ["--workload", str(path), "--max-concurrency", "8", "--duration", "60s"]
+    return ["--workload", str(path), "--max-concurrency", "8", "--duration", "120s"]
 
 
 # The compared captures run their level three times (attach --repeat): compare resamples the runs first, so a
@@ -59,13 +68,26 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def capped(engine_built: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One --max-num-seqs 2 server (eager) for this module's tests that attach to it (compare/verify and the
+    goodput search): started by whichever of them runs first, stopped after the module, one start instead
+    of two (~40 s on 2 idle cores, more on a loaded one). Each test warms it with its own load first (_warm):
+    the batch shapes it will see are compiled and its prompts (seed 0, as in every capture here) are in the
+    prefix cache before it measures, as on a fresh server, whichever test ran on it before."""
+    server = VllmServer(log_path=tmp_path_factory.mktemp("capped") / "server.log",
+                        extra_args=with_eager(["--max-num-seqs", "2"]))
+    with server:
+        yield server
+
+
 @pytest.mark.timeout(900)
-def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], tmp_path: Path) -> None:
-    load = _varied_lengths(tmp_path / "workload.jsonl")
-    capped = start_vllm(extra_args=["--max-num-seqs", "2"])
-    _warm(capped.url, tmp_path / "warm-a", load)  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a1", *REPEAT, load=load)  # type: ignore[attr-defined]
-    _attach(capped.url, tmp_path / "a2", *REPEAT, load=load)  # type: ignore[attr-defined]
+def test_compare_and_verify_on_real_captures(capped: VllmServer, start_vllm: Callable[..., object],
+                                             tmp_path: Path) -> None:
+    load = VARIED
+    _warm(capped.url, tmp_path / "warm-a", _backlog(tmp_path / "warm.jsonl"))
+    _attach(capped.url, tmp_path / "a1", *REPEAT, load=load)
+    _attach(capped.url, tmp_path / "a2", *REPEAT, load=load)
     # A/A: the same setting twice in a row
     p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
     assert p.returncode == 0, p.stderr
@@ -78,14 +100,13 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
         # The tool said so (checked here); the pair is captured again (at most twice more).
         assert "CPU time per output token" in p.stdout, p.stdout
         drifted += aa["comparability"]["host_drift"]
-        _attach(capped.url, tmp_path / "a1", "--force", *REPEAT, load=load)  # type: ignore[attr-defined]
-        _attach(capped.url, tmp_path / "a2", "--force", *REPEAT, load=load)  # type: ignore[attr-defined]
+        _attach(capped.url, tmp_path / "a1", "--force", *REPEAT, load=load)
+        _attach(capped.url, tmp_path / "a2", "--force", *REPEAT, load=load)
         p = _run("compare", str(tmp_path / "a1"), str(tmp_path / "a2"), "--json", str(tmp_path / "aa.json"))
         assert p.returncode == 0, p.stderr
         aa = json.loads((tmp_path / "aa.json").read_text())
-    capped.stop()  # type: ignore[attr-defined]
     raised = start_vllm(extra_args=["--max-num-seqs", "8"])
-    _warm(raised.url, tmp_path / "warm-b", load)  # type: ignore[attr-defined]
+    _warm(raised.url, tmp_path / "warm-b", _backlog(tmp_path / "warm.jsonl"))  # type: ignore[attr-defined]
     _attach(raised.url, tmp_path / "b", *REPEAT, load=load)  # type: ignore[attr-defined]
 
     assert aa["comparability"]["comparable"] and aa["comparability"]["changed"] == []
@@ -116,13 +137,21 @@ def test_compare_and_verify_on_real_captures(start_vllm: Callable[..., object], 
     gate = _run("compare", str(tmp_path / "b"), str(tmp_path / "a1"), "--fail-on-regression", "ttft_p50=5%", "-q")
     assert gate.returncode == 6, gate.stdout + gate.stderr  # the other way round it is a regression
 
-    v = _run("verify", str(tmp_path / "a1"), str(tmp_path / "b"), "--json", str(tmp_path / "v.json"))
+    # the queue-cap finding is what a1 diagnoses; which finding leads depends on the host: on a machine stalled
+    # 95% of the time each admission's prefill stalls the other slot's decode long enough that the ITL tail
+    # (SCH007, also real here) outranked it once. verify is asked for the finding under test by its id.
+    found = _run("analyze", str(tmp_path / "a1"), "-o", str(tmp_path / "a1.html"), "--json", str(tmp_path / "a1.json"))
+    assert found.returncode == 0, found.stderr
+    fired = [f["rule_id"] for f in json.loads((tmp_path / "a1.json").read_text())["findings"] if not f.get("held_back")]
+    assert "SCH001" in fired, fired
+    v = _run("verify", str(tmp_path / "a1"), str(tmp_path / "b"), "--finding", "SCH001", "--json",
+             str(tmp_path / "v.json"))
     ver = json.loads((tmp_path / "v.json").read_text())
     assert ver["finding"] == "SCH001", ver["finding"]
     assert v.returncode == 0 and ver["outcome"] == "confirmed", v.stdout
     # the same experiment judged on the A/A pair: the occupancy it predicts (running up, queue down) did not
     # move, whatever the host did, so it is refuted, never confirmed
-    r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"))
+    r = _run("verify", str(tmp_path / "a1"), str(tmp_path / "a2"), "--finding", "SCH001")
     evidence = r.stdout + "\n" + analyzed_evidence(tmp_path / "a1") + "\n" + analyzed_evidence(tmp_path / "a2")
     assert r.returncode == 7 and r.stdout.startswith("refuted"), evidence
 
@@ -174,34 +203,35 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
 
 
 @pytest.mark.timeout(900)
-def test_find_max_goodput_matches_a_fine_manual_sweep(start_vllm: Callable[..., object], tmp_path: Path) -> None:
+def test_find_max_goodput_matches_a_fine_manual_sweep(capped: VllmServer, tmp_path: Path) -> None:
     """--max-num-seqs 2: up to c=2 no request waits for a batch slot; above it, requests queue for a whole
     request's time. The search (ladder 1, 2, 4, 8, then bisection) must put the TTFT P90 edge within one
     ladder step of a fine sweep (every concurrency 1..6 in one capture, each level judged on its own)."""
-    server = start_vllm(extra_args=["--max-num-seqs", "2"])
-    url = server.url  # type: ignore[attr-defined]
+    url = capped.url
     shape = ["--input-tokens", "128", "--output-tokens", "32", "--duration", "8s", "--no-nvml", "--realtime"]
     _warm(url, tmp_path / "warm", ["-c", "4", *shape])
-    # the limit between the two regimes: P90 ~15-25 ms while no request waits, ~100-250 ms once a tenth of the
-    # requests wait for a whole request (32 tokens); 150 ms lay inside the waiting band (a search measured c=3
-    # at 169 ms where the fine sweep had 108 ms, so the edge fell two steps apart in CI-like load)
-    limit_ms = 60.0
+    # the fine manual sweep first: one capture, c=1..6, each level's TTFT P90 against the limit
+    _attach(url, tmp_path / "fine", "--baseline", "0", load=["-c", "1:6:+1", *shape])
+    from diagnose.pipeline import analyze
+
+    a = analyze(tmp_path / "fine")
+    levels = {ph.concurrency: s for ph, s in zip(a.phases, a.phase_signals, strict=True) if not ph.is_baseline}
+    ttft90 = {c: s["ttft_p90_ms"].value for c, s in levels.items()}
+    # the limit between the two regimes, from this host's own c=1 level: while no request waits, TTFT P90 is
+    # about c=1's; once a tenth of the requests wait for a whole request, it is that plus a request's time. The
+    # limit lies 40% of a request's time above c=1's P90 (a fixed 60 ms held on a host that prefilled the 128
+    # tokens in ~20 ms; on an AVX2-only host, where bfloat16 is emulated, c=1 alone took 123 ms)
+    one = levels[1.0]
+    limit_ms = round(one["ttft_p90_ms"].value + 0.4 * one["e2e_p50_ms"].value, 1)
     slo = f"ttft_p90={limit_ms:g}ms"
     p = _run("attach", "--url", url, "--find-max-goodput", "-c", "1:8:x2", "--slo", slo, *shape, "--baseline", "4",
              "-o", str(tmp_path / "edge"), timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads((tmp_path / "edge" / "search.json").read_text())
     found = next(x["level"] for x in r["points"] if x["label"] == r["max_goodput"]) if r["max_goodput"] else 0
-    # the fine manual sweep: one capture, c=1..6, each level's TTFT P90 against the limit
-    _attach(url, tmp_path / "fine", "--slo", slo, "--baseline", "0", load=["-c", "1:6:+1", *shape])
-    from diagnose.pipeline import analyze
-
-    a = analyze(tmp_path / "fine")
-    ttft90 = {ph.concurrency: s["ttft_p90_ms"].value for ph, s in zip(a.phases, a.phase_signals, strict=True)
-              if not ph.is_baseline}
     fine = max((c for c, v in ttft90.items() if c is not None and all(ttft90[k] <= limit_ms for k in ttft90
                                                                       if k is not None and k <= c)), default=0)
-    evidence = f"search: {p.stdout}\nfine sweep TTFT P90 ms per concurrency: {ttft90}"
+    evidence = f"search: {p.stdout}\nlimit {limit_ms} ms; fine sweep TTFT P90 ms per concurrency: {ttft90}"
     assert fine >= 1 and abs(found - fine) <= 1, evidence  # one ladder step near the edge (the bisection's)
     assert r["saturation"] is not None or "not reached" in r["saturation_note"], evidence
     html = (tmp_path / "edge" / "report.html").read_text()
@@ -228,7 +258,7 @@ VERIFY_CASES = {
 }
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1300)
 @pytest.mark.parametrize("case", sorted(VERIFY_CASES))
 def test_attach_launch_verify_confirms_the_experiment(case: str, engine_built: None, tmp_path: Path) -> None:
     import time
@@ -237,10 +267,19 @@ def test_attach_launch_verify_confirms_the_experiment(case: str, engine_built: N
     cmd, url = _launch_cmd(engine_args)
     t0 = time.monotonic()
     load = load if "--duration" in load else [*load, "--duration", "10s"]
-    p = _run("attach", "--launch", cmd, "--url", url, "--verify", *load, "--no-nvml",
-             "--realtime", "-o", str(tmp_path / "v"), timeout=600)
-    took = time.monotonic() - t0
     out = tmp_path / "v"
+    p = _run("attach", "--launch", cmd, "--url", url, "--verify", *load, "--no-nvml",
+             "--realtime", "-o", str(out), timeout=600)
+    took = time.monotonic() - t0
+    first = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
+    if p.returncode == 8 and "host ran at a different speed" in str(first.get("reason")):
+        # the tool saw the host change speed between its two servers and said to capture both again (as
+        # _experiment does; CI, stop 41: prefill_heavy's concurrency-1 reference 29% faster in the second run,
+        # while four runs of the two budgets here put it at 8.4, 7.2, 8.7 and 9.3 ms in turn: host noise)
+        assert "host ran at a different speed" in p.stdout, p.stdout
+        out = tmp_path / "v-2"
+        p = _run("attach", "--launch", cmd, "--url", url, "--verify", *load, "--no-nvml",
+                 "--realtime", "-o", str(out), timeout=600)
     evidence = p.stdout + p.stderr + (("\n" + runs_evidence(out)) if (out / "after").exists() else "")
     ver = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
     assert ver.get("finding") == rule and ver["experiment"]["flag"] == flag, evidence

@@ -103,7 +103,7 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
             drv.kill()
 
     # the truth: the driver's requests that ended between the observation's first and last scrape (what the
-    # counters and histograms count), and those sent between them (what the spans, by arrival, hold)
+    # counters and histograms count, and the spans the card takes: by finish, the same requests)
     tables, window, t_ns = _scrape_window(tmp_path / "obs")
     sent = [r for r in open_bundle(tmp_path / "drv").iter_records("requests") if r.get("ok")]
     assert len(sent) == N
@@ -111,7 +111,6 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     true_rate = len(seen) / ((t_ns[-1] - t_ns[0]) / 1e9)
     inp = np.array([r["prompt_tokens_usage"] for r in seen], dtype=float)
     outp = np.array([r["output_tokens_usage"] for r in seen], dtype=float)
-    arrived = [r for r in sent if t_ns[0] < r["sent_ns"] <= t_ns[-1]]
 
     # 1. from the counters and histograms alone (what an engine without spans gives)
     hist = observed_workload(tables, window)
@@ -165,13 +164,12 @@ def test_observed_card_matches_the_driver_and_its_replay_reproduces_the_server_r
     card = _analyze(tmp_path / "obs", tmp_path)["workload_card"]
     assert card["source"] == "observed traffic" and card["lengths_from"].startswith("engine spans")
     assert card["requests"] == round(hist["requests"]) and card["prefix_share_observed"] == hist["prefix_cache_hit_ratio"]
-    a_in = np.array([r["prompt_tokens_usage"] for r in arrived], dtype=float)
-    a_out = np.array([r["output_tokens_usage"] for r in arrived], dtype=float)
-    print("spans vs driver:", card["lengths_from"], len(arrived), {
+    print("spans vs driver:", card["lengths_from"], len(seen), {
         k: (card[k], {f"p{p}": float(np.percentile(v, p)) for p in (50, 90, 99)})
-        for k, v in (("input_tokens", a_in), ("output_tokens", a_out))})
-    assert abs(int(card["lengths_from"].split("(")[1].split()[0]) - len(arrived)) <= 2
-    for key, truth in (("input_tokens", a_in), ("output_tokens", a_out)):
+        for k, v in (("input_tokens", inp), ("output_tokens", outp))})
+    # a request ending within a scrape's round trip of the window's edge can fall either side (as above)
+    assert abs(int(card["lengths_from"].split("(")[1].split()[0]) - len(seen)) <= 2
+    for key, truth in (("input_tokens", inp), ("output_tokens", outp)):
         assert card[f"{key}_mean"] == pytest.approx(truth.mean(), rel=0.02)
         for p in (50, 90):
             assert card[key][f"p{p}"] == pytest.approx(float(np.percentile(truth, p)), rel=0.05), (key, p)

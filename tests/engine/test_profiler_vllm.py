@@ -50,7 +50,7 @@ def test_worker_trace_lands_in_the_bundle(start_vllm: Callable[..., object], tmp
     st = {s.name: s for s in b.probe_statuses()}
     assert st["profiler"].state == "ok", st["profiler"]
     assert st["load"].state == "ok"
-    traces = {k: v for k, v in b.artifacts().items() if v["kind"] == "torch_trace"}
+    traces = {k: v for k, v in b.manifest["artifacts"].items() if v["kind"] == "torch_trace"}
     worker = [v for v in traces.values() if v["role"] == "worker"]
     assert len(worker) == 1 and worker[0]["rank"] == 0 and worker[0]["iterations"] == 8
     events = orjson.loads(gzip.decompress((b.path / worker[0]["file"]).read_bytes()))["traceEvents"]
