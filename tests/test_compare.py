@@ -530,8 +530,9 @@ def test_the_engine_spending_more_cpu_per_token_on_the_same_setting_is_host_drif
     """CI: an A/A pair (same server, same setting) whose second capture ran 26% slower in throughput on all
     three of its runs, the engine using 39% more CPU per output token, while the concurrency-1 reference moved
     under 10%: the host's cores delivered less work per second, and nothing said so. The same work costing
-    more CPU on the same setting is reported now; under the threshold, or with a setting changed (a batch cap
-    changes the CPU per token for real), it is not."""
+    more CPU on the same setting is reported now; within the noise band (10% by default, or ``noise``), or
+    with a setting changed (a batch cap changes the CPU per token for real), it is not. CI then met +13% on
+    an A/A pair with ITL P50 "worse" by 25%, under the 15% bound of the time: the bound is the noise band."""
     a = analyze(QUEUE)
     assert a.tables["host_threads"]["cpu_s"].sum() > 0
 
@@ -542,7 +543,10 @@ def test_the_engine_spending_more_cpu_per_token_on_the_same_setting_is_host_drif
         return b
 
     assert cmp.compare(a, analyze(QUEUE), resamples=100).comparability["host_drift"] == []
-    assert cmp.compare(a, scaled(1.10), resamples=100).comparability["host_drift"] == []
+    assert cmp.compare(a, scaled(1.08), resamples=100).comparability["host_drift"] == []
+    [d13] = cmp.compare(a, scaled(1.13), resamples=100).comparability["host_drift"]
+    assert "+13% CPU time per output token" in d13, d13
+    assert cmp.compare(a, scaled(1.13), resamples=100, noise=0.15).comparability["host_drift"] == []
     slow = cmp.compare(a, scaled(1.39), resamples=100)
     [d] = slow.comparability["host_drift"]
     assert "+39% CPU time per output token" in d and "less work per second" in d, d
