@@ -205,6 +205,8 @@ def _workload_card(a: Analysis) -> list[dict[str, str]]:
     rows = [("Source", str(card["source"])), ("Mode", str(card["mode"])), ("Arrivals", arrivals()),
             ("Levels", ", ".join(card["levels"]) or None), ("Requests", _requests_cell(card)),
             ("Rate (server counter)", num(card["rate_rps"], " req/s") if observed else None),
+            ("Arrival rate (finished + change in waiting and running)",
+             num(card["arrival_rps"], " req/s") if observed and card.get("arrival_rps") is not None else None),
             ("Mean in flight", num(card["concurrency_mean"] or server.get("running_mean"))),
             ("Input tokens", observed_pct("input_tokens")), ("Output tokens", observed_pct("output_tokens")),
             ("Prefix share (observed: prefix-cache hit ratio, a lower bound)",

@@ -38,7 +38,8 @@ def _hist(name: str, values: list[int]) -> list[list[object]]:
 def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: float = 0.4, interval: float = 0.5,
                          lengths: bool = True, spans: int = 0, jitter: float = 0.0,
                          e2e_s: list[float] | None = None,
-                         spans_only: list[tuple[float, int, int]] = ()) -> BundleWriter:
+                         spans_only: list[tuple[float, int, int]] = (),
+                         arrive_s: list[float] | None = None, until: float | None = None) -> BundleWriter:
     """An observe-mode bundle whose scrapes (every ``interval`` s) count ``reqs`` (finish time, input, output
     tokens) as vLLM would; a prefix cache that hit ``hit`` of the prompt tokens; with ``spans``, the engine's
     ``llm_request`` spans of that many requests (the first ones), each arriving ``e2e_s[n]`` (0.2) s before it
@@ -54,7 +55,7 @@ def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: fl
                       "attributes": {"gen_ai.usage.prompt_tokens": i, "gen_ai.usage.completion_tokens": o,
                                      "gen_ai.latency.time_to_first_token": 0.02, "gen_ai.latency.e2e": d}})
     w = bw.stream("metrics", "test scrapes")
-    end = max(t for t, _, _ in reqs) + interval
+    end = max(t for t, _, _ in reqs) + interval if until is None else until - interval
     for k in range(int(end / interval) + 2):
         t = k * interval + (jitter if k % 2 else 0.0)  # scrapes at unequal intervals, as a stretched probe's
         done = [r for r in reqs if r[0] <= t]
@@ -65,7 +66,8 @@ def write_observe_bundle(path: Path, reqs: list[tuple[float, int, int]], hit: fl
             ["vllm:generation_tokens_total", {"engine": "0"}, float(sum(r[2] for r in done))],
             ["vllm:prefix_cache_queries_total", {"engine": "0"}, float(prompt)],
             ["vllm:prefix_cache_hits_total", {"engine": "0"}, float(round(prompt * hit))],
-            ["vllm:num_requests_running", {"engine": "0"}, 3.0],
+            ["vllm:num_requests_running", {"engine": "0"},
+             3.0 if arrive_s is None else float(sum(a <= t for a in arrive_s) - len(done))],
             ["vllm:num_requests_waiting", {"engine": "0"}, 0.0],
         ]
         if lengths:
@@ -109,6 +111,42 @@ def test_the_observed_card_matches_the_traffic(tmp_path: Path) -> None:
         assert lo < np.percentile(inp, p) <= hi, (p, lo, hi)
     assert seen["prefix_cache_hit_ratio"] == pytest.approx(0.4, abs=0.01)
     assert seen["dispersion"] < 0.5  # evenly spaced arrivals: 2 per interval, every interval
+    assert seen["arrived"] == 120 and seen["arrival_rps"] == seen["rate_rps"]  # steady: as many came as left
+
+
+def test_a_server_that_fell_behind_is_named_and_its_arrivals_replayed(tmp_path: Path) -> None:
+    """CI, a slow host: the driver sent 4 requests a second, the server finished 3.6 in the observation, and
+    the card's rate and the workload file (finished counts as arrivals) understated the traffic by 10%. The
+    arrivals are the finished count plus the change in waiting + running, scrape by scrape."""
+    rng = random.Random(2)
+    arrive = [0.3 + i / 4.0 for i in range(120)]  # 4 a second
+    reqs = [(0.5 + i / 3.5, rng.randint(64, 400), rng.randint(16, 96)) for i in range(120)]  # 3.5 finish
+    write_observe_bundle(tmp_path / "obs", reqs, arrive_s=arrive, until=20.0)
+    tables, window = _window(tmp_path / "obs")
+    seen = observed_workload(tables, window)  # type: ignore[arg-type]
+    assert seen is not None and window.end_s == pytest.approx(20.0)
+    finished = sum(t <= 20.0 for t, _, _ in reqs)
+    came = sum(a <= 20.0 for a in arrive)
+    assert (seen["requests"], seen["arrived"]) == (finished, came) == (69, 79)
+    assert seen["in_server"] == [0.0, 10.0]
+    assert seen["arrival_rps"] == pytest.approx(79 / 20.0) and seen["rate_rps"] == pytest.approx(69 / 20.0)
+    card = diagnose("analyze", str(tmp_path / "obs"), "-o", str(tmp_path / "r.html"), "--json",
+                    str(tmp_path / "a.json"), "-q")
+    assert card.returncode in (0, 5), card.stderr
+    c = orjson.loads((tmp_path / "a.json").read_bytes())["workload_card"]
+    assert c["arrival_rps"] == pytest.approx(3.95) and "the server fell behind: requests in it rose from 0 to 10" in c["note"]
+    html = (tmp_path / "r.html").read_text()
+    assert "Arrival rate (finished + change in waiting and running)" in html and "3.95 req/s" in html
+    # the replayable workload sends what arrived, at the rate it arrived, not what finished
+    got, _block, note = from_bundle(open_bundle(tmp_path / "obs"))
+    assert len(got) == 79 and "arrivals (finished + change in waiting and running)" in note
+    assert (len(got) - 1) / (got[-1].offset_s - got[0].offset_s) == pytest.approx(4.0, rel=0.05)
+    # steady traffic is not called behind
+    write_observe_bundle(tmp_path / "steady", _known())
+    steady = diagnose("analyze", str(tmp_path / "steady"), "--json", str(tmp_path / "s.json"), "-q",
+                      "-o", str(tmp_path / "s.html"))
+    assert steady.returncode in (0, 5), steady.stderr
+    assert "fell behind" not in orjson.loads((tmp_path / "s.json").read_bytes())["workload_card"]["note"]
 
 
 def test_the_report_card_of_an_observe_bundle(tmp_path: Path) -> None:
@@ -140,7 +178,8 @@ def test_a_workload_derived_from_observed_traffic(tmp_path: Path) -> None:
             n_true = sum(lo < v <= hi for v in truth)
             n_drawn = sum(lo < v <= hi for v in drawn)
             assert abs(n_true - n_drawn) <= max(2, 0.1 * n_true), (key, lo, hi, n_true, n_drawn)
-    # arrivals: the finished counts per scrape interval (2 per 0.5 s), so the rate is the server's
+    # arrivals: the finished counts per scrape interval (2 per 0.5 s) plus the change in the server (none
+    # here), so the rate is the server's
     span = got[-1].offset_s - got[0].offset_s
     assert (len(got) - 1) / span == pytest.approx(4.0, rel=0.05)
     # one prefix group covering the hit ratio's share of each prompt, in whole blocks

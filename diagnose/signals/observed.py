@@ -13,6 +13,10 @@ histograms over the capture, never from prompt text:
   that repeats only when every repeated prefix stays cached; an evicted prefix or a first request counts as a
   miss, so it is a lower bound of the repeated share;
 * requests in the server: waiting + running, time-weighted (Little's law) where the histograms allow;
+* arrivals: the finished count plus the change of waiting + running over each scrape interval (the gauges
+  are read in the same scrape as the counter). At steady load they equal the finished count; a server that
+  fell behind finished fewer than arrived (CI, a slow host: 58 finished in 16 s while the driver sent 4 a
+  second, 64), and the finished rate alone understated the offered load by 10%;
 * arrival pattern: the index of dispersion of the finished requests per scrape interval against the mean rate
   (1 for Poisson arrivals, under 1 for evenly spaced ones, over 1 for bursts; intervals of unequal length
   allowed for), at the scrape interval's resolution;
@@ -22,7 +26,8 @@ histograms over the capture, never from prompt text:
   that finished in the window, as the counter and the histograms count them).
 
 :func:`observed_requests` turns the same figures into a replayable workload (diagnose's JSONL): arrivals at the
-scrape intervals' finished counts, spread evenly in each interval; lengths drawn from the histograms at evenly
+scrape intervals' arrival counts (finished counts where the gauges are missing), spread evenly in each
+interval; lengths drawn from the histograms at evenly
 spaced quantiles and scaled so their totals equal the ``_sum`` (so the replay sends the token rates the server
 saw); input and output lengths paired at random (the histograms do not say which went together); one prefix
 group whose blocks (of the server's KV block size) cover the hit ratio's share of the input tokens. With the
@@ -55,6 +60,38 @@ PCTS = (50, 90, 99)
 # the engine's request spans (attach --observe --otlp) stand for the traffic when they cover this share of the
 # requests its counter saw finish: then lengths are exact per request and arrivals are the spans' own
 SPAN_COVERAGE_MIN = 0.9
+IN_SERVER = ("queue_depth", "running_requests")  # waiting + running: the requests inside the server
+BEHIND_MIN = 0.10  # arrivals beyond the finished count by more than this share: the server fell behind
+
+
+def in_server(tables: dict[str, pd.DataFrame]) -> pd.Series | None:
+    """Requests in the server (waiting + running, data-parallel series added) at each scrape that read both
+    gauges, indexed by scrape time ``t_s``; None without them."""
+    df = tables.get("metrics")
+    if df is None or df.empty:
+        return None
+    g = df[df["signal"].isin(IN_SERVER)].dropna(subset=["value"])
+    if g.empty:
+        return None
+    both = g.groupby("t_s")["signal"].nunique() == len(IN_SERVER)
+    total = g.groupby("t_s")["value"].sum()
+    total = total[both.reindex(total.index, fill_value=False)]
+    return total if len(total) else None
+
+
+def arrivals(tables: dict[str, pd.DataFrame], per: pd.DataFrame) -> np.ndarray | None:
+    """Requests that arrived in each of ``per``'s scrape intervals (the finished-requests counter's): the
+    finished count plus the change of requests in the server over the interval, never below 0 (a request
+    aborted before it finished leaves the gauges uncounted). None where a gauge misses a scrape."""
+    inside = in_server(tables)
+    if inside is None or per.empty:
+        return None
+    at = inside.reindex(pd.Index(np.concatenate([per["t0_s"].to_numpy(float), per["t_s"].to_numpy(float)])))
+    if at.isna().any():
+        return None
+    n = len(per)
+    change = at.to_numpy(float)[n:] - at.to_numpy(float)[:n]
+    return np.maximum(per["delta"].to_numpy(float) + change, 0.0)
 
 
 def span_requests(tables: dict[str, pd.DataFrame], window: Window) -> pd.DataFrame:
@@ -150,6 +187,13 @@ def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[s
         return None
     n, span = finished
     out: dict[str, Any] = {"requests": n, "seconds": span, "rate_rps": n / span}
+    came = arrivals(tables, per)
+    if came is not None:
+        inside = in_server(tables)
+        assert inside is not None
+        out["arrived"] = float(came.sum())
+        out["arrival_rps"] = float(came.sum()) / span
+        out["in_server"] = [float(inside[float(per["t0_s"].iloc[0])]), float(inside[float(per["t_s"].iloc[-1])])]
     for key, sig in LENGTHS.items():
         out[key] = _lengths(tables, sig, window)
     for key, sig in (("prompt_tps", "prompt_tokens"), ("output_tps", "generation_tokens")):
@@ -245,7 +289,11 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
         return reqs, (f"from observed traffic: {len(reqs)} requests at the arrival times and with the lengths of "
                       f"the engine's request spans, prefix share {hit:.0%} from its prefix-cache hit ratio")
     times: list[float] = []
-    for t0, t1, d in zip(per["t0_s"], per["t_s"], per["delta"], strict=True):
+    came = arrivals(tables, per)
+    counts = came if came is not None else per["delta"].to_numpy(float)
+    if counts.sum() < 1:
+        raise ValueError("no request arrived during the capture: the server only finished those already in it")
+    for t0, t1, d in zip(per["t0_s"], per["t_s"], counts, strict=True):
         k = int(round(d))
         times.extend(t0 + (t1 - t0) * (i + 0.5) / k for i in range(k))
     n = len(times)
@@ -262,7 +310,8 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
     reqs = [ReplayRequest(offset_s=t - t_first, input_tokens=i, output_tokens=o,
                           prefix=tuple(f"{group}:{j}" for j in range(k)))
             for t, i, o, k in zip(times, inp, out, _shared_blocks(inp, hit, block_tokens), strict=True)]
-    note = (f"from observed traffic: {n} requests at the server's finished counts per scrape interval, lengths "
+    counted = "arrivals (finished + change in waiting and running)" if came is not None else "finished counts"
+    note = (f"from observed traffic: {n} requests at the server's {counted} per scrape interval, lengths "
             f"drawn from its length histograms (totals exact), prefix share {hit:.0%} from its prefix-cache hit "
             "ratio; inputs and outputs paired at random")
     return reqs, note

@@ -16,7 +16,7 @@ import numpy as np
 from diagnose.io.manifest import Manifest, Workload
 from diagnose.requests import select
 from diagnose.signals.cost import COST_BASE, per_unit, recorded_price
-from diagnose.signals.observed import observed_workload
+from diagnose.signals.observed import BEHIND_MIN, observed_workload
 
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis
@@ -224,6 +224,8 @@ def _observed(card: dict[str, Any], seen: dict[str, Any], running: float | None,
     buckets that bound their percentiles, prefix-cache hit ratio as the prefix share's lower bound."""
     card["requests"] = int(round(seen["requests"]))
     card["rate_rps"] = seen["rate_rps"]
+    if seen.get("arrival_rps") is not None:
+        card["arrival_rps"] = seen["arrival_rps"]
     if running is not None:
         card["concurrency_mean"] = running + (waiting or 0.0)
     spans = seen.get("spans")
@@ -243,3 +245,17 @@ def _observed(card: dict[str, Any], seen: dict[str, Any], running: float | None,
         "histograms: rate exact; length means exact, percentiles interpolated in the buckets shown") +
         "; prefix share = the prefix-cache hit ratio (a lower bound of the repeated share: evicted prefixes and "
         "first requests count as misses)")
+    behind = fell_behind(seen)
+    if behind:
+        card["note"] += "; " + behind
+
+
+def fell_behind(seen: dict[str, Any]) -> str | None:
+    """A sentence when more requests arrived than finished over the observation (by more than BEHIND_MIN): the
+    rate is then the server's throughput, not the offered load. The counts and rates are the card's own rows
+    (each number once a page)."""
+    came, done, inside = seen.get("arrived"), seen.get("requests"), seen.get("in_server")
+    if came is None or not done or inside is None or came <= done * (1 + BEHIND_MIN):
+        return None
+    return (f"the server fell behind: requests in it rose from {inside[0]:.0f} to {inside[1]:.0f} over the "
+            "observation; the counter's rate is its throughput, the arrival rate the offered load")
