@@ -27,11 +27,11 @@ histograms over the capture, never from prompt text:
 
 :func:`observed_requests` turns the same figures into a replayable workload (diagnose's JSONL): arrivals at the
 scrape intervals' arrival counts (finished counts where the gauges are missing), spread evenly in each
-interval; lengths drawn from the histograms at evenly
-spaced quantiles and scaled so their totals equal the ``_sum`` (so the replay sends the token rates the server
-saw); input and output lengths paired at random (the histograms do not say which went together); one prefix
-group whose blocks (of the server's KV block size) cover the hit ratio's share of the input tokens. With the
-engine's spans, arrivals and paired lengths are the spans' own.
+interval; lengths drawn from the histograms at evenly spaced quantiles and scaled so their totals equal the
+``_sum`` (so the replay sends the token rates the server saw); input and output lengths paired at random (the
+histograms do not say which went together); one prefix group whose blocks (of the server's KV block size)
+cover the hit ratio's share of the input tokens. With the engine's spans, arrivals and paired lengths are the
+spans' own.
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def in_server(tables: dict[str, pd.DataFrame]) -> pd.Series | None:
 
 def arrivals(tables: dict[str, pd.DataFrame], per: pd.DataFrame) -> np.ndarray | None:
     """Requests that arrived in each of ``per``'s scrape intervals (the finished-requests counter's): the
-    finished count plus the change of requests in the server over the interval, never below 0 (a request
-    aborted before it finished leaves the gauges uncounted). None where a gauge misses a scrape."""
+    finished count plus the change of requests in the server over the interval, never below 0. A request
+    aborted before it finished arrives and leaves without the finished counter seeing it, so it is not
+    counted. None where a gauge misses a scrape."""
     inside = in_server(tables)
     if inside is None or per.empty:
         return None
