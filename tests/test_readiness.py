@@ -361,6 +361,15 @@ def test_the_overload_card() -> None:
     assert card.overload(_over() | {"recovery_s": None}, THR, {})["status"] == "fail"
     rej = card.overload(_over(rejected=10, rejected_with_retry_after=0, done_rps=10.0), THR, {})
     assert rej["status"] == "pass" and "Retry-After" in rej["fix"]
+    # the client's cap on open requests met at the top step, nothing rejected: the cap bounded the wait, not
+    # the server (a fast host: the card said "bounded" with 279 of 590 arrivals not sent)
+    capped = card.overload(_over(client_capped=279) | {"max_in_flight": 256}, THR, {})
+    assert capped["status"] == "fail" and capped["fix"] == card.FIX_UNBOUNDED, capped
+    assert capped["summary"].startswith("unbounded queue: nothing was rejected, and at 2x the measured capacity")
+    assert "the client's cap of 256 open requests" in capped["summary"]
+    # a server that rejected some while the client met its cap is judged by what it admitted, as before
+    assert card.overload(_over(client_capped=5, rejected=10, rejected_with_retry_after=10), THR, {})["status"] \
+        == "pass"
 
 
 def test_a_crash_and_restart_is_timed_and_retries_stay_bounded(tmp_path: Path) -> None:
