@@ -363,13 +363,15 @@ def test_the_overload_card() -> None:
     assert rej["status"] == "pass" and "Retry-After" in rej["fix"]
     # the client's cap on open requests met at the top step, nothing rejected: the cap bounded the wait, not
     # the server (a fast host: the card said "bounded" with 279 of 590 arrivals not sent)
-    capped = card.overload(_over(client_capped=279) | {"max_in_flight": 256}, THR, {})
+    capped = card.overload(_over(client_capped=279, open_capped=279) | {"max_in_flight": 256}, THR, {})
     assert capped["status"] == "fail" and capped["fix"] == card.FIX_UNBOUNDED, capped
     assert capped["summary"].startswith("unbounded queue: nothing was rejected, and at 2x the measured capacity")
     assert "the client's cap of 256 open requests" in capped["summary"]
-    # a server that rejected some while the client met its cap is judged by what it admitted, as before
-    assert card.overload(_over(client_capped=5, rejected=10, rejected_with_retry_after=10), THR, {})["status"] \
-        == "pass"
+    # a server that rejected some while the client met its cap is judged by what it admitted, as before; so is
+    # a step whose arrivals met only the cap on requests in all (the ramp's budget spent, nothing left to send)
+    assert card.overload(_over(client_capped=5, open_capped=5, rejected=10, rejected_with_retry_after=10), THR,
+                         {})["status"] == "pass"
+    assert card.overload(_over(client_capped=279, open_capped=0), THR, {})["status"] == "pass"
 
 
 def test_a_crash_and_restart_is_timed_and_retries_stay_bounded(tmp_path: Path) -> None:
@@ -477,6 +479,7 @@ def test_the_ramp_never_has_more_requests_open_than_its_cap() -> None:
             truth = json.loads(r.read())
     step = m["steps"][0]
     assert step["planned"] == 1000 and step["sent"] + step["client_capped"] == 1000 and step["client_capped"] > 900
+    assert step["open_capped"] == step["client_capped"]  # the cap on open requests, not the budget, held them
     spans = [(x["arrival_ns"], x["arrival_ns"] + x["done_us"] * 1000) for x in truth["records"]
              if x["endpoint"] == "completions" and x["done_us"] is not None and x["max_tokens"] == 10]
     events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])

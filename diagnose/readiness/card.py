@@ -10,8 +10,8 @@ Every number the card judges by is a threshold in rules/thresholds.yaml (``--thr
 * ``readiness_overload_wait_requests_max``: RDY003 - at the top step of the overload ramp the requests the
   server admitted have a TTFT P99 at most the 1x step's plus this many of its requests' times (e2e P50), or
   within the SLO's TTFT term when one is given;
-  A top step whose arrivals met the client's cap on open requests (``max_in_flight``) with none rejected
-  fails too: the server queued all the client would send, and the cap, not the server, bounded the wait;
+  A top step whose arrivals met the client's cap on open requests (``max_in_flight``; ``open_capped``, not
+  the cap on requests in all) with none rejected fails too: the server queued all the client would send, and the cap, not the server, bounded the wait;
 * ``readiness_recovery_max_s`` and ``readiness_recovery_ttft_ratio``: RDY003 - within this many seconds of the
   ramp's end, requests one at a time are back within this many times the baseline TTFT P50;
 * ``readiness_restart_recovery_max_s``, ``readiness_health_gap_max_s``, ``readiness_retry_amplification_max``:
@@ -236,7 +236,7 @@ def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping
         return c | {"status": FAIL, "fix": FIX_UNBOUNDED,
                     "summary": f"{what} {at} the requests it admitted waited past {limit_s} for their first token "
                                f"at the P99; {recovered}"}
-    if top.get("client_capped") and not rejected:
+    if top.get("open_capped") and not rejected:
         # the server held as many open requests as the client would send without rejecting one: the client's
         # cap, not the server, bounded what the admitted requests waited, so their TTFT cannot pass the check
         # (a fast host: 279 of the 2x step's 590 arrivals not sent, TTFT P99 2.3 s "within" a limit of 9.6 s

@@ -44,7 +44,8 @@ class Step(TypedDict, total=False):
     factor: float
     rate_rps: float
     planned: int
-    client_capped: int
+    client_capped: int  # arrivals not sent: past either cap (open requests, requests in all)
+    open_capped: int  # of those, the arrivals that met the cap on open requests (``max_in_flight``)
     sent: int
     ok: int
     rejected: int
@@ -224,19 +225,21 @@ async def _ramp(target: Target, plan: OverloadPlan, capacity_rps: float,
         rate = f * capacity_rps
         n = max(1, round(rate * plan.step_s))
         t0 = t_start + k * plan.step_s
-        capped = 0
+        capped = open_capped = 0
         for i in range(n):
             delay = t0 + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             if open_ >= plan.max_in_flight or len(sent) >= plan.max_requests:
                 capped += 1
+                open_capped += open_ >= plan.max_in_flight
                 continue
             s = _Sent(k)
             sent.append(s)
             open_ += 1  # counted when sent, not when its task first runs: a late loop sends overdue arrivals in
             tasks.append(asyncio.create_task(one(s, len(sent))))  # one go, and the cap must hold for them too
-        steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped})
+        steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped,
+                      "open_capped": open_capped})
         log(f"overload: {f:g}x capacity ({rate:.3g} req/s), {open_} requests open")
     end = t_start + len(plan.factors) * plan.step_s
     if (delay := end - time.monotonic()) > 0:
