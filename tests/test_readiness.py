@@ -339,7 +339,8 @@ def _over(**top: Any) -> dict[str, Any]:
     low = {"factor": 1.0, "rate_rps": 10.0, "sent": 20, "ok": 20, "rejected": 0, "rejected_with_retry_after": 0,
            "errors": 0, "client_capped": 0, "done_rps": 10.0, "ttft_p50_ms": 5.0, "ttft_p99_ms": 20.0,
            "e2e_p50_ms": 200.0, "error_examples": []}
-    hi = low | {"factor": 2.0, "rate_rps": 20.0, "sent": 40, "ok": 40, "done_rps": 10.0, "ttft_p99_ms": 300.0} | top
+    hi = low | {"factor": 2.0, "rate_rps": 20.0, "planned": 40, "sent": 40, "ok": 40, "done_rps": 10.0,
+                "ttft_p99_ms": 300.0} | top
     return {"capacity_rps": 10.0, "baseline_ttft_p50_ms": 5.0, "steps": [low, hi], "recovery_s": 1.0,
             "client_capped": 0, "unfinished_at_drain": 0}
 
@@ -371,7 +372,12 @@ def test_the_overload_card() -> None:
     # a step whose arrivals met only the cap on requests in all (the ramp's budget spent, nothing left to send)
     assert card.overload(_over(client_capped=5, open_capped=5, rejected=10, rejected_with_retry_after=10), THR,
                          {})["status"] == "pass"
-    assert card.overload(_over(client_capped=279, open_capped=0), THR, {})["status"] == "pass"
+    assert card.overload(_over(client_capped=10, open_capped=0), THR, {})["status"] == "pass"
+    # the budget spent before the top step (most of its arrivals not sent for it): the check did not happen
+    spent = card.overload(_over(client_capped=40, open_capped=0, sent=0, ok=0, ttft_p99_ms=None, e2e_p50_ms=None)
+                          | {"max_requests": 2000}, THR, {})
+    assert spent["status"] == "not run" and spent["summary"].startswith(
+        "not overloaded: the ramp's budget of 2000 requests ran out before its top step was sent (at 2x"), spent
 
 
 def test_a_crash_and_restart_is_timed_and_retries_stay_bounded(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
               help="The server's capacity in completions per second, instead of measuring it.")
 @click.option("--overload-tokens", type=int, default=32, show_default=True,
               help="Tokens each request of the overload check asks for.")
+@click.option("--overload-max-requests", type=int, default=2000, show_default=True,
+              help="The overload ramp's budget: requests sent in all; an arrival past it is not sent (counted).")
 @click.option("--startup-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for a launched server to be healthy.")
 @click.option("--threshold", "threshold_values", multiple=True, metavar="NAME=VALUE",
@@ -61,7 +63,7 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
 def readiness(url: str, output: Path, launch: str | None, slo: str | None, cancel_streams: int, abort_share: float,
               cancel_tokens: int, cancel_dwell: float, checks: str, overload_factors: str, overload_step: float,
               overload_concurrency: int, overload_capacity_time: float, overload_capacity: float | None,
-              overload_tokens: int, failure_clients: int, failure_before: float, startup_timeout: float, threshold_values: tuple[str, ...], force: bool) -> None:
+              overload_tokens: int, overload_max_requests: int, failure_clients: int, failure_before: float, startup_timeout: float, threshold_values: tuple[str, ...], force: bool) -> None:
     """Check that the server at --url is ready for production: aborted streams release their work on the engine
     (RDY001, from llama.cpp's /slots or vLLM's running/waiting gauges); with --launch, how long a fresh server
     takes to its first token and how much slower its first requests are than warm ones (RDY002); past its
@@ -89,7 +91,8 @@ def readiness(url: str, output: Path, launch: str | None, slo: str | None, cance
     except ValueError:
         raise InputError(f"--overload-factors {overload_factors}: numbers separated by commas, e.g. 0.5,1,1.5,2") from None
     over = OverloadPlan(factors=factors, step_s=overload_step, capacity_s=overload_capacity_time,
-                        concurrency=overload_concurrency, capacity_rps=overload_capacity, max_tokens=overload_tokens)
+                        concurrency=overload_concurrency, capacity_rps=overload_capacity, max_tokens=overload_tokens,
+                        max_requests=overload_max_requests)
     startup_s = check_startup_timeout(startup_timeout)
     fail = FailurePlan(workers=failure_clients, before_s=failure_before, recover_limit_s=startup_s + 60.0)
     thr = load_thresholds(overrides=parse_threshold_overrides(threshold_values))

@@ -245,6 +245,14 @@ def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping
                     "summary": f"unbounded queue: nothing was rejected, and {at} the server held the client's cap "
                                f"of {m.get('max_in_flight')} open requests without rejecting one; that cap, not "
                                f"the server, bounded what the admitted requests waited; {recovered}"}
+    budget_capped = (top.get("client_capped") or 0) - (top.get("open_capped") or 0)
+    if budget_capped > 0.5 * (top.get("planned") or 0):
+        # the ramp's budget ran out before its top step: the server was never sent the rate the check judges
+        # (truth_server, 237 req/s: 2,000 requests were spent by the end of the 1x step)
+        return c | {"status": NOT_RUN, "fix": "",
+                    "summary": f"not overloaded: the ramp's budget of {m.get('max_requests')} requests ran out "
+                               f"before its top step was sent ({at}; raise --overload-max-requests or shorten "
+                               "--overload-step)"}
     kept_up = top.get("done_rps") is not None and top["done_rps"] >= 0.9 * top["rate_rps"] and not rejected
     if kept_up:  # nothing was past its capacity: the check did not happen
         return c | {"status": NOT_RUN, "fix": "",

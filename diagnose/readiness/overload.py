@@ -121,6 +121,8 @@ class OverloadPlan:
             raise InputError("--overload-factors: rising multiples of the capacity, each above 0 and at most 4")
         if not 0.5 <= self.step_s <= 300:
             raise InputError(f"--overload-step {self.step_s:g}: use 0.5 to 300 seconds")
+        if not 10 <= self.max_requests <= 100_000:
+            raise InputError(f"--overload-max-requests {self.max_requests}: use 10 to 100000 requests")
         if not 0.5 <= self.capacity_s <= 300:
             raise InputError(f"--overload-capacity-time {self.capacity_s:g}: use 0.5 to 300 seconds")
         if not 1 <= self.concurrency <= MAX_IN_FLIGHT:
