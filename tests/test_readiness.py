@@ -122,6 +122,7 @@ def test_unreachable_server_is_one_line_and_exit_3(tmp_path: Path) -> None:
     (("--overload-factors", "2,1"), "rising multiples"),
     (("--overload-factors", "1,x"), "--overload-factors 1,x"),
     (("--overload-step", "0"), "--overload-step 0"),
+    (("--overload-max-requests", "5"), "--overload-max-requests 5: use 10 to 100000"),
     (("--overload-capacity", "-3"), "--overload-capacity -3"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
