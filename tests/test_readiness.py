@@ -495,3 +495,17 @@ def test_the_ramp_never_has_more_requests_open_than_its_cap() -> None:
         now += d
         most = max(most, now)
     assert 0 < most <= 4 + 1, (most, len(spans))  # + the one recovery probe, one at a time, after the ramp
+
+
+def test_a_kept_streams_rate_needs_a_window_and_tokens_enough() -> None:
+    """A fast host: the kept streams ended 1 ms after the abort, a few buffered chunks arriving at once, and the
+    card read "330,687 tok/s each after the abort". A rate needs RATE_MIN_S and RATE_MIN_TOKENS."""
+    from diagnose.probes.sse import StreamResult
+    from diagnose.readiness.cancel import RATE_MIN_S, RATE_MIN_TOKENS, _rate
+
+    t0 = 1_000_000_000
+    burst = StreamResult(t_ns=[t0 + 100_000 * i for i in range(1, 6)], tok=[1] * 5)  # 5 tokens in 0.5 ms
+    assert _rate(burst, t0, t0 + 1_000_000) is None  # 1 ms: no rate
+    assert _rate(burst, t0, t0 + int(RATE_MIN_S * 1e9)) is None  # a long enough window, too few tokens
+    steady = StreamResult(t_ns=[t0 + 50_000_000 * i for i in range(1, 11)], tok=[1] * 10)  # 10 tokens in 0.5 s
+    assert RATE_MIN_TOKENS <= 10 and _rate(steady, t0, t0 + 500_000_000) == pytest.approx(20.0)

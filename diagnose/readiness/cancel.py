@@ -65,12 +65,19 @@ def _prompt(i: int) -> str:
     return f"Readiness check, stream {i}: write a long story about a lighthouse keeper and the sea."
 
 
+# a rate needs a window and tokens enough to mean one: kept streams that ended 1 ms after the abort, a few
+# buffered chunks arriving at once, read "330,687 tok/s each" on a fast host
+RATE_MIN_S = 0.2
+RATE_MIN_TOKENS = 8
+
+
 def _rate(res: StreamResult, lo_ns: int, hi_ns: int) -> float | None:
-    """Tokens per second that ``res`` received in (lo_ns, hi_ns]."""
-    if hi_ns <= lo_ns:
+    """Tokens per second that ``res`` received in (lo_ns, hi_ns]; None over less than RATE_MIN_S or with fewer
+    than RATE_MIN_TOKENS tokens."""
+    if (hi_ns - lo_ns) / 1e9 < RATE_MIN_S:
         return None
     n = sum(k for t, k in zip(res.t_ns, res.tok, strict=False) if lo_ns < t <= hi_ns)
-    return n / ((hi_ns - lo_ns) / 1e9)
+    return n / ((hi_ns - lo_ns) / 1e9) if n >= RATE_MIN_TOKENS else None
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -182,7 +189,8 @@ async def run(target: Target, plan: CancelPlan, bound_s: float, log: Any = lambd
         out["kept_tps_per_stream_before"] = _mean([_rate(r, t_ready_ns, t_abort_ns) for r in kres if r.t_ns])
         out["kept_tps_per_stream_after"] = _mean([_rate(r, t_abort_ns, e) for r, e in zip(kres, ends, strict=True)])
         after = sum(k for r in kres for t, k in zip(r.t_ns, r.tok, strict=False) if t > t_abort_ns)
-        out["kept_tps_after"] = after / ((end_ns - t_abort_ns) / 1e9) if end_ns > t_abort_ns else None
+        out["kept_tps_after"] = (after / ((end_ns - t_abort_ns) / 1e9)
+                                 if (end_ns - t_abort_ns) / 1e9 >= RATE_MIN_S and after >= RATE_MIN_TOKENS else None)
         out["aborted_tokens"] = sum(sum(results[i].tok) for i in victims)
     finally:
         for t in tasks:

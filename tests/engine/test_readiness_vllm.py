@@ -3,13 +3,16 @@ failure check kills it and starts it again).
 
 vLLM aborts a request when its HTTP connection closes, so RDY001 passes (its gauges read from /metrics, with
 the KV cache's usage). With ``--max-num-seqs 4`` the engine runs at most 4 requests and queues the rest
-without a limit: the overload ramp past the capacity a closed loop of 16 streams measured must find the
-unbounded queue (no 429/503, completions behind arrivals, and the admitted TTFT P99 past its limit or the
-client's cap on open requests met). With 8 streams, on a host whose engine ran 8x CI's (1,697 against 217
-output tok/s in the harness sanity check), the API server's work between requests, not the 4 slots, bounded
-the loop: it measured 37 req/s, 2x of it kept up (73 done a second), and the tool rightly said "not
-overloaded: the capacity phase under-measured the server (raise --overload-concurrency ...)". With 16 there:
-capacity 54 req/s, at 2x 60.5 done a second of 108 sent, 164 arrivals not sent (the client's 256 open).
+without a limit: the overload ramp past the capacity a closed loop of 16 streams measured, up to 4x of it,
+must find the unbounded queue (no 429/503, completions behind arrivals, and the admitted TTFT P99 past its
+limit or the client's cap on open requests met). On a host whose engine ran 8x CI's (1,697 against 217 output
+tok/s in the harness sanity check) the closed loop's measure of 16-token requests wandered from run to run,
+the API server, the engine and the client sharing 2 cores: 37 req/s with 8 streams; 54, 29 and 20 with 16,
+while the open loop's steps completed 45-73 a second. Where 2x of it kept up, the tool rightly said "not
+overloaded: the capacity phase under-measured the server (raise --overload-concurrency ...)" and this test,
+which asked for 2x at most, failed. Up to 4x: there at 20 req/s measured, the 4x step completed 44.5 a second
+of 80 sent, admitted TTFT P99 2,750 ms against a limit of 402 ms. On CI's host the engine bounds the loop (the
+4 slots) and 2x sufficed; 4x adds a larger backlog (about 16 s to drain at 15 req/s).
 The cold start's numbers are asserted in their order, never against a time bound. After the crash the clients'
 retries (5, backing off up to 4 s) give up long before a vLLM restart is healthy: requests are lost, and the
 card says how many.
@@ -34,8 +37,8 @@ def test_readiness_on_vllm_cancellation_cold_start_and_an_unbounded_queue(engine
     out = tmp_path / "ready"
     r = diagnose("readiness", "--url", url, "-o", str(out), "--launch", cmd, "--startup-timeout", "400",
                  "--cancel-streams", "4", "--cancel-tokens", "400", "--cancel-dwell", "0.5",
-                 "--overload-step", "4", "--overload-capacity-time", "4", "--overload-concurrency", "16",
-                 "--overload-tokens", "16", "--failure-before", "3")
+                 "--overload-step", "4", "--overload-factors", "0.5,1,2,4", "--overload-capacity-time", "4",
+                 "--overload-concurrency", "16", "--overload-tokens", "16", "--failure-before", "3")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert not answers(url), "the launched vLLM server is still answering"
     doc = json.loads((out / "readiness.json").read_text())
