@@ -1,4 +1,4 @@
-"""The Python API (diagnose/api.py, docs/api.md): capture() runs attach in process against real servers and
+"""The Python API (diagnose/api/, docs/api.md): capture() runs attach in process against real servers and
 returns the bundle; analyze() returns the typed frozen Analysis; report() and document() write what the CLI
 writes; bad options are the CLI's one-line errors raised as diagnose.errors exceptions; an API key is sent and
 never stored."""

@@ -1,18 +1,6 @@
-"""diagnose's Python API (docs/api.md): capture a bundle, analyse it, write its report or its JSON document.
-
-    from diagnose import api
-
-    bundle = api.capture(url="http://127.0.0.1:8000", concurrency=8, duration="20s", output="run1")
-    analysis = api.analyze(bundle)            # diagnose.analysis.Analysis: typed and frozen
-    api.report(analysis, "run1.html")         # the HTML report `diagnose analyze -o` writes
-    doc = api.document(analysis)              # the `analyze --json` document, as a dict
-
-``capture`` runs what ``diagnose attach`` runs, in this process: every attach option is a keyword argument by its
-Python name (``--input-tokens`` is ``input_tokens``, ``--no-nvml`` is ``nvml=False``), checked by the same code
-and refused with the same one-line messages, raised as :mod:`diagnose.errors` exceptions instead of printed.
-Progress lines go to stderr as on the command line. ``analyze`` is ``diagnose analyze``'s analysis
-(diagnose.pipeline.analyze) without writing anything.
-"""
+"""``capture``: ``diagnose attach`` run in this process (docs/api.md). Every attach option is a keyword argument by
+its Python name, checked by the attach command's own code and refused with its one-line messages, raised as
+:mod:`diagnose.errors` exceptions."""
 
 from __future__ import annotations
 
@@ -20,7 +8,7 @@ import asyncio
 import difflib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +16,6 @@ from diagnose.errors import DiagnoseError, InputError
 
 if TYPE_CHECKING:
     import click
-
-    from diagnose.analysis import Analysis
-
-__all__ = ["CaptureFailed", "analyze", "attach_options", "capture", "document", "report"]
 
 # attach's options that make no sense in a call: --print-config prints and runs nothing, --help is help
 NOT_IN_API = frozenset({"print_config", "help"})
@@ -161,50 +145,3 @@ def capture(url: str | None = None, *, output: str | os.PathLike[str] | None = N
 def _click_message(e: click.ClickException) -> str:
     """A click error as one line, with the option named as on the command line (--concurrency)."""
     return " ".join(e.format_message().split())
-
-
-def analyze(path: str | os.PathLike[str], *, rules: Sequence[str | os.PathLike[str]] = (),
-            threshold_files: Sequence[str | os.PathLike[str]] = (), thresholds: Mapping[str, float] | None = None,
-            include_python: bool = False, cost_per_hour: str | float | None = None) -> Analysis:
-    """Analyse a bundle, a profiler trace (file or directory of ranks) or an OTLP JSON span file, as
-    ``diagnose analyze`` does, and return the typed, frozen :class:`diagnose.analysis.Analysis` (nothing written).
-
-    ``rules``: directories of your own rules; ``threshold_files`` / ``thresholds``: overrides (name: value) as
-    ``--thresholds`` / ``--threshold``; ``cost_per_hour``: a price (4.1, or "4.1x8") instead of the recorded one.
-    Raises BundleError / InputError (one line naming the file) for an input it cannot read."""
-    from diagnose.pipeline import analyze as run
-
-    if not isinstance(path, (str, os.PathLike)):
-        raise InputError(f"analyze(): path must be a file or directory path, got {type(path).__name__}")
-    src = Path(path)
-    if not src.exists():
-        raise InputError(f"{src}: no such file or directory")
-    price: float | None = None
-    if cost_per_hour is not None:
-        from diagnose.signals.cost import parse_price
-
-        price = parse_price(str(cost_per_hour))
-    overrides: dict[str, float] | None = None
-    if thresholds is not None:
-        overrides = {}
-        for k, v in thresholds.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise InputError(f"analyze(): threshold {k!r}: expected a number, got {type(v).__name__}")
-            overrides[str(k)] = float(v)
-    return run(src, rules_dirs=[Path(r) for r in rules], threshold_files=[Path(f) for f in threshold_files],
-               threshold_overrides=overrides, include_python=include_python, cost_per_hour=price)
-
-
-def report(analysis: Analysis, path: str | os.PathLike[str]) -> Path:
-    """Write the self-contained HTML report of ``analysis`` to ``path`` (as ``diagnose analyze -o``); returns it.
-    Raises ReportError (a DiagnoseError) when it cannot be written."""
-    from diagnose.reports.render import write_report
-
-    return write_report(analysis, path)
-
-
-def document(analysis: Analysis) -> dict[str, Any]:
-    """The ``diagnose analyze --json`` document of ``analysis`` (schema_version first; docs/json-schemas.md)."""
-    from diagnose.reports.document import build_document
-
-    return build_document(analysis)
