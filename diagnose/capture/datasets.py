@@ -26,14 +26,14 @@ import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import orjson
 
 from diagnose.errors import InputError
+from diagnose.io.lines import Skips, open_input, raw_lines
 
 FORMATS = ("sharegpt", "prompts")
-MAX_LINE = 16 << 20  # bytes: a longer JSON line is skipped and counted, never held whole
 KEEP = 500  # records kept when --num-requests does not say how many the run needs (each turn is measured by
 # /tokenize before the first phase, 16 at a time: a few seconds on vLLM; a longer run sends them again)
 MAX_KEEP = 1_000_000
@@ -89,23 +89,6 @@ class Dataset:
         return max(1, round(len(text) / CHARS_PER_TOKEN))
 
 
-class _Skips:
-    def __init__(self) -> None:
-        self.n = 0
-        self.first = ""
-
-    def add(self, where: str, why: str) -> None:
-        self.n += 1
-        if not self.first:
-            self.first = f"{where}: {why}"
-
-
-def _open(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return path.open("rb")
-
-
 def _first_byte(fh: IO[bytes]) -> bytes:
     while True:
         chunk = fh.read(1)
@@ -113,28 +96,13 @@ def _first_byte(fh: IO[bytes]) -> bytes:
             return chunk
 
 
-def _lines(fh: IO[bytes], path: Path, skips: _Skips) -> Iterator[tuple[str, Any]]:
+def _lines(path: Path, skips: Skips) -> Iterator[tuple[str, Any]]:
     """(file:line, decoded value or an exception) of each non-blank line."""
-    n = 0
-    while True:
-        line = fh.readline(MAX_LINE + 1)
-        if not line:
-            return
-        n += 1
-        where = f"{path}:{n}"
-        if len(line) > MAX_LINE and not line.endswith(b"\n"):
-            while True:
-                rest = fh.readline(1 << 20)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            skips.add(where, f"line longer than {MAX_LINE >> 20} MiB")
-            continue
-        if not line.strip():
-            continue
+    for n, line in raw_lines(path, skips):
         try:
-            yield where, orjson.loads(line)
+            yield f"{path}:{n}", orjson.loads(line)
         except orjson.JSONDecodeError as e:
-            yield where, ValueError(f"not JSON ({str(e).splitlines()[0]})")
+            yield f"{path}:{n}", ValueError(f"not JSON ({str(e).splitlines()[0]})")
 
 
 def _array(fh: IO[bytes], path: Path) -> Iterator[tuple[str, Any]]:
@@ -222,16 +190,16 @@ def read_dataset(path: Path, fmt: str | None = None, keep: int = KEEP) -> Datase
     if not path.is_file():
         raise InputError(f"--dataset {path}: not a regular file")
     keep = max(1, min(int(keep), MAX_KEEP))
-    skips = _Skips()
+    skips = Skips(path)
     convs: list[Conversation] = []
     truncated = False
     try:
-        with _open(path) as fh:
+        with open_input(path) as fh:
             first = _first_byte(fh)
             if not first:
                 raise InputError(f"--dataset {path}: empty file")
             fh.seek(0)
-            records = _array(fh, path) if first == b"[" else _lines(fh, path, skips)
+            records = _array(fh, path) if first == b"[" else _lines(path, skips)
             for where, obj in records:
                 if len(convs) >= keep:
                     truncated = True

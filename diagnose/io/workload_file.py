@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import csv
 import datetime
-import gzip
 import hashlib
 import math
 import re
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import orjson
@@ -27,6 +26,7 @@ from msgspec import Meta
 
 from diagnose.capture.workload import Replay, ReplayRequest
 from diagnose.errors import DiagnoseError, InputError
+from diagnose.io.lines import Skips, raw_lines
 from diagnose.io.manifest import Workload
 from diagnose.io.schemas import WORKLOAD_FILE
 from diagnose.io.workload_store import MAX_GAP_S, MAX_REPLAY_SPAN_S, RequestStore, check_span, human_s
@@ -68,13 +68,6 @@ class _Mooncake(msgspec.Struct, forbid_unknown_fields=False):
     hash_ids: list[Hash] = []
 
 
-MAX_LINE = 16 << 20  # bytes: a longer line is skipped and counted without ever being held whole
-
-
-def _open(path: Path) -> IO[bytes]:
-    if path.name.lower().endswith(".gz"):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return path.open("rb")
 
 
 def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1, bounded: bool = False) -> Replay:
@@ -127,18 +120,8 @@ def read_workload(path: Path, *, speed: float = 1.0, loop: int = 1, bounded: boo
                   skipped=skips.n, note=note)
 
 
-class _Skips:
-    """Counts the records that do not fit; remembers the first (file:line: why) for the warning/error."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.n = 0
-        self.first = ""
-
-    def add(self, line: int, why: str) -> None:
-        self.n += 1
-        if not self.first:
-            self.first = f"{self.path}:{line}: {why}"
+class _Skips(Skips):
+    """Skips of a workload file, whose note or error names it as one."""
 
     def finish(self, got: int) -> str:
         if got == 0:
@@ -146,32 +129,8 @@ class _Skips:
         return f"{self.path}: skipped {self.n} unreadable record(s) (first: {self.first})" if self.n else ""
 
 
-def _raw_lines(path: Path, skips: _Skips | None) -> Iterator[tuple[int, bytes]]:
-    """(line number, stripped line) of each non-blank line; a line over ``MAX_LINE`` bytes is skipped (and
-    counted) while being read in pieces, never held whole."""
-    with _open(path) as fh:
-        n = 0
-        while True:
-            line = fh.readline(MAX_LINE + 1)
-            if not line:
-                return
-            n += 1
-            if len(line) > MAX_LINE and not line.endswith(b"\n"):
-                while True:
-                    rest = fh.readline(1 << 20)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-                if skips is None:
-                    raise InputError(f"{path}:{n}: a line longer than {MAX_LINE >> 20} MiB: not a workload file")
-                skips.add(n, f"line longer than {MAX_LINE >> 20} MiB")
-                continue
-            line = line.strip()
-            if line:
-                yield n, line
-
-
 def _first_line(path: Path) -> tuple[int, bytes]:
-    for n, line in _raw_lines(path, None):
+    for n, line in raw_lines(path, None):
         return n, line
     raise InputError(f"{path}: empty workload file (no request in it)")
 
@@ -189,7 +148,7 @@ def _read_diag(path: Path, skips: _Skips) -> tuple[int, RequestStore]:
     dec = msgspec.json.Decoder(_Diag)
     block = DEFAULT_BLOCK_TOKENS
     out = RequestStore()
-    for n, line in _raw_lines(path, skips):
+    for n, line in raw_lines(path, skips):
         if not len(out) and not skips.n and b"diagnose_workload" in line:
             try:
                 block = msgspec.json.decode(line, type=_Header).block_tokens
@@ -209,7 +168,7 @@ def _read_diag(path: Path, skips: _Skips) -> tuple[int, RequestStore]:
 def _read_mooncake(path: Path, skips: _Skips) -> RequestStore:
     dec = msgspec.json.Decoder(_Mooncake)
     out = RequestStore()
-    for n, line in _raw_lines(path, skips):
+    for n, line in raw_lines(path, skips):
         try:
             r = dec.decode(line)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
@@ -265,7 +224,7 @@ def _read_azure(path: Path, skips: _Skips) -> RequestStore:
     where = {"line": 0}
 
     def texts() -> Iterator[str]:
-        for n, raw in _raw_lines(path, skips):
+        for n, raw in raw_lines(path, skips):
             where["line"] = n
             yield raw.decode("utf-8", "replace")
 
