@@ -79,12 +79,11 @@ def in_server(tables: dict[str, pd.DataFrame]) -> pd.Series | None:
     return total if len(total) else None
 
 
-def arrivals(tables: dict[str, pd.DataFrame], per: pd.DataFrame) -> np.ndarray | None:
+def arrivals(inside: pd.Series | None, per: pd.DataFrame) -> np.ndarray | None:
     """Requests that arrived in each of ``per``'s scrape intervals (the finished-requests counter's): the
     finished count plus the change of requests in the server over the interval, never below 0. A request
     aborted before it finished arrives and leaves without the finished counter seeing it, so it is not
-    counted. None where a gauge misses a scrape."""
-    inside = in_server(tables)
+    counted. ``inside``: :func:`in_server`'s series. None where a gauge misses a scrape."""
     if inside is None or per.empty:
         return None
     at = inside.reindex(pd.Index(np.concatenate([per["t0_s"].to_numpy(float), per["t_s"].to_numpy(float)])))
@@ -188,10 +187,9 @@ def observed_workload(tables: dict[str, pd.DataFrame], window: Window) -> dict[s
         return None
     n, span = finished
     out: dict[str, Any] = {"requests": n, "seconds": span, "rate_rps": n / span}
-    came = arrivals(tables, per)
-    if came is not None:
-        inside = in_server(tables)
-        assert inside is not None
+    inside = in_server(tables)
+    came = arrivals(inside, per)
+    if came is not None and inside is not None:
         out["arrived"] = float(came.sum())
         out["arrival_rps"] = float(came.sum()) / span
         out["in_server"] = [float(inside[float(per["t0_s"].iloc[0])]), float(inside[float(per["t_s"].iloc[-1])])]
@@ -290,7 +288,7 @@ def observed_requests(tables: dict[str, pd.DataFrame], window: Window, block_tok
         return reqs, (f"from observed traffic: {len(reqs)} requests at the arrival times and with the lengths of "
                       f"the engine's request spans, prefix share {hit:.0%} from its prefix-cache hit ratio")
     times: list[float] = []
-    came = arrivals(tables, per)
+    came = arrivals(in_server(tables), per)
     counts = came if came is not None else per["delta"].to_numpy(float)
     if counts.sum() < 1:
         raise ValueError("no request arrived during the capture: the server only finished those already in it")
