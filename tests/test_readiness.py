@@ -374,6 +374,19 @@ def test_the_overload_card() -> None:
     assert card.overload(_over(client_capped=5, open_capped=5, rejected=10, rejected_with_retry_after=10), THR,
                          {})["status"] == "pass"
     assert card.overload(_over(client_capped=10, open_capped=0), THR, {})["status"] == "pass"
+    # a 1x step already behind its arrivals (a host that got busier after the capacity phase) queues: the limit
+    # is made from the highest step at or below 1x that kept up (CI: 10.6 s "within" 12.2 s made from such a step)
+    half = {"factor": 0.5, "rate_rps": 5.0, "sent": 10, "ok": 10, "rejected": 0, "rejected_with_retry_after": 0,
+            "errors": 0, "client_capped": 0, "done_rps": 5.0, "ttft_p50_ms": 4.0, "ttft_p99_ms": 10.0,
+            "e2e_p50_ms": 100.0, "error_examples": []}
+    queued = _over(ttft_p99_ms=3000.0)
+    queued["steps"][0] |= {"done_rps": 7.0, "ttft_p99_ms": 2500.0, "e2e_p50_ms": 600.0}
+    queued["steps"].insert(0, half)
+    late = card.overload(queued, THR, {})
+    assert late["status"] == "fail" and late["numbers"]["top_ttft_p99_limit_ms"] == 210.0, late  # 10 + 2 x 100
+    assert "the 0.5x step's TTFT P99" in late["summary"]
+    assert card.overload(queued | {"steps": queued["steps"][1:]}, THR, {})["summary"].count(
+        "a step already behind its arrivals") == 1  # no step kept up: the lowest, named as behind
     # the budget spent before the top step (most of its arrivals not sent for it): the check did not happen
     spent = card.overload(_over(client_capped=40, open_capped=0, sent=0, ok=0, ttft_p99_ms=None, e2e_p50_ms=None)
                           | {"max_requests": 2000}, THR, {})
