@@ -41,6 +41,9 @@ class Analysis:
     # what the input holds: "serving", "trace", "fleet" or "spans" (pipeline._input_kind), decided once for the
     # "not evaluated" list and the page alike; an Analysis made by hand is a serving capture
     input_kind: str = "serving"
+    # the engine's settings the capture read, each by the engine's own flag where known
+    # (diagnose/engines/experiments.py named_settings), named once by the pipeline for the page
+    engine_settings: list[tuple[str, float]] = field(default_factory=list)
 
     @cached_property
     def meta(self) -> Manifest:

@@ -21,7 +21,7 @@ from types import ModuleType
 import pandas as pd
 
 from diagnose.analysis import Analysis
-from diagnose.engines.experiments import spell_change, spell_text
+from diagnose.engines.experiments import named_settings, spell_change, spell_text
 from diagnose.errors import BundleError, InputError
 from diagnose.io.bundle import SCHEMA_VERSION, Bundle, MemoryBundle, open_bundle, open_regular, regular_file
 from diagnose.model import Finding, NotEvaluated, Phase, Signal, Window, level_phases
@@ -304,7 +304,7 @@ def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), thr
 
     marks = sweep_marks(phases, analysis.phase_signals, slo, analysis.run_valid)
     return replace(analysis, workload_card=workload_card(analysis, cost_per_hour), probe_cost=probe_cost(bundle.meta),
-                   sweep=marks)
+                   sweep=marks, engine_settings=named_settings(bundle.meta.target.engine_config, engine))
 
 
 def _coverage_warnings(tables: dict[str, pd.DataFrame], window: Window) -> list[str]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from diagnose.analysis import Analysis
 from diagnose.capture.profiler_window import excluded_note
-from diagnose.io.manifest import Manifest, Target
+from diagnose.io.manifest import Manifest
 from diagnose.model import Phase, Signal, level_phases
 from diagnose.reports.finding_cards import _cards, _finding, experiment_key, folds  # noqa: E402, F401
 from diagnose.requests import RUN_OK
@@ -64,7 +64,7 @@ def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> di
     return {
         "schema": VIEW_SCHEMA,
         "title": _title(meta, str(a.source)),
-        "engine_settings": engine_settings(meta.target),
+        "engine_settings": engine_settings(a.engine_settings),
         "source": str(a.source),
         "captured_at": meta.capture.started_at or "",
         "tool_version": meta.tool.version or "",
@@ -256,21 +256,10 @@ def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, 
         return unavailable(title, f"the input table is malformed ({type(e).__name__}: {str(e)[:200]})")
 
 
-SETTING_FLAG = {"context_size": "context_length"}  # a setting read -> the ENGINE_FLAGS name that sets it
-
-
-def engine_settings(target: Target) -> str:
-    """The engine's settings the capture read (its /props, /server_info or command line), each by the
-    engine's own flag where diagnose knows it: '--parallel 2, --ctx-size 4096, --threads 1'. '' when none."""
-    from diagnose.engines.experiments import flag_for
-
-    engine = target.engine
-    parts = []
-    for key, value in sorted(target.engine_config.items()):
-        flag = flag_for(SETTING_FLAG.get(key, key), engine)
-        shown = f"{value:g}"
-        parts.append(f"{flag} {shown}" if flag and "(" not in flag else f"{key} {shown}")
-    return ", ".join(parts)
+def engine_settings(named: Sequence[tuple[str, float]]) -> str:
+    """The engine's settings as the pipeline named them (``Analysis.engine_settings``), in a line:
+    '--parallel 2, --ctx-size 4096, --threads 1'. '' when none."""
+    return ", ".join(f"{name} {value:g}" for name, value in named)
 
 
 def _title(manifest: Manifest, source: str) -> str:

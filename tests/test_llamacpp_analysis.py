@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diagnose.engines.detect import settings_from_cmdline
-from diagnose.engines.experiments import spell_change
+from diagnose.engines.experiments import named_settings, spell_change
 from diagnose.io.manifest import read_manifest
 from diagnose.model import Signal
 from diagnose.pipeline import analyze
@@ -71,10 +71,16 @@ def test_an_experiment_names_the_engines_own_flag(change: str, kind: str, name: 
 def test_the_report_names_the_settings_read_by_the_engines_flags() -> None:
     manifest = {"target": {"engine": "llamacpp", "engine_config": {"max_num_seqs": 2, "context_size": 4096,
                                                                    "threads": 1, "flash_attention": 1}}}
-    assert engine_settings(read_manifest(manifest, "m").target) == "--ctx-size 4096, flash_attention 1, --parallel 2, --threads 1"
-    assert engine_settings(read_manifest({"target": {"engine": "vllm", "engine_config": {"max_num_seqs": 2}}}, "m").target) == "--max-num-seqs 2"
-    assert engine_settings(read_manifest({"target": {}}, "m").target) == ""
-    page = render_html(analyze(SAMPLES / "llama_slots_saturated"))
+    t = read_manifest(manifest, "m").target
+    named = named_settings(t.engine_config, t.engine)
+    assert named == [("--ctx-size", 4096), ("flash_attention", 1), ("--parallel", 2), ("--threads", 1)]
+    assert engine_settings(named) == "--ctx-size 4096, flash_attention 1, --parallel 2, --threads 1"
+    assert engine_settings(named_settings({"max_num_seqs": 2}, "vllm")) == "--max-num-seqs 2"
+    assert engine_settings(named_settings({}, None)) == ""
+    # named once by the pipeline, before the view (the page only joins them)
+    a = analyze(SAMPLES / "llama_slots_saturated")
+    assert a.engine_settings == [("--ctx-size", 4096), ("--parallel", 2), ("--threads", 1)]
+    page = render_html(a)
     assert "Engine settings read from the server: --ctx-size 4096, --parallel 2, --threads 1" in page
 
 

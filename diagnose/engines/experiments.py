@@ -124,6 +124,20 @@ def flag_for(name: str, engine: str | None) -> str:
     return entry[1].get(engine, "")
 
 
+SETTING_FLAG = {"context_size": "context_length"}  # a setting the capture read -> the ENGINE_FLAGS name that sets it
+
+
+def named_settings(engine_config: Mapping[str, float], engine: str | None) -> list[tuple[str, float]]:
+    """The engine's settings the capture read (its /props, /server_info or command line), each named by the
+    engine's own flag where diagnose knows it, else by the key it was read under, in the keys' order:
+    [('--ctx-size', 4096), ('flash_attention', 1), ('--parallel', 2)]."""
+    named = []
+    for key, value in sorted(engine_config.items()):
+        flag = flag_for(SETTING_FLAG.get(key, key), engine)
+        named.append((flag if flag and "(" not in flag else key, value))
+    return named
+
+
 def describe(kind: str, name: str, value: str, engine: str | None = None) -> str:
     """One phrase: 'engine setting max_num_seqs (vllm: --max-num-seqs) = 16'."""
     if kind == "engine_flag":
