@@ -280,7 +280,7 @@ class _RunRecords:
         if self.hash_outputs:  # the quality guard (attach --greedy): hashes, not text
             rec["prompt_hash"] = prompt_hash(text, max_tokens)
             if res.error is None:
-                rec.update(output_hashes(res.text or [], res.tok))
+                rec.update(output_hashes(res.text or [], res.tok, res.token_ids))
         if self.spec.store_text:
             rec["prompt_text"] = text
             rec["output_text"] = "".join(res.text or [])

@@ -162,20 +162,23 @@ class _RunRequests(_RunRecords):
         usage_opts: list[dict[str, Any]] = [{"include_usage": True, "continuous_usage_stats": True},
                                             {"include_usage": True}, {}]
         eos = [True, False] if self.spec.ignore_eos else [False]
+        # the quality guard hashes the output's token ids where the server streams them (vLLM); a server that
+        # rejects the option (400) is asked again without it, and its outputs are hashed by their text
+        ids = [True, False] if self.hash_outputs else [False]
         res = StreamResult()
-        for ign in eos:
-            for so in usage_opts:
-                self.options = ({"stream_options": so} if so else {}) | ({"ignore_eos": True} if ign else {})
-                self.client.continuous_usage = bool(so.get("continuous_usage_stats"))
-                res = StreamResult()
-                await self.client.stream(self.path, self._body(" hello world", 2), res,
-                                         {"x-request-id": f"{self.token}-preflight"})
-                # the server counts it: the status keeps it, so the bundle accounts for every request sent
-                self.notes.setdefault("preflight_requests", []).append({
-                    "rid": f"{self.token}-preflight", "http_status": res.status, "ok": res.error is None,
-                    "error": res.error, "output_tokens": sum(res.tok), "request_options": dict(self.options)})
-                if res.status != 400:
-                    if res.error_detail:
-                        res.error_detail = self._clean_detail(res.error_detail, " hello world", 2)
-                    return res
+        for want_ids, ign, so in ((w, i, o) for w in ids for i in eos for o in usage_opts):
+            self.options = (({"stream_options": so} if so else {}) | ({"ignore_eos": True} if ign else {})
+                            | ({"return_token_ids": True} if want_ids else {}))
+            self.client.continuous_usage = bool(so.get("continuous_usage_stats"))
+            res = StreamResult()
+            await self.client.stream(self.path, self._body(" hello world", 2), res,
+                                     {"x-request-id": f"{self.token}-preflight"})
+            # the server counts it: the status keeps it, so the bundle accounts for every request sent
+            self.notes.setdefault("preflight_requests", []).append({
+                "rid": f"{self.token}-preflight", "http_status": res.status, "ok": res.error is None,
+                "error": res.error, "output_tokens": sum(res.tok), "request_options": dict(self.options)})
+            if res.status != 400:
+                if res.error_detail:
+                    res.error_detail = self._clean_detail(res.error_detail, " hello world", 2)
+                return res
         return res

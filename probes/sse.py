@@ -71,6 +71,9 @@ class StreamResult:
     error: str | None = None  # category, see docs/metrics.md
     error_detail: str | None = None
     text: list[str] | None = None  # only when text is stored
+    # the output's token ids, where the server streams them (vLLM's return_token_ids; the quality guard's hash)
+    token_ids: list[int] | None = None
+    token_ids_bad: bool = False  # a chunk's token_ids were not a list of integers: none are kept
     cum_tokens: int = 0  # last cumulative usage.completion_tokens seen on a content chunk
     body: bytes = b""  # the body of a non-SSE response (first 2 KiB)
     retry_after_s: float | None = None  # the response's Retry-After, in seconds (429/503)
@@ -479,6 +482,16 @@ class SseConnection(asyncio.Protocol):
             delta: dict[str, Any] = d if isinstance(d, dict) else ch
             text = delta.get("text") or delta.get("content") or delta.get("reasoning_content") \
                 or delta.get("reasoning")
+            ids = ch.get("token_ids")
+            if ids is not None and self.store_text and not res.token_ids_bad:
+                # a chunk's token ids (vLLM with return_token_ids: the delta's, text or not); one malformed
+                # list drops them all, and the output is then hashed by its text
+                if isinstance(ids, list) and all(type(x) is int for x in ids):
+                    if res.token_ids is None:
+                        res.token_ids = []
+                    res.token_ids.extend(ids)
+                else:
+                    res.token_ids, res.token_ids_bad = None, True
             if text:
                 if self.store_text:
                     if res.text is None:

@@ -36,14 +36,21 @@ class OutputServer(TestServer):
 
     __test__ = False
 
-    def __init__(self, perturb: int = 0, at: int = 20) -> None:
+    def __init__(self, perturb: int = 0, at: int = 20, ids: str = "ignore", same_text: bool = False) -> None:
         super().__init__()
         self.perturb = perturb
         self.at = at
+        # ``return_token_ids`` asked: "stream" them (vLLM), "ignore" the option (llama.cpp), "reject" it (400)
+        self.ids = ids
+        self.same_text = same_text  # a perturbed token that decodes to the same text (ids differ, text not)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        if body.get("return_token_ids") and self.ids == "reject":
+            return web.json_response({"error": {"message": "Unrecognized request argument supplied: "
+                                                           "return_token_ids"}}, status=400)
+        ids = bool(body.get("return_token_ids")) and self.ids == "stream"
         key = int(hashlib.sha256(str(body.get("prompt")).encode()).hexdigest()[:8], 16)
         if float(body.get("temperature") or 0) > 0:
             key ^= int(body.get("seed") or 0) * 7919
@@ -52,8 +59,14 @@ class OutputServer(TestServer):
         await resp.prepare(request)
         n = int(body.get("max_tokens") or 16)
         for i in range(n):
-            word = f" zq{(key + i * 31 + (1000 if bad and i >= self.at else 0)) % 997}"
-            await resp.write(self._chunk(False, word, "length" if i == n - 1 else None, i + 1, False))
+            shift = 1000 if bad and i >= self.at else 0
+            word = f" zq{(key + i * 31 + (0 if self.same_text else shift)) % 997}"
+            chunk = self._chunk(False, word, "length" if i == n - 1 else None, i + 1, False)
+            if ids:  # the delta's token id in the choice, as vLLM streams it with return_token_ids
+                obj = json.loads(chunk[6:])
+                obj["choices"][0]["token_ids"] = [(key + i * 31 + shift) % 50_000]
+                chunk = b"data: " + json.dumps(obj).encode() + b"\n\n"
+            await resp.write(chunk)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -84,6 +97,53 @@ def test_prefix_hashes_every_step_tokens_and_the_whole_text() -> None:
     assert [t for t, _ in h2["output_prefix_hashes"]] == [12]
     # the same text in other chunks: the same whole hash
     assert output_hashes(["ab", "c"], [1, 1])["output_hash"] == output_hashes(["a", "bc"], [1, 1])["output_hash"]
+
+
+def test_token_ids_hashed_at_exact_steps_and_text_hashed_without_them() -> None:
+    h = output_hashes([" a"] * 20, [1] * 20, list(range(20)))
+    assert h["output_hash_of"] == "token_ids" and [t for t, _ in h["output_prefix_hashes"]] == [8, 16]
+    ids_bytes = b"".join(i.to_bytes(8, "little", signed=True) for i in range(20))
+    assert h["output_hash"] == hashlib.blake2b(ids_bytes, digest_size=8).hexdigest()
+    # the same ids in other chunks (several ids in one chunk): the same hashes, prefixes at exact multiples
+    assert output_hashes(["x", "y"], [12, 8], list(range(20))) == h
+    # a prefix hash is of the ids up to it: two outputs parting at id 12 agree at 8, not at 16
+    other = output_hashes([" a"] * 20, [1] * 20, [*range(12), *range(100, 108)])
+    assert other["output_prefix_hashes"][0] == h["output_prefix_hashes"][0]
+    assert other["output_prefix_hashes"][1] != h["output_prefix_hashes"][1]
+    # no ids streamed: the text, as before
+    assert output_hashes([" a"] * 20, [1] * 20, None)["output_hash_of"] == "text"
+    assert output_hashes([" a"] * 20, [1] * 20, [])["output_hash_of"] == "text"
+
+
+def test_greedy_asks_for_token_ids_and_hashes_them_where_the_server_streams_them(tmp_path: Path) -> None:
+    """vLLM streams each delta's token ids when asked (return_token_ids): the hashes are of the ids, so two
+    outputs whose tokens differ but decode to the same text are told apart; a server that ignores the option
+    (llama.cpp) is hashed by text, and one that rejects it (400) is asked again without it."""
+    srv = OutputServer(ids="stream")
+    a = capture(tmp_path, "a", srv)
+    assert all(x.get("return_token_ids") is True for x in srv.bodies)
+    assert '"return_token_ids": true' in (a / "manifest.json").read_text().replace('":true', '": true')
+    recs = list(open_bundle(a).iter_records("requests"))
+    assert recs and all(r["output_hash_of"] == "token_ids" and len(r["output_prefix_hashes"]) == 40 // STEP
+                        for r in recs)
+    assert b"zq" not in b"".join(p.read_bytes() for p in a.iterdir() if p.is_file())
+    b = capture(tmp_path, "b", OutputServer(ids="stream", perturb=2, at=20, same_text=True))
+    ag = q.agreement(str(a), str(b))
+    assert ag is not None and ag["hashed"] == "token ids" and 0 < ag["identical"] < 24, ag
+    assert ag["agreed_tokens_min"] == 16  # the ids part at token 21; the text never does
+    assert q.agreement(str(capture(tmp_path, "at", OutputServer(same_text=True))),
+                       str(capture(tmp_path, "bt", OutputServer(perturb=2, at=20, same_text=True))))["identical"] == 24
+    rej = OutputServer(ids="reject")
+    c = capture(tmp_path, "c", rej)
+    statuses = [x.get("return_token_ids") for x in rej.bodies]
+    assert statuses[0] is True and statuses[-1] is None  # asked, refused, asked again without it
+    recs_c = list(open_bundle(c).iter_records("requests"))
+    assert recs_c and all(r["output_hash_of"] == "text" for r in recs_c)
+    # a run hashed by ids beside one hashed by text: nothing is compared, and it says why
+    mixed = q.agreement(str(a), str(c))
+    assert mixed is not None and mixed["pairs"] == 0 and mixed["kind_mismatched"] == 24
+    assert "one run hashed the outputs' token ids and the other their text" in mixed["note"]
+    assert q.judge({"agreement": mixed}) == ([], [])
 
 
 def test_greedy_sends_temperature_0_and_the_seed_and_keeps_hashes_not_text(tmp_path: Path) -> None:

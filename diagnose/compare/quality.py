@@ -3,7 +3,8 @@
 Two checks, each optional:
 
 * **Agreement of outputs.** A capture with ``attach --greedy`` keeps, per request, a hash of its prompt and of
-  its output (probes/output_hash.py; text hashes, no text). Requests of A and B with the same prompt (the same
+  its output (probes/output_hash.py: of its token ids where the server streams them, else of its text; never
+  the text itself); two runs are compared where both hashed the same thing. Requests of A and B with the same prompt (the same
   workload seed sends the same prompts) are paired; the share whose outputs are identical is reported with a
   Wilson interval, and for those that differ, how many tokens they still agreed on (the first divergence,
   located to within ``STEP`` tokens). Judged only when both runs sampled greedily: outputs sampled at a
@@ -86,6 +87,11 @@ def _agreed_tokens(ra: Mapping[str, Any], rb: Mapping[str, Any]) -> int:
     return agreed
 
 
+def _hashed(r: Mapping[str, Any]) -> str:
+    """What a record's output hash is of: "token_ids" or "text" (records from before the kind was kept: text)."""
+    return "token_ids" if r.get("output_hash_of") == "token_ids" else "text"
+
+
 def _marks(r: Mapping[str, Any]) -> Iterable[tuple[Any, Any]]:
     m = r.get("output_prefix_hashes")
     if not isinstance(m, list):
@@ -116,6 +122,12 @@ def agreement(a_source: str, b_source: str) -> dict[str, Any] | None:
         if i < len(by_a.get(key, ())):
             pairs.append((by_a[key][i], r))
             used[key] = i + 1
+    # token-id hashes pair only with token-id hashes, text with text (a record from before the kind was kept
+    # hashed text); a pair of one of each is left out and counted
+    kinds = {_hashed(x) for x, _ in pairs} | {_hashed(y) for _, y in pairs}
+    mixed = sum(1 for x, y in pairs if _hashed(x) != _hashed(y))
+    pairs = [(x, y) for x, y in pairs if _hashed(x) == _hashed(y)]
+    out["hashed"] = "token ids" if kinds == {"token_ids"} else "text" if kinds == {"text"} else "token ids and text"
     n = len(pairs)
     same = sum(1 for x, y in pairs if x["output_hash"] == y["output_hash"])
     lo, hi = wilson(same, n)
@@ -126,7 +138,12 @@ def agreement(a_source: str, b_source: str) -> dict[str, Any] | None:
                agreed_tokens_min=min(agreed) if agreed else None,
                agreed_tokens_p50=float(statistics.median(agreed)) if agreed else None,
                diverged_first_step=sum(1 for t in agreed if t == 0))
-    if not n:
+    if mixed:
+        out["kind_mismatched"] = mixed
+    if not n and mixed:
+        out["note"] = (f"not compared: of the {mixed} requests paired by prompt, one run hashed the outputs' token "
+                       "ids and the other their text (a server that streams token ids beside one that does not)")
+    elif not n:
         out["note"] = ("no request of B has a prompt of A's: capture both with the same --seed and workload; the "
                        "prompts also follow the server's /tokenize calibration (the manifests' prompt_calibration "
                        "must match)")
@@ -220,11 +237,15 @@ def lines(q: Mapping[str, Any] | None) -> list[str]:
     if isinstance(ag, Mapping):
         if ag.get("pairs"):
             s = (f"  quality: {ag['identical']} of {ag['pairs']} outputs identical for the same prompt "
-                 f"({ag['share']:.0%}, 95% CI {ag['share_lo']:.0%} to {ag['share_hi']:.0%})")
+                 f"({ag['share']:.0%}, 95% CI {ag['share_lo']:.0%} to {ag['share_hi']:.0%}; hashes of their "
+                 f"{ag.get('hashed', 'text')})")
             if ag.get("agreed_tokens_p50") is not None:
                 s += (f"; the {ag['diverged']} that differ first part after {ag['agreed_tokens_p50']:.0f} tokens "
                       f"(median; min {ag['agreed_tokens_min']}, to within {ag['step_tokens']})")
             out.append(s)
+        if ag.get("kind_mismatched") and ag.get("pairs"):
+            out.append(f"  quality: {ag['kind_mismatched']} more pairs not compared: one run hashed token ids, the "
+                       "other text")
         if ag.get("note"):
             out.append(f"  quality: {ag['note']}")
     sc = q.get("score")

@@ -65,6 +65,8 @@ def test_greedy_runs_agree_and_sampled_runs_with_other_seeds_do_not(llama: Llama
     b = attach(fresh_greedy(tmp_path / "lb"), tmp_path / "b", "--greedy", concurrency=1)
     recs = list(open_bundle(a).records("requests"))
     assert len(recs) == N and all(r["ok"] and r["output_hash"] for r in recs)
+    # llama-server's OpenAI-compatible stream has no token ids (it ignores return_token_ids): text hashes
+    assert {r["output_hash_of"] for r in recs} == {"text"}
     assert not any("output_text" in r for r in recs)
     ag = agreement(str(a), str(b))
     assert ag is not None and ag["greedy"] and ag["pairs"] == N and ag["identical"] == N, json.dumps(ag)
