@@ -124,6 +124,7 @@ def test_unreachable_server_is_one_line_and_exit_3(tmp_path: Path) -> None:
     (("--overload-step", "0"), "--overload-step 0"),
     (("--overload-max-requests", "5"), "--overload-max-requests 5: use 10 to 100000"),
     (("--overload-capacity", "-3"), "--overload-capacity -3"),
+    (("--failure-tokens", "0"), "--failure-tokens 0: use 1 to 4096 tokens"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
     base = ["--url", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "r")]

@@ -38,6 +38,9 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
               help="Failure check: clients sending requests back to back (retrying with backoff) across the crash.")
 @click.option("--failure-before", type=float, default=5.0, show_default=True, metavar="SECONDS",
               help="Failure check: how long they run before the server is killed.")
+@click.option("--failure-tokens", type=int, default=32, show_default=True,
+              help="Failure check: tokens each request asks for (longer requests are surely open when the server "
+                   "is killed; short ones on a fast server may all have ended).")
 @click.option("--overload-factors", default="0.5,1,1.5,2", show_default=True, metavar="LIST",
               help="Overload ramp: the open-loop rates sent, as rising multiples of the measured capacity (at most 4).")
 @click.option("--overload-step", type=float, default=10.0, show_default=True, metavar="SECONDS",
@@ -63,7 +66,8 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
 def readiness(url: str, output: Path, launch: str | None, slo: str | None, cancel_streams: int, abort_share: float,
               cancel_tokens: int, cancel_dwell: float, checks: str, overload_factors: str, overload_step: float,
               overload_concurrency: int, overload_capacity_time: float, overload_capacity: float | None,
-              overload_tokens: int, overload_max_requests: int, failure_clients: int, failure_before: float, startup_timeout: float, threshold_values: tuple[str, ...], force: bool) -> None:
+              overload_tokens: int, overload_max_requests: int, failure_clients: int, failure_before: float,
+              failure_tokens: int, startup_timeout: float, threshold_values: tuple[str, ...], force: bool) -> None:
     """Check that the server at --url is ready for production: aborted streams release their work on the engine
     (RDY001, from llama.cpp's /slots or vLLM's running/waiting gauges); with --launch, how long a fresh server
     takes to its first token and how much slower its first requests are than warm ones (RDY002); past its
@@ -94,7 +98,8 @@ def readiness(url: str, output: Path, launch: str | None, slo: str | None, cance
                         concurrency=overload_concurrency, capacity_rps=overload_capacity, max_tokens=overload_tokens,
                         max_requests=overload_max_requests)
     startup_s = check_startup_timeout(startup_timeout)
-    fail = FailurePlan(workers=failure_clients, before_s=failure_before, recover_limit_s=startup_s + 60.0)
+    fail = FailurePlan(workers=failure_clients, before_s=failure_before, max_tokens=failure_tokens,
+                       recover_limit_s=startup_s + 60.0)
     thr = load_thresholds(overrides=parse_threshold_overrides(threshold_values))
     req = rr.Request(url=url, output=output, launch=launch, slo=parse_slo(slo), thresholds=thr,
                      cancel=CancelPlan(streams=cancel_streams, abort_share=abort_share, max_tokens=cancel_tokens,

@@ -94,6 +94,8 @@ class FailurePlan:
             raise InputError(f"--failure-clients {self.workers}: use 1 to 64")
         if not 0.5 <= self.before_s <= 300:
             raise InputError(f"--failure-before {self.before_s:g}: use 0.5 to 300 seconds")
+        if not 1 <= self.max_tokens <= 4096:
+            raise InputError(f"--failure-tokens {self.max_tokens}: use 1 to 4096 tokens")
 
 
 @dataclass
