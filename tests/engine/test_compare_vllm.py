@@ -202,6 +202,51 @@ def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_
         q.stdout + q.stderr + "\n" + runs_evidence(Path(q.args[q.args.index("-o") + 1])))
 
 
+@pytest.mark.timeout(1500)
+def test_experiment_top_runs_each_findings_flag_then_both(engine_built: None, tmp_path: Path) -> None:
+    """Two bottlenecks at once: --max-num-seqs 2 queues a c=8 load (SCH001) and, with prefix caching off, the
+    75% of each prompt that all share is prefilled again every time (SCH006). `experiment --top 2`: one shared
+    baseline, each finding's flag alone, then both together (4 starts; 3.4 min here with 10 s captures). Measured here: TTFT P50
+    -81% (max-num-seqs 8), -37% (prefix caching), -87% together; SCH003, which changes SCH001's flag again, is
+    skipped with why."""
+    cmd, url = _launch_cmd(["--max-num-seqs", "2", "--no-enable-prefix-caching"])
+    load = ["--", "--no-nvml", "--realtime", "--concurrency", "8", "--input-tokens", "1024", "--output-tokens", "32",
+            "--shared-prefix", "0.75", "--duration", "15s"]
+    out = tmp_path / "top"
+    p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(out), "--top", "2", *load, timeout=1400)
+    js = json.loads((out / "top.json").read_text())
+    if p.returncode == 8 and "host ran at a different speed" in str((js.get("what_if") or [{}])[-1].get("reason")):
+        # the tool saw the host change speed as much as the combined change's effect and said to capture again
+        # (as _experiment does); once more, into top-2
+        out = tmp_path / "top-2"
+        p = _run("experiment", "--launch", cmd, "--url", url, "-o", str(out), "--top", "2", *load, timeout=1400)
+        js = json.loads((out / "top.json").read_text())
+    evidence = p.stdout + p.stderr + "\n" + runs_evidence(out)
+    rows = js.get("what_if") or []
+    assert len(rows) == 3, evidence
+    assert {(r["finding"], r["experiment"].split(":", 1)[1].strip()) for r in rows[:2]} == {
+        ("SCH001", "--max-num-seqs 8"), ("SCH006", "--enable-prefix-caching on")}, evidence
+    combined = rows[2]
+    assert combined["experiment"].startswith("combined: ") and combined["bundle"].endswith("combined")
+    launch = combined["launch"]
+    assert launch[launch.index("--max-num-seqs") + 1] == "8" and launch[-1] == "--enable-prefix-caching", launch
+    assert any(x.startswith("SCH003: its experiment changes --max-num-seqs") for x in js["skipped"]), js["skipped"]
+    # each change alone and both together are verified against the one baseline: TTFT falls with each, and
+    # each is confirmed unless the tool saw the host's own speed move as much as the change's effect (it then
+    # says inconclusive and why: here once for prefix caching alone, -33% TTFT beside a concurrency-1
+    # reference that moved -33%; raising the cap is confirmed through the engine's occupancy, which the host's
+    # speed does not set)
+    assert all(r["metrics"]["ttft_p50"]["verdict"] == "better" for r in rows), evidence
+    assert all(r["outcome"] == "confirmed" or (r["outcome"] == "inconclusive" and r["reason"].startswith(
+        "the host ran at a different speed")) for r in rows[:2]), evidence
+    assert rows[0]["outcome"] == "confirmed" or rows[1]["outcome"] == "confirmed", evidence
+    assert rows[2]["outcome"] == "confirmed", evidence
+    assert p.returncode == 0 and "what-if" in p.stdout and "combined: " in p.stdout, evidence
+    assert sorted(d.name for d in out.iterdir() if (d / "manifest.json").is_file()) == [
+        "before", "before-warmup", "combined", "combined-warmup", *sorted(
+            f"exp{i}-{r['finding']}{w}" for i, r in enumerate(rows[:2], start=1) for w in ("", "-warmup"))]
+
+
 @pytest.mark.timeout(900)
 def test_find_max_goodput_matches_a_fine_manual_sweep(capped: VllmServer, tmp_path: Path) -> None:
     """--max-num-seqs 2: up to c=2 no request waits for a batch slot; above it, requests queue for a whole
