@@ -523,3 +523,44 @@ def test_a_kept_streams_rate_needs_a_window_and_tokens_enough() -> None:
     assert _rate(burst, t0, t0 + int(RATE_MIN_S * 1e9)) is None  # a long enough window, too few tokens
     steady = StreamResult(t_ns=[t0 + 50_000_000 * i for i in range(1, 11)], tok=[1] * 10)  # 10 tokens in 0.5 s
     assert RATE_MIN_TOKENS <= 10 and _rate(steady, t0, t0 + 500_000_000) == pytest.approx(20.0)
+
+
+def test_streams_that_end_before_the_abort_are_run_again_with_more_tokens(tmp_path: Path) -> None:
+    """25 tokens 20 ms apart end 0.5 s after the first, before the 1 s the streams run together: too few are
+    open at the abort, so the check runs once more with 4x the tokens (2 s a stream) and judges that try; the
+    first try's numbers are kept beside it."""
+    out = tmp_path / "r"
+    with truth_server(ttft_ms=5, itl_ms=20) as (url, _):
+        r = diagnose("readiness", "--url", url, "-o", str(out), "--checks", "cancellation", "--cancel-streams", "4",
+                     "--cancel-tokens", "25", "--cancel-dwell", "1")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    m = _doc(out)["measurements"]["cancellation"]
+    assert m["first_try"]["max_tokens"] == 25 and m["max_tokens"] == 100
+    assert m["first_try"]["too_soon"].startswith("0 of 4 streams still open 1 s after the last first token")
+    assert all(s["ended"] and s["tokens"] == 25 for s in m["first_try"]["stream_times"])
+    c = _check(_doc(out), "RDY001")
+    assert (m["aborted"], m["kept"]) == (2, 2) and c["status"] == "pass", c
+    assert c["summary"].endswith("; on a second try with 100 tokens a stream (the first, with 25: 0 of 4 streams "
+                                 "still open 1 s after the last first token (3 wanted): the others had ended)")
+    assert "once more with 100 tokens a stream" in r.stderr
+    # every stream's times, from the check's start: sent, first token, end (none for an aborted stream)
+    st = m["stream_times"]
+    assert len(st) == 4 and all(0 <= s["sent_s"] <= s["first_token_s"] for s in st)
+    assert sorted(s["end_s"] is None for s in st) == [False, False, True, True]
+    assert all(s["first_token_s"] <= s["end_s"] for s in st if s["end_s"] is not None)
+
+
+def test_streams_too_short_on_both_tries_leave_the_check_not_run_saying_why(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    with truth_server(ttft_ms=5, itl_ms=10) as (url, _):
+        r = diagnose("readiness", "--url", url, "-o", str(out), "--checks", "cancellation", "--cancel-streams", "4",
+                     "--cancel-tokens", "8", "--cancel-dwell", "1")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = _doc(out)
+    m = doc["measurements"]["cancellation"]
+    assert (m["first_try"]["max_tokens"], m["max_tokens"]) == (8, 32) and "aborted" not in m
+    c = _check(doc, "RDY001")
+    assert c["status"] == "not run", c
+    assert c["summary"] == ("too few streams were still open after their first tokens to abort: 0 of 4 streams "
+                            "still open 1 s after the last first token (3 wanted): the others had ended; raise "
+                            "--cancel-tokens")

@@ -109,6 +109,10 @@ def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> dict[
             else "") + (f"; the {m.get('kept')} kept streams ran at {_f(m.get('kept_tps_per_stream_before'))} tok/s each before "
             f"the abort and {_f(m.get('kept_tps_per_stream_after'))} after ({_f(m.get('kept_tps_after'))} tok/s "
             "together)" if m.get("kept") else "")
+    if m.get("first_try"):  # judged on the second try: say so, and why
+        numbers["first_try_tokens"] = m["first_try"].get("max_tokens")
+        tput += (f"; on a second try with {m.get('max_tokens')} tokens a stream (the first, with "
+                 f"{m['first_try'].get('max_tokens')}: {m['first_try'].get('too_soon')})")
     rel, idle = m.get("release_s"), m.get("idle_s")
     stale = m.get("stale_gauge")
     if stale is not None and (rel is None or rel <= bound):
