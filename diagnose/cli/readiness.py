@@ -28,7 +28,8 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
 @click.option("--abort-share", type=float, default=0.5, show_default=True,
               help="Share of them aborted after their first tokens.")
 @click.option("--cancel-tokens", type=int, default=512, show_default=True,
-              help="Tokens each of those streams asks for (long enough to be open when aborted).")
+              help="Tokens each of those streams asks for (long enough to be open when aborted; when too "
+                   "few were, the check runs once more with 4x, at most 8192).")
 @click.option("--cancel-dwell", type=float, default=1.0, show_default=True, metavar="SECONDS",
               help="How long the streams run together after their first tokens before the abort (the kept "
                    "streams' rate before it is measured over this time).")
