@@ -242,22 +242,31 @@ class HttpClient:
                       timeout_s: float = 10.0) -> tuple[int, bytes]:
         """A plain (non-streaming) call; returns (status, body); raises RequestFailed on network failure."""
         payload = orjson.dumps(body) if body is not None else None
-        res = StreamResult()
-        conn, _ = await self._acquire()
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
-        conn.store_text = False
-        conn.expect_sse = False
-        self._busy.add(conn)
-        try:
-            _send(conn, self._request_bytes(method, path, payload, None))
-            await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError as e:
-            conn._fail("timeout", f"no answer in {timeout_s:g} s")
-            raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
-        finally:
-            self._done_with(conn, res)
+        data = self._request_bytes(method, path, payload, None)
+        for attempt in range(2):
+            res = StreamResult()
+            conn, reused = await self._acquire()
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            conn.res, conn.fut, conn.got_bytes, conn.retry = res, fut, False, False
+            conn.store_text = False
+            conn.expect_sse = False
+            self._busy.add(conn)
+            try:
+                _send(conn, data)
+                await asyncio.wait_for(fut, timeout_s)
+            except asyncio.TimeoutError as e:
+                conn._fail("timeout", f"no answer in {timeout_s:g} s")
+                raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
+            finally:
+                self._done_with(conn, res)
+            if res.error == "reset" and reused and conn.retry and attempt == 0:
+                # a pooled connection the server had closed before it read a byte of this request (llama-server
+                # closes them after a streamed response): once more on a fresh one, as ``stream`` does (an engine
+                # test's /tokenize call failed so, and its prompt was estimated instead of measured)
+                self.reuse_failures += 1
+                continue
+            break
         if res.error and res.status is None:
             raise RequestFailed(res.error, f"{method} {path}: {res.error_detail}")
         return res.status or 0, res.body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -165,6 +166,49 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
     assert all(r.done and r.finish_reason == "length" for r in results)
     assert failures == REUSE_FAILURES_MAX  # then no more reuse: nothing more to retry
     assert len(served) == len(results)  # each request served once (a retry only after the server closed)
+
+
+def test_a_plain_request_on_a_pooled_connection_the_server_closed_is_sent_again() -> None:
+    """An engine test (stop 43): one of six /tokenize calls to llama-server failed in 2 ms and its prompt was
+    estimated, not measured. The call went out on a pooled connection the server was closing after a streamed
+    response (as llama-server does); ``stream`` sent such a request again on a fresh connection, ``request``
+    did not. Now both do, once, and only when the server closed before any byte of the answer. The server here
+    answers one request a connection and closes the connection when a second arrives on it."""
+    served = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        n = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+        await reader.readexactly(n)
+        served.append(head.split(b" ")[1])
+        if head.startswith(b"POST /v1/completions"):
+            writer.write(HEAD.replace(b"\r\n\r\n", b"\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
+                         + b"".join(stream([1, 1], cont=False)))
+        else:
+            body = b'{"count": 7}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")  # a second request on this connection: closed unanswered
+        writer.close()
+
+    async def go() -> tuple[list[tuple[int, bytes]], int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = HttpClient(f"http://127.0.0.1:{port}")
+        out = []
+        assert (await client.stream("/v1/completions", b"{}", StreamResult())).ok
+        for _ in range(2):
+            out.append(await client.request("POST", "/tokenize", {"prompt": "x"}))
+        await client.close()
+        server.close()
+        return out, client.reuse_failures
+
+    answers, failures = asyncio.run(go())
+    assert answers == [(200, b'{"count": 7}')] * 2
+    assert failures == 2  # each /tokenize found its pooled connection closed and went out again
+    assert served == [b"/v1/completions", b"/tokenize", b"/tokenize"]  # each request served once
 
 
 def test_usage_in_the_finishing_chunk_is_kept() -> None:
