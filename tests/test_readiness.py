@@ -564,3 +564,53 @@ def test_streams_too_short_on_both_tries_leave_the_check_not_run_saying_why(tmp_
     assert c["summary"] == ("too few streams were still open after their first tokens to abort: 0 of 4 streams "
                             "still open 1 s after the last first token (3 wanted): the others had ended; raise "
                             "--cancel-tokens")
+
+
+def test_an_earlier_run_is_judged_again_offline_with_other_thresholds(tmp_path: Path) -> None:
+    """--from FOLDER: the shipped sample's measurements judged again, sending nothing. With nothing overridden
+    the card is the one it ships; a tighter release bound (its vLLM release took 0.47 s) fails RDY001 with that
+    number; the folder judged is never written into."""
+    before = {p.name: p.read_bytes() for p in SAMPLE.iterdir()}
+    out = tmp_path / "same"
+    r = diagnose("readiness", "--from", str(SAMPLE), "-o", str(out))
+    assert r.returncode == 1, (r.stdout, r.stderr)  # the sample's RDY003 fails
+    again, doc = _doc(out), _doc(SAMPLE)
+    assert again["checks"] == doc["checks"] and again["verdict"] == doc["verdict"]
+    assert again["measurements"] == doc["measurements"] and again["thresholds"] == doc["thresholds"]
+    tight = tmp_path / "tight"
+    r = diagnose("readiness", "--from", str(SAMPLE / "readiness.json"), "-o", str(tight),
+                 "--threshold", "readiness_cancel_release_max_s=0.1")
+    assert r.returncode == 1
+    c = _check(_doc(tight), "RDY001")
+    assert c["status"] == "fail" and c["summary"].startswith(
+        "slow release: the engine's in-flight work dropped in 0.47 s after the abort, past the bound of 0.1 s"), c
+    assert _doc(tight)["thresholds"][card.RELEASE] == 0.1 and "RDY001 cancellation: FAIL" in r.stdout
+    assert {p.name: p.read_bytes() for p in SAMPLE.iterdir()} == before
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--url", "http://127.0.0.1:1", "--from", "X"), "not both"),
+    ((), "--url is required"),
+    (("--from", "MISSING"), "no such file"),
+    (("--from", "NOTJSON"), "not valid JSON"),
+    (("--from", "OTHER"), "not a readiness document"),
+    (("--from", "FIFO"), "a FIFO"),
+    (("--from", "SAMPLE", "--threshold", "nonsense_x=1"), "nonsense_x"),
+    (("--from", "INSIDE"), "inside the readiness folder"),
+])
+def test_bad_from_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    import os
+
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"schema_version": 1, "points": []}')
+    os.mkfifo(tmp_path / "fifo.json")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "readiness.json").write_bytes((SAMPLE / "readiness.json").read_bytes())
+    where = {"X": str(tmp_path), "MISSING": str(tmp_path / "nope"), "NOTJSON": str(tmp_path / "bad.json"),
+             "OTHER": str(tmp_path / "other.json"), "FIFO": str(tmp_path / "fifo.json"), "SAMPLE": str(copy),
+             "INSIDE": str(copy)}
+    out = copy / "again" if "INSIDE" in args else tmp_path / "o"
+    r = diagnose("readiness", *(where.get(a, a) for a in args), "-o", str(out))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

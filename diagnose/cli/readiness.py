@@ -13,7 +13,11 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
 
 @click.command(context_settings=settings(), epilog=exits.epilog(
     CODES, extra="readiness: 1 also when a check failed (the card says which)"))
-@click.option("--url", required=True, help="The server to check, e.g. http://127.0.0.1:8000 (all traffic goes there).")
+@click.option("--url", help="The server to check, e.g. http://127.0.0.1:8000 (all traffic goes there).")
+@click.option("--from", "from_dir", type=click.Path(path_type=Path), metavar="FOLDER",
+              help="Judge again, offline, the measurements of an earlier run (its folder or readiness.json) "
+                   "with its recorded thresholds, --threshold and --slo on top; sends nothing (instead of "
+                   "--url).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Folder for readiness.json, readiness.html (the card) and, with --launch, server.log (and "
                    "server-restart.log after the failure check).")
@@ -64,7 +68,7 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
                    "readiness_recovery_ttft_ratio, readiness_restart_recovery_max_s, readiness_health_gap_max_s, "
                    "readiness_retry_amplification_max.")
 @click.option("--force", is_flag=True, help="Write into a folder that is not empty.")
-def readiness(url: str, output: Path, launch: str | None, slo: str | None, cancel_streams: int, abort_share: float,
+def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str | None, slo: str | None, cancel_streams: int, abort_share: float,
               cancel_tokens: int, cancel_dwell: float, checks: str, overload_factors: str, overload_step: float,
               overload_concurrency: int, overload_capacity_time: float, overload_capacity: float | None,
               overload_tokens: int, overload_max_requests: int, failure_clients: int, failure_before: float,
@@ -88,6 +92,18 @@ def readiness(url: str, output: Path, launch: str | None, slo: str | None, cance
     from diagnose.rules.spec import load_thresholds
     from diagnose.runs.experiment import check_startup_timeout
 
+    if (url is None) == (from_dir is None):
+        raise InputError("give --url (check a server) or --from FOLDER (judge an earlier run again), not both"
+                         if url else "--url is required (or --from FOLDER to judge an earlier run again)")
+    if from_dir is not None:
+        doc = rr.rejudge(from_dir, output, parse_threshold_overrides(threshold_values),
+                         parse_slo(slo) if slo else None, force)
+        for line in card.lines(doc):
+            click.echo(line)
+        click.echo(f"written: {output / rr.JSON_NAME}, {output / rr.HTML_NAME}")
+        if doc["failed"]:
+            raise click.exceptions.Exit(exits.ERROR)
+        return
     asked = frozenset(x.strip() for x in checks.split(",") if x.strip())
     if not asked or asked - set(rr.CHECKS):
         raise InputError(f"--checks {checks}: name one or more of {', '.join(rr.CHECKS)}")
@@ -102,6 +118,7 @@ def readiness(url: str, output: Path, launch: str | None, slo: str | None, cance
     fail = FailurePlan(workers=failure_clients, before_s=failure_before, max_tokens=failure_tokens,
                        recover_limit_s=startup_s + 60.0)
     thr = load_thresholds(overrides=parse_threshold_overrides(threshold_values))
+    assert url is not None
     req = rr.Request(url=url, output=output, launch=launch, slo=parse_slo(slo), thresholds=thr,
                      cancel=CancelPlan(streams=cancel_streams, abort_share=abort_share, max_tokens=cancel_tokens,
                                        dwell_s=cancel_dwell),

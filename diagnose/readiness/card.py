@@ -123,7 +123,16 @@ def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> dict[
                                 f"their work {when}, but its in-flight gauges stayed at "
                                 f"{stale.get('in_flight')} after the last stream until another request ran a step "
                                 "(stale metrics, not leaked work)") + tput}
-    if rel is None or idle is None or rel > bound or idle > bound:
+    if rel is not None and idle is not None and (rel > bound or idle > bound):
+        # both seen, one later than the bound (a run judged again with a tighter bound: --from): slow, not stuck
+        late = [f"{what} {v:.2f} s {when}" for what, v, when in (
+            ("dropped in", rel, "after the abort"), ("was back to idle", idle, "after the last kept stream"))
+            if v > bound]
+        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_LEAK,
+                    "summary": (f"slow release: the engine's in-flight work {' and '.join(late)}, past the bound "
+                                f"of {bound:g} s ({numbers['in_flight_before']} in flight before the check)")
+                    + tput}
+    if rel is None or idle is None:
         st = m.get("leaked_state") or m.get("leaked_during") or {}
         where = (f"slots {', '.join(str(s) for s in st['busy_slots'])} still busy" if st.get("busy_slots") else
                  f"running {_f(st.get('running'))}, waiting {_f(st.get('waiting'))}"

@@ -11,6 +11,7 @@ starts it again, last) is run. ``--checks`` names the ones to run.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,3 +170,88 @@ def _opt() -> int:
 
     return orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
 
+
+
+MAX_DOC_BYTES = 64 * 1024 * 1024  # a readiness.json is ~0.1-1 MB (2,000 in-flight samples at most per check)
+
+
+def read_doc(path: Path) -> dict[str, Any]:
+    """The readiness.json in ``path`` (a folder or the file), as ``run`` wrote it; one-line InputError for
+    anything else (missing, not a regular file, too big, not JSON, not a readiness document)."""
+    import orjson
+
+    from diagnose.errors import BundleError
+    from diagnose.io.bundle import open_regular
+
+    p = path / JSON_NAME if path.is_dir() else path
+    try:
+        with open_regular(p) as fh:
+            raw = fh.read(MAX_DOC_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file (give a folder written by diagnose readiness, or its "
+                         f"{JSON_NAME})") from None
+    except BundleError as e:
+        raise InputError(str(e)) from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
+    if len(raw) > MAX_DOC_BYTES:
+        raise InputError(f"{p}: larger than {MAX_DOC_BYTES >> 20} MiB: not a readiness document")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InputError(f"{p}: not valid JSON ({e})") from None
+    from diagnose.io import schemas
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("measurements"), dict) or not isinstance(
+            doc.get("checks"), list):
+        raise InputError(f"{p}: not a readiness document (no measurements and checks)")
+    if doc.get("schema_version") != schemas.READINESS:
+        raise InputError(f"{p}: readiness schema_version {doc.get('schema_version')!r}; this diagnose reads "
+                         f"{schemas.READINESS}")
+    return doc
+
+
+def rejudge(src: Path, out: Path, overrides: Mapping[str, float], slo: Mapping[str, float] | None,
+            force: bool) -> dict[str, Any]:
+    """The card of a readiness run judged again from its own measurements: the thresholds it recorded with
+    ``overrides`` applied, its SLO unless ``slo`` is given; written to ``out`` (never into ``src``)."""
+    doc = read_doc(src)
+    folder = (src if src.is_dir() else src.parent).resolve()
+    o = out.resolve()
+    if o == folder or folder in o.parents:
+        raise InputError(f"-o {out}: inside the readiness folder being judged ({src}); write elsewhere")
+    check_output(out, force)
+    m = doc["measurements"]
+    recorded = doc.get("thresholds")
+    thr = card_thresholds(recorded if isinstance(recorded, dict) else {}, overrides)
+    # whether the cold-start and failure checks were asked for: their "not run" summary says so
+    asked = {name for rid, name in (("RDY002", "cold-start"), ("RDY004", "failure"))
+             if not any(isinstance(c, dict) and c.get("id") == rid and c.get("summary") == card.NOT_ASKED
+                        for c in doc["checks"])}
+
+    def part(key: str) -> Mapping[str, Any] | None:
+        v = m.get(key)
+        return v if isinstance(v, dict) else None
+
+    t = doc.get("target")
+    target: Mapping[str, Any] = t if isinstance(t, dict) else {}
+    launch = doc.get("launch") if isinstance(doc.get("launch"), str) else None
+    again = card.document(str(doc.get("url", "")), launch, slo if slo is not None else dict(doc.get("slo") or {}),
+                          thr, part("cancellation"), part("cold_start"), target, part("overload"), asked=asked,
+                          fail=part("failure"))
+    write(out, again)
+    return again
+
+
+def card_thresholds(recorded: Mapping[str, Any], overrides: Mapping[str, float]) -> dict[str, float]:
+    """The card's thresholds: the numbers a run recorded (today's rules/thresholds.yaml for any it lacks), with
+    ``overrides`` (checked by name, as ``--threshold`` everywhere) on top."""
+    from diagnose.rules.spec import load_thresholds
+
+    today = load_thresholds(overrides=dict(overrides))
+    thr = {k: float(today[k]) for k in card.THRESHOLDS}
+    for k in card.THRESHOLDS:
+        v = recorded.get(k)
+        if k not in overrides and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            thr[k] = float(v)
+    return thr
