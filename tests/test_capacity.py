@@ -75,6 +75,14 @@ def test_cli_writes_json_and_refuses_bad_input(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(InputError, match="not an SLO-edge search"):
         cap.read_search(tmp_path / "x.json")
+    # a FIFO (given, or as the folder's search.json) is refused at once: reading it would wait for a writer
+    import os
+
+    (tmp_path / "f").mkdir()
+    os.mkfifo(tmp_path / "f" / "search.json")
+    for given in (tmp_path / "f" / "search.json", tmp_path / "f"):
+        with pytest.raises(InputError, match="a FIFO"):
+            cap.read_search(given)
 
 
 def test_no_level_within_the_slo_is_said_and_fails(tmp_path: Path) -> None:

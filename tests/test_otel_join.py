@@ -238,10 +238,15 @@ def _write(p: Path, docs: list[dict[str, Any]]) -> Path:
     (b'{"resourceSpans": []}', "no spans found"),
     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "xyz", "spanId": "12"}]}]}]}', "record 1"),
     (b"\x1f\x8b broken gzip", "cannot read span file"),
+    ("fifo", "a FIFO"),  # refused at once: reading it would wait for a writer
 ])
-def test_bad_span_files_are_one_line_input_errors(tmp_path: Path, content: bytes | None, match: str) -> None:
+def test_bad_span_files_are_one_line_input_errors(tmp_path: Path, content: bytes | str | None, match: str) -> None:
+    import os
+
     p = tmp_path / "spans.json"
-    if content is not None:
+    if content == "fifo":
+        os.mkfifo(p)
+    elif isinstance(content, bytes):
         p.write_bytes(content)
     with pytest.raises(InputError, match=match) as ei:
         otel.load_spans_file(p)

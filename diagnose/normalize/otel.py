@@ -19,6 +19,7 @@ client+network share.
 from __future__ import annotations
 
 import gzip
+import io
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,6 +37,8 @@ from diagnose.model import Signal
 from diagnose.normalize import TableContext
 from diagnose.requests import window_mask
 from diagnose.signals.catalog import SIGNALS
+
+MAX_SPAN_FILE_BYTES = 1 << 30  # 1 GiB (decompressed): a post-mortem span file, read whole into memory
 
 LAT = "gen_ai.latency."
 REQUEST_SPAN_NAMES = ("llm_request",)
@@ -145,13 +148,22 @@ def _fill_server(row: dict[str, Any], sp: pd.Series) -> None:
 def read_spans_file(path: str | Path) -> list[dict[str, Any]]:
     """Normalised spans from an OTLP JSON file: one export object, a list of them, JSON lines of them (the
     OpenTelemetry Collector file exporter), or diagnose's own spans.jsonl; optionally gzipped."""
+    from diagnose.errors import BundleError
+    from diagnose.io.bundle import open_regular
     from diagnose.io.otlp import OtlpDecodeError, decode_request, parse_json_obj
 
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with open_regular(p) as fh:  # a FIFO or a device is refused at once, never read (it would hang)
+            raw = fh.read(MAX_SPAN_FILE_BYTES + 1)
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(MAX_SPAN_FILE_BYTES + 1)
+        if len(raw) > MAX_SPAN_FILE_BYTES:
+            raise InputError(f"{p}: a span file over {MAX_SPAN_FILE_BYTES >> 20} MiB (decompressed); give a "
+                             "capture bundle or split the file")
+    except BundleError as e:
+        raise InputError(str(e)) from None
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise InputError(f"{p}: cannot read span file ({getattr(e, 'strerror', None) or e})") from None
     try:
