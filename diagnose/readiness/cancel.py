@@ -124,7 +124,7 @@ async def run(target: Target, plan: CancelPlan, bound_s: float, log: Any = lambd
     When too few streams were still open at the abort (none failed: they ended first), the check is run once
     more with ``RETRY_FACTOR`` times the tokens (at most ``MAX_TOKENS``): on a busy host a client stalled for a
     second or more while the server generated (measured on 2 shared cores beside vLLM's CPU build: every
-    process on the host, not only the client, went unscheduled for 0.1-1.2 s at a time), so the first stream
+    process on the host, not only the client, went unscheduled, the client for 0.8-1.7 s), so the first stream
     had all its tokens before the last was sent. ``first_try`` keeps what the first try saw."""
     if target.source is None:
         return _head(target, plan, bound_s) | {
