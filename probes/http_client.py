@@ -227,16 +227,22 @@ class HttpClient:
                 # else it finished and went back to the pool (perhaps already in another worker's hands)
                 raise
             self._done_with(conn, res)
-            if res.error == "reset" and reused and conn.retry and attempt == 0:
-                # a pooled connection the server had closed: retry once on a fresh one. A server that closes
-                # every connection after a streamed response (llama-server does, with Keep-Alive in its
-                # headers) makes every reuse fail first: after a few, connections are no longer reused.
-                self.reuse_failures += 1
+            if self._resend(res, conn, reused, attempt):
                 res.error = res.error_detail = None
                 res.status = None
                 continue
             break
         return res
+
+    def _resend(self, res: StreamResult, conn: SseConnection, reused: bool, attempt: int) -> bool:
+        """Whether to send the request once more, on a fresh connection: its first try went out on a pooled
+        connection the server had closed before any byte of the answer (counted in ``reuse_failures``). A
+        server that closes every connection after a streamed response (llama-server does, with Keep-Alive in
+        its headers) makes every reuse fail first: after a few, connections are no longer reused."""
+        if res.error == "reset" and reused and conn.retry and attempt == 0:
+            self.reuse_failures += 1
+            return True
+        return False
 
     async def request(self, method: str, path: str, body: Any = None,
                       timeout_s: float = 10.0) -> tuple[int, bytes]:
@@ -260,12 +266,8 @@ class HttpClient:
                 raise RequestFailed("timeout", f"{method} {path}: no answer in {timeout_s:g} s") from e
             finally:
                 self._done_with(conn, res)
-            if res.error == "reset" and reused and conn.retry and attempt == 0:
-                # a pooled connection the server had closed before it read a byte of this request (llama-server
-                # closes them after a streamed response): once more on a fresh one, as ``stream`` does (an engine
-                # test's /tokenize call failed so, and its prompt was estimated instead of measured)
-                self.reuse_failures += 1
-                continue
+            if self._resend(res, conn, reused, attempt):  # as ``stream`` (an engine test's /tokenize call
+                continue  # failed so once, and its prompt was estimated instead of measured)
             break
         if res.error and res.status is None:
             raise RequestFailed(res.error, f"{method} {path}: {res.error_detail}")
