@@ -67,6 +67,23 @@ def open_regular(p: Path) -> io.BufferedReader:
         raise
 
 
+def read_input(p: Path, limit: int, too_big: str) -> bytes:
+    """The bytes of an input file ``p`` the user named: a regular file (a FIFO or a device is refused at once,
+    never read: it would hang) of at most ``limit`` bytes. InputError, one line naming ``p``, for anything else
+    (``too_big``: what to say past the limit); OSError (FileNotFoundError among them) is left to the caller,
+    whose message says what to give instead."""
+    from diagnose.errors import InputError
+
+    try:
+        with open_regular(p) as fh:
+            raw = fh.read(limit + 1)
+    except BundleError as e:
+        raise InputError(str(e)) from None
+    if len(raw) > limit:
+        raise InputError(f"{p}: {too_big}")
+    return raw
+
+
 def _lines(fh: io.BufferedIOBase, limit: int, block: int = 1 << 20) -> Iterator[tuple[int, bytes | None]]:
     """(line number, line without its newline) of a binary file read in ``block``-sized pieces; a line longer
     than ``limit`` comes as (n, None) and is dropped as it is read, so memory stays bounded by ``limit`` plus

@@ -148,22 +148,19 @@ def _fill_server(row: dict[str, Any], sp: pd.Series) -> None:
 def read_spans_file(path: str | Path) -> list[dict[str, Any]]:
     """Normalised spans from an OTLP JSON file: one export object, a list of them, JSON lines of them (the
     OpenTelemetry Collector file exporter), or diagnose's own spans.jsonl; optionally gzipped."""
-    from diagnose.errors import BundleError
-    from diagnose.io.bundle import open_regular
+    from diagnose.io.bundle import read_input
     from diagnose.io.otlp import OtlpDecodeError, decode_request, parse_json_obj
 
     p = Path(path)
+    too_big = (f"a span file over {MAX_SPAN_FILE_BYTES >> 20} MiB (decompressed); give a capture bundle or split "
+               "the file")
     try:
-        with open_regular(p) as fh:  # a FIFO or a device is refused at once, never read (it would hang)
-            raw = fh.read(MAX_SPAN_FILE_BYTES + 1)
+        raw = read_input(p, MAX_SPAN_FILE_BYTES, too_big)
         if raw[:2] == b"\x1f\x8b":
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
                 raw = gz.read(MAX_SPAN_FILE_BYTES + 1)
-        if len(raw) > MAX_SPAN_FILE_BYTES:
-            raise InputError(f"{p}: a span file over {MAX_SPAN_FILE_BYTES >> 20} MiB (decompressed); give a "
-                             "capture bundle or split the file")
-    except BundleError as e:
-        raise InputError(str(e)) from None
+            if len(raw) > MAX_SPAN_FILE_BYTES:
+                raise InputError(f"{p}: {too_big}")
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise InputError(f"{p}: cannot read span file ({getattr(e, 'strerror', None) or e})") from None
     try:

@@ -171,7 +171,6 @@ def _opt() -> int:
     return orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
 
 
-
 MAX_DOC_BYTES = 64 * 1024 * 1024  # a readiness.json is ~0.1-1 MB (2,000 in-flight samples at most per check)
 
 
@@ -180,22 +179,16 @@ def read_doc(path: Path) -> dict[str, Any]:
     anything else (missing, not a regular file, too big, not JSON, not a readiness document)."""
     import orjson
 
-    from diagnose.errors import BundleError
-    from diagnose.io.bundle import open_regular
+    from diagnose.io.bundle import read_input
 
     p = path / JSON_NAME if path.is_dir() else path
     try:
-        with open_regular(p) as fh:
-            raw = fh.read(MAX_DOC_BYTES + 1)
+        raw = read_input(p, MAX_DOC_BYTES, f"larger than {MAX_DOC_BYTES >> 20} MiB: not a readiness document")
     except FileNotFoundError:
         raise InputError(f"{p}: no such file (give a folder written by diagnose readiness, or its "
                          f"{JSON_NAME})") from None
-    except BundleError as e:
-        raise InputError(str(e)) from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
-    if len(raw) > MAX_DOC_BYTES:
-        raise InputError(f"{p}: larger than {MAX_DOC_BYTES >> 20} MiB: not a readiness document")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

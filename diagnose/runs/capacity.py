@@ -42,21 +42,15 @@ def _fin(v: float) -> float | None:
 
 def read_search(path: Path) -> dict[str, Any]:
     """search.json (or the folder that holds it) as written by ``attach --find-max-goodput``."""
-    from diagnose.errors import BundleError
-    from diagnose.io.bundle import open_regular
+    from diagnose.io.bundle import read_input
 
     p = path / "search.json" if path.is_dir() else path
     try:
-        with open_regular(p) as fh:  # a FIFO or a device is refused at once, never read (it would hang)
-            raw = fh.read(MAX_SEARCH_BYTES + 1)
-        if len(raw) > MAX_SEARCH_BYTES:
-            raise InputError(f"{p}: larger than {MAX_SEARCH_BYTES >> 20} MiB: not a search.json")
-        data = orjson.loads(raw)
+        data = orjson.loads(read_input(p, MAX_SEARCH_BYTES,
+                                       f"larger than {MAX_SEARCH_BYTES >> 20} MiB: not a search.json"))
     except FileNotFoundError:
         raise InputError(f"{p}: no such file (give the search.json of attach --find-max-goodput, or its "
                          "folder)") from None
-    except BundleError as e:
-        raise InputError(str(e)) from None
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror or e})") from None
     except orjson.JSONDecodeError as e:
