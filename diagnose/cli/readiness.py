@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -83,7 +84,6 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
     from diagnose.capture.workload import parse_slo
     from diagnose.cli.analyze import parse_threshold_overrides
     from diagnose.errors import InputError
-    from diagnose.readiness import card
     from diagnose.readiness import run as rr
     from diagnose.readiness.cancel import CancelPlan
     from diagnose.readiness.coldstart import ColdPlan
@@ -96,13 +96,8 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
         raise InputError("give --url (check a server) or --from FOLDER (judge an earlier run again), not both"
                          if url else "--url is required (or --from FOLDER to judge an earlier run again)")
     if from_dir is not None:
-        doc = rr.rejudge(from_dir, output, parse_threshold_overrides(threshold_values),
-                         parse_slo(slo) if slo else None, force)
-        for line in card.lines(doc):
-            click.echo(line)
-        click.echo(f"written: {output / rr.JSON_NAME}, {output / rr.HTML_NAME}")
-        if doc["failed"]:
-            raise click.exceptions.Exit(exits.ERROR)
+        _show(rr.rejudge(from_dir, output, parse_threshold_overrides(threshold_values),
+                         parse_slo(slo) if slo else None, force), output)
         return
     asked = frozenset(x.strip() for x in checks.split(",") if x.strip())
     if not asked or asked - set(rr.CHECKS):
@@ -124,7 +119,14 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
                                        dwell_s=cancel_dwell),
                      cold=ColdPlan(startup_timeout_s=startup_s), overload=over,
                      failure=fail, checks=asked, force=force)
-    doc = rr.run(req, lambda m: click.echo(m, err=True))
+    _show(rr.run(req, lambda m: click.echo(m, err=True)), output)
+
+
+def _show(doc: dict[str, Any], output: Path) -> None:
+    """The card on stdout, where it was written; exit 1 when a check failed."""
+    from diagnose.readiness import card
+    from diagnose.readiness import run as rr
+
     for line in card.lines(doc):
         click.echo(line)
     click.echo(f"written: {output / rr.JSON_NAME}, {output / rr.HTML_NAME}")
