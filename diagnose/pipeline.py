@@ -258,7 +258,8 @@ def _rules(rules_dirs: Sequence[str | Path]) -> list[RuleSpec]:
 
 def analyze_opened(bundle: Bundle, *, rules_dirs: Sequence[str | Path] = (), threshold_files: Sequence[str | Path] = (),
                    threshold_overrides: dict[str, float] | None = None, cost_per_hour: float | None = None) -> Analysis:
-    specs = _rules(rules_dirs)
+    # the readiness rules judge a readiness run's measurements (diagnose/readiness/card.py), never a capture's
+    specs = [s for s in _rules(rules_dirs) if s.family != "readiness"]
     thresholds = load_thresholds(threshold_files, threshold_overrides)
     mods = load_normalizers()
     ctx = TableContext(thresholds=dict(thresholds))  # the table stage's few judgements (client stalls) use them too

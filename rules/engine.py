@@ -53,6 +53,8 @@ class _SafeFormatter(string.Formatter):
         return "unknown"
 
     def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "v":  # {name:v}: the report's one number formatter (1,440, 0.47, 6.9; never 1.44e+03)
+            return fmt_value(value)
         try:
             return str(super().format_field(value, format_spec))
         except (ValueError, TypeError):

@@ -20,7 +20,7 @@ from diagnose.rules.conditions import referenced_signals
 CATALOG_DIR = Path(__file__).parent / "catalog"
 THRESHOLDS_FILE = Path(__file__).parent / "thresholds.yaml"
 _SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace", "fleet")
+FAMILIES = ("latency", "scheduler", "gpu", "host", "validity", "cost", "trace", "fleet", "readiness")
 SCOPES = ("run", "phase")
 # symptom: restates what is out of line (high TTFT, latency grows with load); cause: names why. The verdict and
 # the ranking put causes first: a symptom never outranks a cause that fired beside it.

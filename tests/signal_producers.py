@@ -3,7 +3,8 @@
 Inputs: every sample bundle in sample_traces/, every trace in tests/data/traces (the lone-trace path), and a
 few small synthetic inputs for the paths no shipped sample takes (a sweep with every SLO term, a bundle with
 OTLP spans joined to requests, every engine setting in the manifest, a trace with mixed steps, an NVML
-capture with NVLink counters from the fake NVML library, host samples with a scan of other processes). Used by tests/test_signal_catalog.py.
+capture with NVLink counters from the fake NVML library, host samples with a scan of other processes), and the
+readiness signals of the shipped readiness sample and of two synthetic readiness runs. Used by tests/test_signal_catalog.py.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from diagnose.io.bundle import Bundle
 from diagnose.model import Signal, Window
@@ -197,6 +199,45 @@ def synthetic_every_error_class(tmp: Path) -> Path:
     return tmp / "b"
 
 
+READINESS_SAMPLE = SAMPLES / "readiness_vllm_cpu" / "readiness.json"
+# the readiness paths the shipped vLLM sample does not take: llama.cpp's slots left busy, vLLM's counts left
+# with a KV cache, stale gauges, a kept stream broken, a first request failed against an SLO, an overload with
+# errors, rejections and the client's cap met, a restart that failed
+_STEP = {"factor": 2.0, "rate_rps": 10.0, "done_rps": 4.0, "sent": 40, "planned": 40, "ok": 20, "rejected": 12,
+         "rejected_with_retry_after": 3, "errors": 2, "error_examples": ["timeout: no bytes in 60 s"],
+         "client_capped": 6, "open_capped": 6, "ttft_p99_ms": 900.0, "e2e_p50_ms": 300.0}
+READINESS_SYNTHETIC = (
+    {"cancellation": {"streams": 4, "aborted": 2, "before": {"in_flight": 0}, "release_s": 0.2, "idle_s": None,
+                      "leaked": 2, "leaked_state": {"in_flight": 2, "busy_slots": [0, 3]},
+                      "kept_failed": ["reset: connection reset"]},
+     "cold_start": {"first_request_failed": "http_503: loading", "first_ttft_ms": 40.0}, "slo": {"ttft_p99_ms": 30},
+     "overload": {"capacity_rps": 5.0, "max_in_flight": 8, "recovery_s": 3.0, "steps": [_STEP]},
+     "failure": {"restart_failed": "exited with status 1", "health_gap_s": None}},
+    {"cancellation": {"streams": 4, "aborted": 2, "before": {"in_flight": 0}, "release_s": 0.2, "idle_s": None,
+                      "stale_gauge": {"in_flight": 2}, "leaked_during": {"in_flight": 3, "running": 3.0,
+                                                                         "waiting": 0.0, "kv_usage": 0.02}},
+     "cold_start": None, "slo": {}, "overload": None, "failure": None},
+)
+
+
+def from_readiness(measurements: Mapping[str, Any], thresholds: Mapping[str, float], slo: Mapping[str, float],
+                   where: str) -> list[Emitted]:
+    from diagnose.readiness import signals as rsig
+
+    m = measurements
+    sigs = {**rsig.cancellation(m.get("cancellation")), **rsig.cold_start(m.get("cold_start"), slo),
+            **rsig.overload(m.get("overload"), thresholds, slo), **rsig.failure(m.get("failure"))}
+    return list(_emit(list(sigs.values()), rsig.__name__, where))
+
+
+def readiness_emitted() -> list[Emitted]:
+    doc = json.loads(READINESS_SAMPLE.read_text())
+    out = from_readiness(doc["measurements"], doc["thresholds"], doc["slo"], str(READINESS_SAMPLE))
+    for i, m in enumerate(READINESS_SYNTHETIC):
+        out += from_readiness(m, doc["thresholds"], m["slo"], f"synthetic readiness #{i + 1}")
+    return out
+
+
 def emitted_everywhere(tmp: Path) -> list[Emitted]:
     out: list[Emitted] = []
     for b in sample_bundles():
@@ -213,6 +254,7 @@ def emitted_everywhere(tmp: Path) -> list[Emitted]:
     d = tmp / "trace"
     d.mkdir()
     out.extend(from_trace(synthetic_mixed_steps_trace(d)))
+    out.extend(readiness_emitted())
     return out
 
 

@@ -1,5 +1,13 @@
 """The readiness card: each check's status (pass, fail, not run), the numbers behind it and the fix to try.
 
+The card judges nothing itself: a check fails when one of its rules fires (rules/catalog/readiness/, family
+``readiness``, each naming its check in ``tags``: RDY011-RDY016 judge RDY001, RDY021-RDY023 RDY002, RDY031-RDY036
+RDY003, RDY041-RDY044 RDY004), over the run's measurements as signals (diagnose/readiness/signals.py), through the
+rules engine every other finding goes through. The failing rule's title is the check's summary and its
+experiment the fix; an ``info`` rule (stale gauges, rejections without a Retry-After) leaves the check passed
+with its fix as a note. What the card decides is whether a check ran at all (not asked, not run, not
+overloaded: the premise of a check, not a judgement of the server), and the sentences of a pass.
+
 Every number the card judges by is a threshold in rules/thresholds.yaml (``--threshold NAME=VALUE`` moves it):
 
 * ``readiness_cancel_release_max_s``: RDY001 passes when the engine's in-flight work drops to what the client
@@ -23,11 +31,17 @@ Every number the card judges by is a threshold in rules/thresholds.yaml (``--thr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diagnose.io import schemas
 from diagnose.numbers import fmt_value
+from diagnose.readiness import signals as rsig
+
+if TYPE_CHECKING:
+    from diagnose.model import Finding, Signal
+    from diagnose.rules.spec import RuleSpec
 
 RELEASE = "readiness_cancel_release_max_s"
 COLD_RATIO = "readiness_cold_ttft_ratio_max"
@@ -39,40 +53,50 @@ HEALTH_GAP = "readiness_health_gap_max_s"
 AMPLIFICATION = "readiness_retry_amplification_max"
 THRESHOLDS = (RELEASE, COLD_RATIO, OVER_WAIT, RECOVERY, RECOVERED_RATIO, RESTART, HEALTH_GAP, AMPLIFICATION)
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
-KEPT_UP = 0.9  # a step kept up when its completions per second were at least this share of its arrivals
 
-FIX_LEAK = ("Make client disconnects reach the engine: vLLM aborts a request when its HTTP connection closes, "
-            "llama.cpp frees a slot when it finds the connection closed; a proxy or gateway in front of the server "
-            "that buffers responses or keeps the upstream connection open (nginx proxy_buffering, a load balancer's "
-            "idle timeout) hides the disconnect. Check it with this command against the server directly and through "
-            "the proxy.")
-FIX_KEPT = ("Aborting some streams broke others: read the server's log around the abort for errors, and check "
-            "that the server handles a closed connection without failing the batch it belongs to.")
-FIX_STALE = ("Nothing leaked, but a router or autoscaler that reads these gauges sees this replica busy until its "
-             "next request (vLLM refreshes them only when a step runs: vllm#29928); route on your own in-flight "
-             "counts or upgrade to a build that flushes its stats after aborts.")
-FIX_UNBOUNDED = ("Bound the queue: admit what the server serves within the SLO and answer the rest at once with 429 "
-                 "and a Retry-After, so clients back off instead of waiting or timing out (vLLM and llama-server "
-                 "queue without a limit: put a concurrency limit in front, in the gateway or router), and scale "
-                 "out on queue depth or TTFT, not on CPU or GPU use.")
-FIX_ERRORS = ("Requests failed or timed out under overload instead of being rejected: read the server's log for "
-              "the errors, raise the gateway's and the client's timeouts above the SLO's worst case or, better, "
-              "reject early with 429 and a Retry-After (see above).")
-FIX_RECOVERY = ("The backlog outlived the overload: a bounded queue (429 with Retry-After past a limit) or "
-                "request deadlines that drop work whose client has given up shorten it; check that clients do not "
-                "retry without backing off.")
-FIX_DOWN = ("A restart this slow leaves a single replica's users without service for all of it: keep a second "
-            "replica behind the load balancer, and shorten the start (local model files, compilation caches kept "
-            "between restarts) before relying on restarts for recovery.")
-FIX_HEALTH = ("The server said healthy before it could serve: point the load balancer's readiness probe at a "
-              "real completion (or an endpoint that answers only once the model is loaded and warmed), not at "
-              "liveness alone.")
-FIX_STORM = ("Clients retried faster than they completed before the crash: cap retries, back off exponentially "
-             "with jitter, honour Retry-After, and answer 503 with a Retry-After while starting, so a recovering "
-             "server is not buried by the retries of its own clients.")
-FIX_COLD = ("Warm the server up before it takes traffic: send a few completions (the lengths you serve) before the "
-            "readiness probe reports ready, keep compilation caches between restarts (vLLM's torch.compile cache, "
-            "CUDA graphs captured at start), and load the model from local disk.")
+# each fix is its rule's experiment (rules/catalog/readiness/): the card shows the one of the rule that judged
+_FIXES = {"FIX_LEAK": "RDY011", "FIX_KEPT": "RDY015", "FIX_STALE": "RDY016", "FIX_COLD": "RDY022",
+          "FIX_ERRORS": "RDY031", "FIX_UNBOUNDED": "RDY032", "FIX_RECOVERY": "RDY035", "FIX_DOWN": "RDY041",
+          "FIX_HEALTH": "RDY043", "FIX_STORM": "RDY044"}
+
+
+def __getattr__(name: str) -> str:
+    """``card.FIX_LEAK`` and the like: the fix a readiness rule gives (read from its YAML)."""
+    if name in _FIXES:
+        return fix(_FIXES[name])
+    raise AttributeError(name)
+
+
+@functools.cache
+def rules() -> tuple[RuleSpec, ...]:
+    """The readiness rules of the catalogue (family ``readiness``; each names the check it judges in ``tags``)."""
+    from diagnose.rules.spec import load_rules
+
+    return tuple(s for s in load_rules() if s.family == "readiness")
+
+
+def check_of(spec: RuleSpec) -> str:
+    tags = spec.raw.get("tags") or []
+    return str(tags[0]) if tags else ""
+
+
+def fix(rule_id: str) -> str:
+    """A readiness rule's fix: its first cause's experiment, as written (no template in it)."""
+    spec = next(s for s in rules() if s.id == rule_id)
+    return " ".join(str(spec.causes[0]["experiment"]["change"]).split())
+
+
+def judge(check: str, sigs: Mapping[str, Signal], thr: Mapping[str, float]) -> Finding | None:
+    """The finding that judges one check: the strongest of its rules that fired (after their own suppressions),
+    an error before an info note; None when none fired."""
+    from diagnose.rules.engine import evaluate
+
+    res = evaluate([s for s in rules() if check_of(s) == check], sigs, thr)
+    return res.findings[0] if res.findings else None
+
+
+def _fail(c: dict[str, Any], f: Finding, summary: str, **extra: Any) -> dict[str, Any]:
+    return c | {"status": FAIL, "rule": f.rule_id, "fix": fix(f.rule_id), "summary": summary} | extra
 
 
 def _f(v: Any, unit: str = "") -> str:
@@ -113,39 +137,15 @@ def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> dict[
         numbers["first_try_tokens"] = m["first_try"].get("max_tokens")
         tput += (f"; on a second try with {m.get('max_tokens')} tokens a stream (the first, with "
                  f"{m['first_try'].get('max_tokens')}: {m['first_try'].get('too_soon')})")
-    rel, idle = m.get("release_s"), m.get("idle_s")
-    stale = m.get("stale_gauge")
-    if stale is not None and (rel is None or rel <= bound):
+    f = judge("RDY001", rsig.cancellation(m), thr)
+    if f is not None and f.severity != "info":  # leaked, slow, or kept streams broken: rules RDY011-RDY015
+        return _fail(c, f, f.title + tput, numbers=numbers)
+    if f is not None:  # released, with a note (RDY016: stale gauges)
+        stale = m.get("stale_gauge") or {}
         numbers["stale_in_flight"] = stale.get("in_flight")
-        when = f"in {rel:.2f} s" if rel is not None else "(seen once another request ran a step)"
-        return c | {"status": PASS, "numbers": numbers, "fix": FIX_STALE,
-                    "summary": (f"{m.get('aborted')} of {m.get('streams')} streams aborted: the engine released "
-                                f"their work {when}, but its in-flight gauges stayed at "
-                                f"{stale.get('in_flight')} after the last stream until another request ran a step "
-                                "(stale metrics, not leaked work)") + tput}
-    if rel is not None and idle is not None and (rel > bound or idle > bound):
-        # both seen, one later than the bound (a run judged again with a tighter bound: --from): slow, not stuck
-        late = [f"{what} {v:.2f} s {when}" for what, v, when in (
-            ("dropped in", rel, "after the abort"), ("was back to idle", idle, "after the last kept stream"))
-            if v > bound]
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_LEAK,
-                    "summary": (f"slow release: the engine's in-flight work {' and '.join(late)}, past the bound "
-                                f"of {bound:g} s ({numbers['in_flight_before']} in flight before the check)")
-                    + tput}
-    if rel is None or idle is None:
-        st = m.get("leaked_state") or m.get("leaked_during") or {}
-        where = (f"slots {', '.join(str(s) for s in st['busy_slots'])} still busy" if st.get("busy_slots") else
-                 f"running {_f(st.get('running'))}, waiting {_f(st.get('waiting'))}"
-                 + (f", KV cache {_f(st['kv_usage'] * 100, '%')}" if st.get("kv_usage") is not None else ""))
-        phase = "after the last kept stream ended" if idle is None else "after the abort"
-        n = m.get("leaked") if m.get("leaked") is not None else "some"
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_LEAK,
-                    "summary": (f"leaked work: {n} request(s) still in flight on the engine {bound:g} s {phase} "
-                                f"({where}; {numbers['in_flight_before']} in flight before the check)") + tput}
-    if m.get("kept_failed"):
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_KEPT,
-                    "summary": (f"the engine released the aborted work in {rel:.2f} s, but "
-                                f"{len(m['kept_failed'])} kept stream(s) failed: {'; '.join(m['kept_failed'][:2])}")}
+        return c | {"status": PASS, "rule": f.rule_id, "numbers": numbers, "fix": fix(f.rule_id),
+                    "summary": f.title + tput}
+    rel, idle = m.get("release_s"), m.get("idle_s")
     return c | {"status": PASS, "numbers": numbers, "fix": "",
                 "summary": (f"{m.get('aborted')} of {m.get('streams')} streams aborted after their first tokens: "
                             f"the engine's in-flight work dropped in {rel:.2f} s and was back to idle {idle:.2f} s "
@@ -161,58 +161,24 @@ def cold_start(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mappi
                     "summary": "needs --launch COMMAND (diagnose times a server it starts itself)" if asked
                     else NOT_ASKED}
     limit = thr[COLD_RATIO]
-    ttft_slo = {k: v for k, v in slo.items() if k.startswith("ttft_")}
+    ttft_slo = rsig.slo_ttft_ms(slo)
     numbers = {k: m.get(k) for k in ("healthy_s", "first_token_s", "first_ttft_ms", "cold_ttft_p50_ms",
                                      "warm_ttft_p50_ms", "first_vs_warm_ratio", "cold_vs_warm_ratio")}
     numbers["ratio_max"] = limit
-    if ttft_slo:
-        numbers["slo_ttft_ms"] = min(ttft_slo.values())
+    if ttft_slo is not None:
+        numbers["slo_ttft_ms"] = ttft_slo
     head = (f"healthy {_f(m.get('healthy_s'), ' s')} after the start, first token at {_f(m.get('first_token_s'), ' s')}; "
             f"first request TTFT {_f(m.get('first_ttft_ms'), ' ms')}, cold P50 {_f(m.get('cold_ttft_p50_ms'), ' ms')}, "
             f"warm P50 {_f(m.get('warm_ttft_p50_ms'), ' ms')}")
-    if m.get("first_request_failed"):
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_COLD,
-                    "summary": f"the first request after healthy failed ({m['first_request_failed']}): {head}"}
+    f = judge("RDY002", rsig.cold_start(m, slo), thr)
+    if f is not None:  # the first request failed, was slow against the warm ones, or missed the SLO
+        return _fail(c, f, f"{f.title}: {head}", numbers=numbers)
     ratio = m.get("first_vs_warm_ratio")
     if ratio is None:
         return c | {"status": NOT_RUN, "numbers": numbers, "fix": "",
                     "summary": f"not judged: too few requests got a first token ({m.get('failed_count')} failed): {head}"}
-    over_slo = "slo_ttft_ms" in numbers and m["first_ttft_ms"] > numbers["slo_ttft_ms"]
-    if ratio > limit or over_slo:
-        why = (f"the first request waited {ratio:.1f}x the warm TTFT (at most {limit:g}x)" if ratio > limit else
-               f"the first request's TTFT is over the SLO's {numbers['slo_ttft_ms']:g} ms")
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_COLD, "summary": f"{why}: {head}"}
     return c | {"status": PASS, "numbers": numbers, "fix": "",
                 "summary": f"first request {ratio:.1f}x the warm TTFT (at most {limit:g}x): {head}"}
-
-
-def _top_limit(m: Mapping[str, Any], thr: Mapping[str, float], slo: Mapping[str, float]) -> tuple[float | None, str]:
-    """The TTFT P99 the admitted requests of the top step must keep, and how it is made (in words: its figures
-    are in the step table): the SLO's TTFT term; else the TTFT P99 of the step at the capacity (the highest at or
-    below 1x) plus ``readiness_overload_wait_requests_max`` times its e2e P50. A bounded queue (a gateway's limit
-    in front of the engine) lets an admitted request wait a request's time or two past the capacity; an
-    unbounded one grows the wait for as long as the overload lasts."""
-    ttft_slo = [v for k, v in slo.items() if k.startswith("ttft_")]
-    if ttft_slo:
-        return min(ttft_slo), "the SLO's TTFT term"
-    steps = m.get("steps") or []
-    # the reference is a step the server kept up with: a 1x step already falling behind (the capacity phase
-    # over-measured a host that got busier) queues, and its TTFT P99 would make a limit an unbounded queue
-    # stays under (CI, llama-server on a loaded host: 10.6 s at 2x "within" 12.2 s made from such a 1x step)
-    at_or_below = [st for st in steps if st["factor"] <= 1.0]
-    kept = [st for st in at_or_below if _kept_up(st)]
-    ref = kept[-1] if kept else at_or_below[0] if at_or_below else steps[0] if steps else {}
-    if ref.get("ttft_p99_ms") is None or ref.get("e2e_p50_ms") is None:
-        return None, ""
-    k = thr[OVER_WAIT]
-    behind = "" if kept else ", a step already behind its arrivals"
-    return (ref["ttft_p99_ms"] + k * ref["e2e_p50_ms"],
-            f"the {ref['factor']:g}x step's TTFT P99 plus {k:g} of its requests' times, e2e P50{behind}")
-
-
-def _kept_up(st: Mapping[str, Any]) -> bool:
-    """The server completed about what arrived during the step (at least ``KEPT_UP`` of it)."""
-    return st.get("done_rps") is not None and st["done_rps"] >= KEPT_UP * st["rate_rps"]
 
 
 def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping[str, float]) -> dict[str, Any]:
@@ -224,17 +190,14 @@ def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping
         return c | {"status": NOT_RUN, "numbers": {}, "fix": "", "summary": m["not_run"]}
     steps = m.get("steps") or []
     top = steps[-1]
-    limit, limit_what = _top_limit(m, thr, slo)
+    limit, limit_what = rsig.top_limit(m, thr, slo)
     bound = thr[RECOVERY]
     rec = m.get("recovery_s")
-    sent = sum(st["sent"] for st in steps)
-    rejected = sum(st["rejected"] for st in steps)
-    with_ra = sum(st["rejected_with_retry_after"] for st in steps)
-    errors = sum(st["errors"] for st in steps)
+    n = rsig.totals(steps)
+    rejected, with_ra = n["rejected"], n["rejected_with_retry_after"]
     numbers = {"capacity_rps": m.get("capacity_rps"), "baseline_ttft_p50_ms": m.get("baseline_ttft_p50_ms"),
                "top_factor": top["factor"], "top_rate_rps": top["rate_rps"], "top_done_rps": top.get("done_rps"),
-               "top_ttft_p99_ms": top.get("ttft_p99_ms"), "top_ttft_p99_limit_ms": limit, "sent": sent,
-               "rejected": rejected, "rejected_with_retry_after": with_ra, "errors": errors,
+               "top_ttft_p99_ms": top.get("ttft_p99_ms"), "top_ttft_p99_limit_ms": limit, **n,
                "client_capped": m.get("client_capped"), "unfinished_at_drain": m.get("unfinished_at_drain"),
                "recovery_s": rec, "recovery_max_s": bound}
     # the page's step table: each figure of a step is stated there and nowhere else on the page (the summary
@@ -249,50 +212,26 @@ def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping
     limit_s = f"{_f(limit, ' ms')} ({limit_what})"
     recovered = (f"latency back near the baseline {rec:.2f} s after the ramp" if rec is not None else
                  "latency not back near the baseline by the end of the recovery phase")
-    over = limit is not None and top.get("ttft_p99_ms") is not None and top["ttft_p99_ms"] > limit
-    if errors:
-        ex = "; ".join(e for st in steps for e in st.get("error_examples", []))[:300]
-        return c | {"status": FAIL, "fix": FIX_ERRORS,
-                    "summary": f"{errors} of {sent} requests failed or timed out under overload instead of being "
-                               f"rejected ({ex}); {recovered}"}
-    if over:
-        what = ("unbounded queue: nothing was rejected, and" if not rejected else
-                f"{rejected} requests were rejected, yet")
-        return c | {"status": FAIL, "fix": FIX_UNBOUNDED,
-                    "summary": f"{what} {at} the requests it admitted waited past {limit_s} for their first token "
-                               f"at the P99; {recovered}"}
-    if top.get("open_capped") and not rejected:
-        # the server held as many open requests as the client would send without rejecting one: the client's
-        # cap, not the server, bounded what the admitted requests waited, so their TTFT cannot pass the check
-        # (a fast host: 279 of the 2x step's 590 arrivals not sent, TTFT P99 2.3 s "within" a limit of 9.6 s
-        # made by a 1x step already queueing, and the card said "bounded")
-        return c | {"status": FAIL, "fix": FIX_UNBOUNDED,
-                    "summary": f"unbounded queue: nothing was rejected, and {at} the server held the client's cap "
-                               f"of {m.get('max_in_flight')} open requests without rejecting one; that cap, not "
-                               f"the server, bounded what the admitted requests waited; {recovered}"}
-    budget_capped = (top.get("client_capped") or 0) - (top.get("open_capped") or 0)
-    if budget_capped > 0.5 * (top.get("planned") or 0):
+    f = judge("RDY003", rsig.overload(m, thr, slo), thr)
+    if f is not None and f.severity != "info":  # errors, an unbounded queue, or a slow recovery: RDY031-RDY035
+        return _fail(c, f, f.title if f.rule_id == "RDY035" else f"{f.title}; {recovered}")
+    premise = rsig.overload_premise(m)
+    if premise == "budget":
         # the ramp's budget ran out before its top step: the server was never sent the rate the check judges
         # (truth_server, 237 req/s: 2,000 requests were spent by the end of the 1x step)
         return c | {"status": NOT_RUN, "fix": "",
                     "summary": f"not overloaded: the ramp's budget of {m.get('max_requests')} requests ran out "
                                f"before its top step was sent ({at}; raise --overload-max-requests or shorten "
                                "--overload-step)"}
-    kept_up = _kept_up(top) and not rejected
-    if kept_up:  # nothing was past its capacity: the check did not happen
+    if premise:  # nothing was past its capacity: the check did not happen
         return c | {"status": NOT_RUN, "fix": "",
                     "summary": f"not overloaded: {at} completions kept up with arrivals and nothing was rejected, "
                                "so the capacity phase under-measured the server (raise --overload-concurrency or "
                                "give --overload-capacity)"}
-    if rec is None or rec > bound:
-        return c | {"status": FAIL, "fix": FIX_RECOVERY,
-                    "summary": f"slow recovery: {recovered} (at most {bound:g} s); {at} the admitted requests kept "
-                               f"their first tokens within {limit_s}"}
     how = (f"it rejected {rejected} requests with 429/503 ({with_ra} with a Retry-After)" if rejected else
            "no request was rejected, yet the admitted ones kept their latency")
-    fix = ("Send a Retry-After with each 429/503 so clients know when to come back." if rejected and with_ra < rejected
-           else "")
-    return c | {"status": PASS, "fix": fix,
+    note = {"rule": f.rule_id, "fix": fix(f.rule_id)} if f is not None else {"fix": ""}  # RDY036: no Retry-After
+    return c | {"status": PASS, **note,
                 "summary": f"bounded: {how}; {at} the admitted requests' TTFT P99 stayed within {limit_s}; "
                            f"{recovered}"}
 
@@ -312,7 +251,7 @@ def failure(m: Mapping[str, Any] | None, thr: Mapping[str, float], asked: bool =
     numbers = {k: m.get(k) for k in keys}
     numbers |= {"recovery_max_s": thr[RESTART], "health_gap_max_s": thr[HEALTH_GAP],
                 "retry_amplification_max": thr[AMPLIFICATION]}
-    rec, gap, amp = m.get("recovery_s"), m.get("health_gap_s"), m.get("retry_amplification")
+    rec, gap, amp = m.get("recovery_s"), m.get("health_gap_s"), m.get("retry_amplification")  # judged: RDY041-4
     head = (f"{m.get('in_flight_at_crash')} requests in flight at the crash ({m.get('lost_in_flight_at_crash')} of "
             f"them never completed); {m.get('lost')} requests lost after {m.get('max_retries')} retries, "
             f"{m.get('recovered_by_retry')} completed on a retry; restart healthy in "
@@ -320,22 +259,9 @@ def failure(m: Mapping[str, Any] | None, thr: Mapping[str, float], asked: bool =
             f"({_f(m.get('outage_attempts_per_s'))}/s, {_f(amp)}x the {_f(m.get('rps_before'))} completions/s "
             f"before); TTFT P99 {_f(m.get('ttft_before_p99_ms'), ' ms')} before, {_f(m.get('ttft_after_p99_ms'), ' ms')} "
             "after")
-    if m.get("restart_failed") or rec is None:
-        why = m.get("restart_failed") or "no request completed after the restart"
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_DOWN,
-                    "summary": f"not recovered: {why}: {head}"}
-    if rec > thr[RESTART]:
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_DOWN,
-                    "summary": f"slow recovery: serving again {rec:.1f} s after the crash (at most "
-                               f"{thr[RESTART]:g} s): {head}"}
-    if gap is not None and gap > thr[HEALTH_GAP]:
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_HEALTH,
-                    "summary": f"healthy before ready: the first completion came {gap:.1f} s after the server "
-                               f"said healthy (at most {thr[HEALTH_GAP]:g} s): {head}"}
-    if amp is not None and amp > thr[AMPLIFICATION]:
-        return c | {"status": FAIL, "numbers": numbers, "fix": FIX_STORM,
-                    "summary": f"retry storm: {amp:.1f}x the request rate during the outage (at most "
-                               f"{thr[AMPLIFICATION]:g}x): {head}"}
+    f = judge("RDY004", rsig.failure(m), thr)
+    if f is not None:  # not recovered, slow, healthy before ready, or a retry storm: RDY041-RDY044
+        return _fail(c, f, f"{f.title}: {head}", numbers=numbers)
     return c | {"status": PASS, "numbers": numbers, "fix": "",
                 "summary": f"serving again {rec:.1f} s after the crash, {_f(gap, ' s')} after it said healthy; "
                            f"retries bounded: {head}"}
@@ -352,7 +278,7 @@ def document(url: str, launch: str | None, slo: Mapping[str, float], thr: Mappin
     verdict = ("not ready: " + ", ".join(f"{c['id']} {c['check']}" for c in checks if c["status"] == FAIL)
                if failed else ("ready on the checks run" if ran else "nothing checked"))
     return schemas.versioned(schemas.READINESS, {
-        "url": url, "launch": launch, "target": dict(target), "slo": dict(slo),
+        "url": url, "launch": launch, "target": dict(target), "slo": dict(slo), "asked": sorted(asked),
         "thresholds": {k: thr[k] for k in THRESHOLDS}, "verdict": verdict, "failed": failed, "checks": checks,
         "measurements": {"cancellation": dict(cancel) if cancel is not None else None, "cold_start": dict(cold) if cold is not None else None,
                          "overload": dict(over) if over is not None else None,

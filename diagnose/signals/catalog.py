@@ -38,6 +38,7 @@ FLEET = "diagnose.normalize.fleet"
 SLOTS = "diagnose.normalize.slots"
 ATTRIBUTION = "diagnose.normalize.attribution"
 TASKS = "diagnose.normalize.tasks"
+READINESS = "diagnose.readiness.signals"
 
 PCTS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "max")
 SLO_METRICS: tuple[str, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -474,6 +475,62 @@ _TASKS: list[_Entry] = [
 ]
 
 
+# production readiness (diagnose/readiness/signals.py, docs/readiness.md): a readiness run's measurements, judged
+# by rules/catalog/readiness/; each check's signals exist only when it ran. A description that names text (slots,
+# errors) is replaced by that text where the run has it, shown by the rules as {label.<signal>}
+_READINESS_CLIENT: list[_Entry] = [
+    ("readiness_cancel_judged", "flag", "1: the cancellation check ran and can be judged"),
+    ("readiness_cancel_streams", "requests", "streams the cancellation check opened"),
+    ("readiness_cancel_aborted", "requests", "streams the cancellation check aborted after their first tokens"),
+    ("readiness_cancel_kept_failed", "requests", "kept streams that failed after the abort (the first errors)"),
+    ("readiness_cold_judged", "flag", "1: the cold-start check ran (diagnose launched the server)"),
+    ("readiness_cold_first_failed", "flag", "1: the first request after healthy failed (its error); 0: it was served"),
+    ("readiness_cold_first_vs_warm_ratio", "times", "first request's TTFT after a fresh start / warm TTFT P50"),
+    ("readiness_cold_first_ttft_ms", "ms", "first request's TTFT after a fresh start (ms)"),
+    ("readiness_slo_ttft_ms", "ms", "the SLO's tightest TTFT term (ms)"),
+    ("readiness_over_ran", "flag", "1: the overload ramp ran"),
+    ("readiness_over_overloaded", "flag", "1: the ramp overloaded the server (its top step was sent, and it fell "
+     "behind its arrivals or rejected some); 0: it did not"),
+    ("readiness_over_sent", "requests", "requests the overload ramp sent"),
+    ("readiness_over_rejected", "requests", "requests rejected with 429/503 during the ramp"),
+    ("readiness_over_rejected_with_retry_after", "requests", "rejected requests whose answer had a Retry-After"),
+    ("readiness_over_errors", "requests", "requests that failed or timed out during the ramp (the first errors)"),
+    ("readiness_over_top_factor", "times", "the ramp's top step, times the measured capacity"),
+    ("readiness_over_capacity_rps", "req/s", "the capacity the ramp was built on (req/s)"),
+    ("readiness_over_top_ttft_p99_ms", "ms", "TTFT P99 of the requests the server admitted at the top step (ms)"),
+    ("readiness_over_open_capped", "requests", "top step arrivals not sent: the client's cap on open requests was "
+     "full"),
+    ("readiness_over_max_in_flight", "requests", "the overload client's cap on open requests"),
+    ("readiness_over_recovery_s", "s", "seconds after the ramp until requests one at a time were back near the "
+     "baseline TTFT"),
+    ("readiness_fail_judged", "flag", "1: the failure check ran (a crash and a restart)"),
+    ("readiness_fail_restart_failed", "flag", "1: the restart failed (why); absent when it did not"),
+    ("readiness_fail_recovery_s", "s", "seconds from the crash to the first completion after the restart"),
+    ("readiness_fail_health_gap_s", "s", "seconds from the restarted server's healthy to its first completion"),
+    ("readiness_fail_retry_amplification", "times", "the clients' attempts per second during the outage / the "
+     "completions per second before the crash"),
+]
+_READINESS_SERVER: list[_Entry] = [
+    ("readiness_cancel_in_flight_before", "requests", "the engine's requests in flight before the cancellation "
+     "check"),
+    ("readiness_cancel_release_s", "s", "seconds from the abort until the engine's in-flight work dropped to what "
+     "the client still reads"),
+    ("readiness_cancel_idle_s", "s", "seconds from the last kept stream's end until the engine's in-flight work "
+     "was back to its level before the check"),
+    ("readiness_cancel_stale_in_flight", "requests", "in-flight gauges after the last stream, stale until another "
+     "request ran a step"),
+    ("readiness_cancel_leaked", "requests", "requests still in flight on the engine past the bound"),
+    ("readiness_cancel_left_busy_slots", "slots", "llama.cpp slots still busy past the bound (their ids)"),
+    ("readiness_cancel_left_running", "requests", "the engine's running requests past the bound"),
+    ("readiness_cancel_left_waiting", "requests", "the engine's waiting requests past the bound"),
+    ("readiness_cancel_left_kv_usage_ratio", "ratio", "the KV cache the engine held past the bound"),
+]
+_READINESS_DERIVED: list[_Entry] = [
+    ("readiness_over_top_ttft_limit_ms", "ms", "the TTFT P99 the top step's admitted requests must keep (ms; how "
+     "it is made)"),
+]
+
+
 def _build() -> dict[str, SignalSpec]:
     out: dict[str, SignalSpec] = {}
     groups: tuple[tuple[str, Source, list[_Entry]], ...] = (
@@ -481,6 +538,8 @@ def _build() -> dict[str, SignalSpec]:
         (OTEL, "server", _OTEL), (HOST, "host", _HOST), (GPU, "gpu", _GPU), (TRACE, "trace", _TRACE),
         (FLEET, "server", _FLEET), (SLOTS, "server", _SLOTS), (ATTRIBUTION, "server", _ATTRIBUTION_SERVER),
         (ATTRIBUTION, "derived", _ATTRIBUTION_DECODE), (TASKS, "client", _TASKS),
+        (READINESS, "client", _READINESS_CLIENT), (READINESS, "server", _READINESS_SERVER),
+        (READINESS, "derived", _READINESS_DERIVED),
     )
     for producer, source, entries in groups:
         for name, unit, description in entries:
