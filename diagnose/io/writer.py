@@ -143,9 +143,12 @@ class BundleWriter:
 
     def __init__(self, path: str | Path, *, target: dict[str, Any] | None = None,
                  workload: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
-                 overwrite: bool = False, redactor: Redactor | None = None, private: bool = False) -> None:
+                 overwrite: bool = False, redactor: Redactor | None = None, private: bool = False,
+                 keep: bool = False) -> None:
         self.path = Path(path)
-        if self.path.exists() and any(self.path.iterdir()):
+        # keep: the folder may already hold files, which stay (diagnose readiness: its launched server's log is
+        # written before the bundle starts, and --force writes into a folder that is not empty)
+        if not keep and self.path.exists() and any(self.path.iterdir()):
             if not overwrite:
                 raise BundleError(f"output directory {self.path} exists and is not empty (use --force to replace it)")
             shutil.rmtree(self.path)
