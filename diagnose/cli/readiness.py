@@ -21,7 +21,8 @@ CODES = (exits.OK, exits.ERROR, exits.USAGE, exits.TARGET, exits.INTERNAL, exits
                    "--url).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Folder for readiness.json, readiness.html (the card) and, with --launch, server.log (and "
-                   "server-restart.log after the failure check).")
+                   "server-restart.log after the failure check); with --url also a capture bundle of every request "
+                   "the checks sent, one phase per check (diagnose analyze opens it).")
 @click.option("--launch", metavar="COMMAND",
               help="Start this server command (it must answer at --url) for the cold-start and failure checks "
                    "(the failure check kills it and starts it again); diagnose stops it at the end. Without it "
@@ -80,7 +81,8 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
     measured capacity (an open-loop ramp to 2x), whether it bounds its queue or rejects with 429/503, keeps the
     latency of what it admits and recovers once the overload ends (RDY003); with --launch, after a crash and a
     restart, how long until it serves again, how many requests are lost and whether retries stay bounded
-    (RDY004). Writes a readiness card (pass / fail / not run, the numbers, the fix to try); docs/readiness.md."""
+    (RDY004). Writes a readiness card (pass / fail / not run, the numbers, the fix to try) into a folder that is
+    also a capture bundle of the checks' requests (diagnose analyze opens it); docs/readiness.md."""
     from diagnose.capture.workload import parse_slo
     from diagnose.cli.analyze import parse_threshold_overrides
     from diagnose.errors import InputError
@@ -119,16 +121,19 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
                                        dwell_s=cancel_dwell),
                      cold=ColdPlan(startup_timeout_s=startup_s), overload=over,
                      failure=fail, checks=asked, force=force)
-    _show(rr.run(req, lambda m: click.echo(m, err=True)), output)
+    _show(rr.run(req, lambda m: click.echo(m, err=True)), output, bundle=True)
 
 
-def _show(doc: dict[str, Any], output: Path) -> None:
-    """The card on stdout, where it was written; exit 1 when a check failed."""
+def _show(doc: dict[str, Any], output: Path, bundle: bool = False) -> None:
+    """The card on stdout, where it was written (and, for a live run, that the folder is a bundle); exit 1 when a
+    check failed."""
     from diagnose.readiness import card
     from diagnose.readiness import run as rr
 
     for line in card.lines(doc):
         click.echo(line)
     click.echo(f"written: {output / rr.JSON_NAME}, {output / rr.HTML_NAME}")
+    if bundle and (output / "manifest.json").is_file():
+        click.echo(f"bundle: {output} (the checks' requests, one phase per check: diagnose analyze {output})")
     if doc["failed"]:
         raise click.exceptions.Exit(exits.ERROR)

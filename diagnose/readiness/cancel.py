@@ -30,6 +30,7 @@ from typing import Any
 
 from diagnose.errors import InputError
 from diagnose.probes.sse import StreamResult
+from diagnose.readiness.record import CUT
 from diagnose.readiness.target import State, Target, failure
 
 MAX_STREAMS = 64
@@ -130,7 +131,9 @@ async def run(target: Target, plan: CancelPlan, bound_s: float, log: Any = lambd
         return _head(target, plan, bound_s) | {
             "not_run": ("the server publishes no in-flight state diagnose reads (llama.cpp's /slots or its "
                         "llamacpp:requests_processing gauge, vLLM's vllm:num_requests_running)")}
-    out = await _attempt(target, plan, bound_s, log)
+    rec = target.recorder
+    with rec.phase("cancellation", "cancellation", concurrency=plan.streams, max_tokens=plan.max_tokens):
+        out = await _attempt(target, plan, bound_s, log)
     if out.get("too_soon") and plan.max_tokens < MAX_TOKENS:
         more = replace(plan, max_tokens=min(MAX_TOKENS, plan.max_tokens * RETRY_FACTOR))
         log(f"cancellation: {out['too_soon']}; once more with {more.max_tokens} tokens a stream")
@@ -139,7 +142,9 @@ async def run(target: Target, plan: CancelPlan, bound_s: float, log: Any = lambd
         samples: list[State] = []
         await _sample_until(target, t0, samples, lambda: int(base.get("in_flight") or 0), bound_s, plan.interval_s)
         first = {k: out[k] for k in ("max_tokens", "too_soon", "first_token_ok", "stream_times") if k in out}
-        out = await _attempt(target, more, bound_s, log) | {"first_try": first}
+        with rec.phase("cancellation, second try", "cancellation", concurrency=more.streams,
+                       max_tokens=more.max_tokens):
+            out = await _attempt(target, more, bound_s, log) | {"first_try": first}
     return out
 
 
@@ -182,6 +187,7 @@ async def _attempt(target: Target, plan: CancelPlan, bound_s: float, log: Any) -
         at = await target.state(t0)
         if at is not None:
             out["at_abort"] = at.as_dict()
+        target.recorder.cut_reason = "aborted by the cancellation check after its first tokens"
         for i in victims:
             tasks[i].cancel()
         await asyncio.gather(*(tasks[i] for i in victims), return_exceptions=True)
@@ -200,6 +206,7 @@ async def _attempt(target: Target, plan: CancelPlan, bound_s: float, log: Any) -
             await asyncio.wait([tasks[i] for i in kept], timeout=plan.time_limit_s)
         out["kept_unfinished"] = kept_open()  # still streaming after time_limit_s: closed now, as the aborted were
         cut_ns = time.monotonic_ns()
+        target.recorder.cut_reason = f"a kept stream still streaming {plan.time_limit_s:g} s after the abort"
         for i in kept:
             tasks[i].cancel()
         await asyncio.gather(*(tasks[i] for i in kept), return_exceptions=True)
@@ -211,7 +218,7 @@ async def _attempt(target: Target, plan: CancelPlan, bound_s: float, log: Any) -
             # the last step's counts (vllm#22545, #29928). One 1-token request runs a step: in-flight back to the
             # count before the check then means the work was released and only the gauge was stale.
             stale_from = samples[-1].as_dict() if samples else None
-            await target.stream("ping", 1, StreamResult())
+            await target.stream("ping", 1, StreamResult(), tags={"part": "ping"})
             again = await _sample_until(target, t0, samples, lambda: base.in_flight, bound_s, plan.interval_s)
             if again is not None:
                 out["stale_gauge"] = stale_from
@@ -234,6 +241,7 @@ async def _attempt(target: Target, plan: CancelPlan, bound_s: float, log: Any) -
                                  if (end_ns - t_abort_ns) / 1e9 >= RATE_MIN_S and after >= RATE_MIN_TOKENS else None)
         out["aborted_tokens"] = sum(sum(results[i].tok) for i in victims)
     finally:
+        target.recorder.cut_reason = CUT
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

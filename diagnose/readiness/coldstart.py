@@ -91,25 +91,29 @@ async def measure(target: Target, plan: ColdPlan, since_start_s: float, t_health
     cold: list[float] = []
     warm: list[float] = []
     failed: list[str] = []
-    deadline = time.monotonic() + plan.time_limit_s
-    for i in range(plan.cold + plan.warmup + plan.warm):
-        if time.monotonic() > deadline:
-            out["stopped"] = f"after {i} requests: the {plan.time_limit_s:g} s limit passed"
-            break
-        res = StreamResult()
-        await target.stream(f"Cold start request {i}: tell me about the sea.", plan.max_tokens, res)
-        t = ttft_ms(res)
-        if t is None:
-            failed.append(failure(res))
+    # one phase of the bundle; each request tagged cold (timed), warmup (not timed) or warm (timed)
+    with target.recorder.phase("cold start", "cold-start", concurrency=1, healthy_s=out["healthy_s"]):
+        deadline = time.monotonic() + plan.time_limit_s
+        for i in range(plan.cold + plan.warmup + plan.warm):
+            if time.monotonic() > deadline:
+                out["stopped"] = f"after {i} requests: the {plan.time_limit_s:g} s limit passed"
+                break
+            res = StreamResult()
+            part = "cold" if i < plan.cold else "warmup" if i < plan.cold + plan.warmup else "warm"
+            await target.stream(f"Cold start request {i}: tell me about the sea.", plan.max_tokens, res,
+                                tags={"part": part})
+            t = ttft_ms(res)
+            if t is None:
+                failed.append(failure(res))
+                if i == 0:
+                    out["first_request_failed"] = failure(res)
+                continue
             if i == 0:
-                out["first_request_failed"] = failure(res)
-            continue
-        if i == 0:
-            out["first_token_s"] = round(since_start_s + (res.t_ns[0] / 1e9 - t_healthy), 4)
-        if i < plan.cold:
-            cold.append(t)
-        elif i >= plan.cold + plan.warmup:
-            warm.append(t)
+                out["first_token_s"] = round(since_start_s + (res.t_ns[0] / 1e9 - t_healthy), 4)
+            if i < plan.cold:
+                cold.append(t)
+            elif i >= plan.cold + plan.warmup:
+                warm.append(t)
     out["cold_ttft_ms"] = [round(x, 3) for x in cold]
     out["warm_ttft_ms"] = [round(x, 3) for x in warm]
     out["cold_ttft_p50_ms"] = _median(cold)

@@ -124,7 +124,7 @@ async def _probe(target: Target, plan: FailurePlan, t_crash: float, now: Callabl
     token: when that was (the clients' own retries sleep in their backoff and would time it late)."""
     while now() - t_crash < plan.recover_limit_s:
         t_sent = now()
-        res = await target.stream("Failure check: are you back?", 1, StreamResult())
+        res = await target.stream("Failure check: are you back?", 1, StreamResult(), tags={"part": "probe"})
         t = ttft_ms(res)
         if t is not None:
             return t_sent + t / 1e3
@@ -152,7 +152,9 @@ async def run(target: Target, plan: FailurePlan, crash: Callable[[], None], rest
             i += 1
             while not stop.is_set():
                 t_sent = now()
-                res = await target.stream(_prompt(w, i), plan.max_tokens, StreamResult())
+                res = await target.stream(_prompt(w, i), plan.max_tokens, StreamResult(),
+                                          tags={"part": "client", "client": w, "request": i,
+                                                "retry": len(r.attempts)})
                 ok = res.ok
                 r.attempts.append(_Attempt(t_sent, now(), ok, "ok" if ok else (res.error or "error")))
                 if ok:
@@ -168,10 +170,14 @@ async def run(target: Target, plan: FailurePlan, crash: Callable[[], None], rest
                 except asyncio.TimeoutError:
                     pass
 
+    # the whole check one phase of the bundle: the clients' attempts (tagged with their client, request and retry:
+    # 0 for a first attempt) and the probe's, across the crash and the restart
+    phase = target.recorder.begin("failure", "failure", concurrency=plan.workers)
     tasks = [asyncio.create_task(client(w)) for w in range(plan.workers)]
     out: FailureMeasure = {"workers": plan.workers, "max_tokens": plan.max_tokens, "max_retries": plan.max_retries,
                            "backoff_base_s": plan.backoff_base_s, "backoff_cap_s": plan.backoff_cap_s,
                            "before_s": plan.before_s, "down_s": plan.down_s}
+    done = False
     try:
         await asyncio.sleep(plan.before_s)
         t_crash = now()
@@ -190,12 +196,14 @@ async def run(target: Target, plan: FailurePlan, crash: Callable[[], None], rest
         first = await _probe(target, plan, t_crash, now) if healthy_s is not None else None
         if first is not None:
             await asyncio.sleep(max(0.0, first + plan.after_s - now()))
+        done = True
     finally:
         stop.set()
         _, pending = await asyncio.wait(tasks, timeout=30.0)
         for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        target.recorder.end(phase, interrupted=not done)
     t_end = now()
     before = [r for r in reqs if r.ok and r.attempts[0].t_s < t_crash and len(r.attempts) == 1]
     ttft_before = percentiles([r.ttft_ms for r in before if r.ttft_ms is not None], P50_P99)

@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 
 from diagnose.errors import InputError
 from diagnose.probes.sse import StreamResult
+from diagnose.readiness.record import CUT
 from diagnose.readiness.target import Target, failure, ttft_ms
 from diagnose.requests import percentiles
 
@@ -172,10 +173,11 @@ def _stats(sent: list[_Sent], done: list[StreamResult], span_s: float) -> Step:
 
 async def _baseline(target: Target, plan: OverloadPlan) -> list[float]:
     out = []
-    for i in range(plan.baseline):
-        res = await target.stream(_prompt(-1 - i), plan.max_tokens, StreamResult())
-        if (t := ttft_ms(res)) is not None:
-            out.append(t)
+    with target.recorder.phase("overload baseline", "overload", role="baseline", concurrency=1):
+        for i in range(plan.baseline):
+            res = await target.stream(_prompt(-1 - i), plan.max_tokens, StreamResult())
+            if (t := ttft_ms(res)) is not None:
+                out.append(t)
     return out
 
 
@@ -192,13 +194,18 @@ async def _capacity(target: Target, plan: OverloadPlan) -> Capacity:
             i += 1
 
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(worker(w)) for w in range(plan.concurrency)]
-    # the last requests may run past the phase: each is bounded by the client's request timeout, and whatever is
-    # still open after that is closed (its result not counted)
-    _, pending = await asyncio.wait(tasks, timeout=plan.capacity_s + plan.request_timeout_s)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    with target.recorder.phase("overload capacity", "overload", concurrency=plan.concurrency):
+        tasks = [asyncio.create_task(worker(w)) for w in range(plan.concurrency)]
+        try:
+            # the last requests may run past the phase: each is bounded by the client's request timeout, and
+            # whatever is still open after that is closed (its result not counted)
+            await asyncio.wait(tasks, timeout=plan.capacity_s + plan.request_timeout_s)
+        finally:
+            target.recorder.cut_reason = "still open past the capacity phase's limit"
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            target.recorder.cut_reason = CUT
     span = time.monotonic() - t0
     ok = [r for r in done if r.ok]
     return {"requests": len(done), "ok": len(ok), "span_s": round(span, 4),
@@ -215,43 +222,65 @@ async def _ramp(target: Target, plan: OverloadPlan, capacity_rps: float,
     steps: list[Step] = []
     open_ = 0
 
-    async def one(s: _Sent, i: int) -> None:
+    async def one(s: _Sent, i: int, phase: int | None, intended_ns: int) -> None:
         nonlocal open_
-        try:
-            await target.stream(_prompt(i), plan.max_tokens, s.res)
+        try:  # recorded in its step's phase, whenever it ends; intended_ns: its arrival time
+            await target.stream(_prompt(i), plan.max_tokens, s.res, phase=phase, intended_ns=intended_ns)
         finally:
             open_ -= 1
 
-    t_start, t_start_ns = time.monotonic(), time.monotonic_ns()
-    for k, f in enumerate(plan.factors):
-        rate = f * capacity_rps
-        n = max(1, round(rate * plan.step_s))
-        t0 = t_start + k * plan.step_s
-        capped = open_capped = 0
-        for i in range(n):
-            delay = t0 + i / rate - time.monotonic()
-            if delay > 0:
+    rec = target.recorder
+    step_ns = int(plan.step_s * 1e9)
+    t_start_ns = time.monotonic_ns()
+    t_start = t_start_ns / 1e9  # the same clock (CLOCK_MONOTONIC): the arrivals and the steps' phases agree
+    phase: int | None = None
+    try:
+        for k, f in enumerate(plan.factors):
+            rate = f * capacity_rps
+            n = max(1, round(rate * plan.step_s))
+            t0 = t_start + k * plan.step_s
+            if (delay := t0 - time.monotonic()) > 0:
                 await asyncio.sleep(delay)
-            if open_ >= plan.max_in_flight or len(sent) >= plan.max_requests:
-                capped += 1
-                open_capped += open_ >= plan.max_in_flight
-                continue
-            s = _Sent(k)
-            sent.append(s)
-            open_ += 1  # counted when sent, not when its task first runs: a late loop sends overdue arrivals in
-            tasks.append(asyncio.create_task(one(s, len(sent))))  # one go, and the cap must hold for them too
-        steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped,
-                      "open_capped": open_capped})
-        log(f"overload: {f:g}x capacity ({rate:.3g} req/s), {open_} requests open")
-    end = t_start + len(plan.factors) * plan.step_s
-    if (delay := end - time.monotonic()) > 0:
-        await asyncio.sleep(delay)
+            # each step one phase of the bundle, its window: from its first arrival to the next step's
+            rec.end(phase, end_ns=t_start_ns + k * step_ns)
+            phase = rec.begin(f"overload ramp {f:g}x", "overload", rate=round(rate, 4),
+                              max_concurrency=plan.max_in_flight, factor=f, start_ns=t_start_ns + k * step_ns)
+            capped = open_capped = 0
+            for i in range(n):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if open_ >= plan.max_in_flight or len(sent) >= plan.max_requests:
+                    capped += 1
+                    open_capped += open_ >= plan.max_in_flight
+                    continue
+                s = _Sent(k)
+                sent.append(s)
+                open_ += 1  # counted when sent, not when its task first runs: a late loop sends overdue arrivals
+                # in one go, and the cap must hold for them too
+                arrival_ns = t_start_ns + k * step_ns + round(i * 1e9 / rate)
+                tasks.append(asyncio.create_task(one(s, len(sent), phase, arrival_ns)))
+            steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped,
+                          "open_capped": open_capped})
+            log(f"overload: {f:g}x capacity ({rate:.3g} req/s), {open_} requests open")
+        end = t_start + len(plan.factors) * plan.step_s
+        if (delay := end - time.monotonic()) > 0:
+            await asyncio.sleep(delay)
+    except BaseException:
+        rec.end(phase, interrupted=True)
+        raise
+    rec.end(phase, end_ns=t_start_ns + len(plan.factors) * step_ns)
     return sent, steps, tasks, end, t_start_ns
 
 
 async def _recovery(target: Target, plan: OverloadPlan, base_p50: float, ratio: float,
                     t_end: float) -> Recovery:
     limit = ratio * base_p50
+    with target.recorder.phase("overload recovery", "overload", concurrency=1):
+        return await _recover(target, plan, limit, t_end)
+
+
+async def _recover(target: Target, plan: OverloadPlan, limit: float, t_end: float) -> Recovery:
     probes: list[Probe] = []
     run_start: float | None = None
     run = 0
@@ -307,10 +336,12 @@ async def run(target: Target, plan: OverloadPlan, recovery_ratio: float,
         if tasks:
             await asyncio.wait(tasks, timeout=plan.drain_s)
         open_after = sum(1 for t in tasks if not t.done())
+        target.recorder.cut_reason = f"a request of the ramp still open {plan.drain_s:g} s after the recovery"
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        target.recorder.cut_reason = CUT
     step_ns = int(plan.step_s * 1e9)
     for k, st in enumerate(steps):
         lo = t_start_ns + k * step_ns

@@ -1,5 +1,8 @@
 """Run the readiness checks against one server and write the output folder (readiness.json, readiness.html and,
-with ``--launch``, the server's log).
+with ``--launch``, the server's log). The folder is also a capture bundle (docs/bundle-format.md) that ``diagnose
+analyze`` opens: every request the checks send, recorded as it ends, one phase per check, per part of the
+overload check and per step of its ramp (diagnose/readiness/record.py); readiness.json, readiness.html and the
+server logs are its artifacts.
 
 Order: with ``--launch`` the server is started by diagnose and the cold-start check runs first (it needs the
 server fresh), then the cancellation check and the overload check (last: on a server that queues everything it
@@ -19,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diagnose.errors import InputError
-from diagnose.readiness import card
+from diagnose.io.writer import BundleWriter
+from diagnose.readiness import card, record
 from diagnose.readiness.cancel import CancelPlan
 from diagnose.readiness.coldstart import ColdPlan
 from diagnose.readiness.failure import FailurePlan
@@ -32,7 +36,8 @@ if TYPE_CHECKING:
 JSON_NAME = "readiness.json"
 HTML_NAME = "readiness.html"
 LOG_NAME = "server.log"
-CHECKS = ("cancellation", "cold-start", "overload", "failure")  # in the order they run
+CHECKS = ("cancellation", "cold-start", "overload", "failure")
+RUN_ORDER = ("cold-start", "cancellation", "overload", "failure")  # the order they run in
 RESTART_LOG_NAME = "server-restart.log"
 
 
@@ -95,7 +100,10 @@ class _Server:
 
 
 async def _checks(req: Request, target: Target, log: Callable[[str], None],
-                  healthy: tuple[float, float] | None, server: _Server | None) -> dict[str, Mapping[str, Any] | None]:
+                  healthy: tuple[float, float] | None, server: _Server | None,
+                  bundle: list[BundleWriter]) -> dict[str, Mapping[str, Any] | None]:
+    """Run the checks; the bundle, once the server answered, is put into ``bundle`` (for :func:`run` to finish,
+    whatever happens)."""
     from diagnose.readiness import cancel, coldstart, failure, overload
 
     try:
@@ -106,6 +114,8 @@ async def _checks(req: Request, target: Target, log: Callable[[str], None],
             from diagnose.readiness import target as tg
 
             raise TargetError(f"{req.url}/v1/completions: a streamed request failed ({tg.failure(neg)})")
+        bundle.append(_open_bundle(req, target))
+        target.recorder = record.Recorder(bundle[0])
         got: dict[str, Mapping[str, Any] | None] = {name: None for name in CHECKS}
         if healthy is not None and "cold-start" in req.checks:  # first: it needs the server fresh
             log("cold start: timing the first requests")
@@ -120,7 +130,24 @@ async def _checks(req: Request, target: Target, log: Callable[[str], None],
             got["failure"] = await failure.run(target, req.failure, server.crash, server.restart, log)
         return got
     finally:
+        target.recorder.close_phases()
+        if bundle:
+            bundle[0].set_probe_status(target.recorder.status(target.model, target.options))
         await target.close()
+
+
+def _open_bundle(req: Request, target: Target) -> BundleWriter:
+    """The capture bundle in the output folder, its manifest saying what the run asked for."""
+    from dataclasses import asdict
+
+    plans: dict[str, Any] = {"cancellation": asdict(req.cancel), "cold-start": asdict(req.cold),
+                             "overload": asdict(req.overload), "failure": asdict(req.failure)}
+    workload = {"mode": "readiness", "api": "completions", "checks": [c for c in RUN_ORDER if c in req.checks],
+                "ignore_eos": bool(target.options.get("ignore_eos")), "launch": req.launch,
+                "plans": {k: v for k, v in plans.items() if k in req.checks}}
+    options = {"slo": dict(req.slo), "store_text": False, "observe": False, "thresholds": dict(req.thresholds)}
+    return record.open_bundle(req.output, url=req.url, engine=target.engine, model=target.model,
+                              source=target.source, workload=workload, options=options, force=req.force)
 
 
 def run(req: Request, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -142,17 +169,49 @@ def run(req: Request, log: Callable[[str], None] = lambda _m: None) -> dict[str,
         since = server.start()
         healthy = (since, time.monotonic())
         log(f"healthy {since:.2f} s after the start")
+    bundle: list[BundleWriter] = []
     try:
-        target = Target(url)
-        got = asyncio.run(_checks(req, target, log, healthy, server))
-        info = {"model": target.model, "engine": target.engine, "in_flight_source": target.source}
-    finally:
-        if server is not None:
-            server.stop()
-    doc = card.document(url, req.launch, req.slo, req.thresholds, got["cancellation"], got["cold-start"], info,
-                        got["overload"], asked=req.checks, fail=got["failure"])
-    write(req.output, doc)
+        try:
+            target = Target(url)
+            got = asyncio.run(_checks(req, target, log, healthy, server, bundle))
+            info = {"model": target.model, "engine": target.engine, "in_flight_source": target.source}
+        finally:
+            if server is not None:
+                server.stop()
+        doc = card.document(url, req.launch, req.slo, req.thresholds, got["cancellation"], got["cold-start"], info,
+                            got["overload"], asked=req.checks, fail=got["failure"])
+        write(req.output, doc)
+    except BaseException as e:
+        if bundle:  # what was recorded stays, marked partial with why
+            bundle[0].finish(interrupted=_why(e))
+        raise
+    if bundle:
+        _artifacts(bundle[0], doc)
+        bundle[0].finish()
     return doc
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    return f"readiness stopped: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}"
+
+
+def _artifacts(bundle: BundleWriter, doc: Mapping[str, Any]) -> None:
+    """The card, its page and the server logs as the bundle's artifacts (in the folder itself, not artifacts/:
+    where they always were); the readiness checks' verdict as a probe status beside the load's."""
+    from diagnose.model import ProbeStatus
+
+    what = {JSON_NAME: ("readiness_card", "the readiness card and every measurement behind it (docs/readiness.md)"),
+            HTML_NAME: ("readiness_page", "the readiness card as one self-contained page"),
+            LOG_NAME: ("server_log", "the launched server's output"),
+            RESTART_LOG_NAME: ("server_log", "the output of the server started again by the failure check")}
+    entries = {name: {"file": name, "kind": kind, "description": desc, "bytes": (bundle.path / name).stat().st_size}
+               for name, (kind, desc) in what.items() if (bundle.path / name).is_file()}
+    bundle.update("artifacts", entries)
+    checks = {str(c.get("id")): str(c.get("status")) for c in doc.get("checks", []) if isinstance(c, Mapping)}
+    bundle.set_probe_status(ProbeStatus("readiness", "ok", str(doc.get("verdict", "")),
+                                        {"checks": checks, "failed": list(doc.get("failed") or [])}))
 
 
 def write(out: Path, doc: dict[str, Any]) -> None:

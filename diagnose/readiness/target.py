@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from diagnose.errors import TargetError
 from diagnose.probes.http_client import HttpClient, RequestFailed
 from diagnose.probes.slots import read_to_end
 from diagnose.probes.sse import StreamResult
+from diagnose.readiness.record import Recorder
 
 CALL_TIMEOUT_S = 5.0
 MAX_BODY = 8 << 20  # of a /metrics or /slots answer: far past any real one
@@ -87,6 +89,8 @@ class Target:
         self.source: str | None = None  # where the in-flight state is read: slots, vllm_metrics, llamacpp_metrics
         self.options: dict[str, Any] = {}
         self.engine = "unknown"
+        # every request a check sends is recorded here (diagnose/readiness/record.py; without a bundle: not)
+        self.recorder = Recorder(None)
 
     async def close(self) -> None:
         await self.client.close()
@@ -205,8 +209,19 @@ class Target:
                 return res
         return res
 
-    async def stream(self, prompt: str, max_tokens: int, res: StreamResult) -> StreamResult:
-        return await self.client.stream("/v1/completions", self.body(prompt, max_tokens), res)
+    async def stream(self, prompt: str, max_tokens: int, res: StreamResult, *, phase: int | None = None,
+                     intended_ns: int | None = None, tags: Mapping[str, Any] | None = None) -> StreamResult:
+        """One streamed request, recorded when it ends (or is closed: cancelled) in ``phase`` (default: the
+        recorder's current phase when it is sent), with ``tags`` added to its record."""
+        ph = self.recorder.current if phase is None else phase
+        self.recorder.sent(ph)
+        cut = True
+        try:
+            await self.client.stream("/v1/completions", self.body(prompt, max_tokens), res)
+            cut = False
+            return res
+        finally:
+            self.recorder.request(ph, prompt, max_tokens, res, cut=cut, intended_ns=intended_ns, tags=tags)
 
 
 def ttft_ms(res: StreamResult) -> float | None:
