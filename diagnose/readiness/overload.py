@@ -259,6 +259,7 @@ async def _ramp(target: Target, plan: OverloadPlan, capacity_rps: float,
                 open_ += 1  # counted when sent, not when its task first runs: a late loop sends overdue arrivals
                 # in one go, and the cap must hold for them too
                 arrival_ns = t_start_ns + k * step_ns + round(i * 1e9 / rate)
+                rec.sent(phase)  # one of the step's requests now, whenever its task first runs
                 tasks.append(asyncio.create_task(one(s, len(sent), phase, arrival_ns)))
             steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped,
                           "open_capped": open_capped})

@@ -211,10 +211,15 @@ class Target:
 
     async def stream(self, prompt: str, max_tokens: int, res: StreamResult, *, phase: int | None = None,
                      intended_ns: int | None = None, tags: Mapping[str, Any] | None = None) -> StreamResult:
-        """One streamed request, recorded when it ends (or is closed: cancelled) in ``phase`` (default: the
-        recorder's current phase when it is sent), with ``tags`` added to its record."""
-        ph = self.recorder.current if phase is None else phase
-        self.recorder.sent(ph)
+        """One streamed request, recorded when it ends (or is closed: cancelled) in ``phase``, with ``tags`` added
+        to its record. By default the phase is the recorder's current one when it is sent, and counted as one of
+        its requests then; a caller that names ``phase`` has counted it (``recorder.sent``) when it decided to
+        send it (the overload ramp: its task may first run after the step's phase has ended)."""
+        if phase is None:
+            ph = self.recorder.current
+            self.recorder.sent(ph)
+        else:
+            ph = phase
         cut = True
         try:
             await self.client.stream("/v1/completions", self.body(prompt, max_tokens), res)
