@@ -52,6 +52,13 @@ def _by_phase(out: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict
     return {p["name"]: p for p in phases}, reqs
 
 
+def _expected(doc: dict[str, Any]) -> list[str]:
+    """The phases of a cancellation + overload run, in order (a second cancellation try when the first had too
+    few streams open at the abort: a loaded host)."""
+    again = ["cancellation, second try"] if "first_try" in doc["measurements"]["cancellation"] else []
+    return ["cancellation", *again, "overload baseline", "overload capacity", *RAMP, "overload recovery"]
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """One readiness run of the cancellation and overload checks on truth_server."""
@@ -85,8 +92,8 @@ def test_the_folder_is_a_complete_bundle_with_one_phase_per_check_and_step(run: 
     assert card["detail"]["checks"] == {c["id"]: c["status"] for c in doc["checks"]}
     assert card["reason"] == doc["verdict"]
     phases, _ = _by_phase(out)
-    assert list(phases) == ["cancellation", "overload baseline", "overload capacity", *RAMP, "overload recovery"]
-    assert [p["phase"] for p in phases.values()] == list(range(8))
+    assert list(phases) == _expected(doc)
+    assert [p["phase"] for p in phases.values()] == list(range(len(phases)))
     assert {p["check"] for p in phases.values()} == {"cancellation", "overload"}
     assert [p["role"] for p in phases.values()].count("baseline") == 1 and phases["overload baseline"]["role"] == \
         "baseline"
@@ -100,15 +107,16 @@ def test_the_cancellation_phase_holds_its_streams(run: tuple[Path, Any]) -> None
     out, _ = run
     m = json.loads((out / "readiness.json").read_text())["measurements"]["cancellation"]
     phases, reqs = _by_phase(out)
-    got = reqs["cancellation"]
-    assert len(got) == m["streams"] == phases["cancellation"]["requests"] == 6
-    assert phases["cancellation"]["concurrency"] == 6 and phases["cancellation"]["max_tokens"] == 300
+    name = "cancellation, second try" if "first_try" in m else "cancellation"  # the try the card judged
+    got = reqs[name]
+    assert len(got) == m["streams"] == phases[name]["requests"] == 6
+    assert phases[name]["concurrency"] == 6 and phases[name]["max_tokens"] == m["max_tokens"]
     # the aborted streams are incomplete (closed by the check), the kept ones completed with every token
     cut = [r for r in got if r["error"] == "incomplete"]
     assert len(cut) == m["aborted"] + m["kept_unfinished"] == 3
     assert all(r["error_detail"].startswith("aborted by the cancellation check") and not r["ok"] for r in cut)
     done = [r for r in got if r["ok"]]
-    assert len(done) == m["kept_ok"] == 3 and all(r["output_tokens_chunks"] == 300 for r in done)
+    assert len(done) == m["kept_ok"] == 3 and all(r["output_tokens_chunks"] == m["max_tokens"] for r in done)
     # each stream's tokens as the check counted them (stream_times, in the order sent)
     assert sorted(r["output_tokens_chunks"] for r in got) == sorted(s["tokens"] for s in m["stream_times"])
     assert sum(r["output_tokens_chunks"] for r in cut) == m["aborted_tokens"]
@@ -160,8 +168,7 @@ def test_analyze_opens_the_folder_and_lists_its_phases(run: tuple[Path, Any], tm
     doc = json.loads(js.read_text())
     if r.returncode == 5:
         assert doc["run_valid"] is False and "VAL001" in {f["rule_id"] for f in doc["findings"]}, doc["verdict"]
-    assert [p["name"] for p in doc["phases"]] == ["cancellation", "overload baseline", "overload capacity", *RAMP,
-                                                  "overload recovery"]
+    assert [p["name"] for p in doc["phases"]] == _expected(json.loads((out / "readiness.json").read_text()))
     html = report.read_text()
     assert all(name in html for name in RAMP) and "overload recovery" in html
 
