@@ -264,6 +264,7 @@ def test_a_killed_run_keeps_the_requests_that_finished(tmp_path: Path) -> None:
     assert not (out / "readiness.json").exists()
     man = json.loads((out / "manifest.json").read_text())
     assert man["capture"]["complete"] is False and man["capture"]["ended_at"] is None
+    assert man["probes"]["load"]["state"] == "running" and "readiness" not in man["probes"]
     _, reqs = _by_phase(out)
     assert len(reqs["cancellation"]) == 6 and len(reqs["overload baseline"]) == 5
     r = diagnose("analyze", str(out), "-o", str(tmp_path / "report.html"), "--json", str(tmp_path / "f.json"))

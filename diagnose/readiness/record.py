@@ -30,8 +30,8 @@ CUT = "closed by the readiness check while in flight"  # the error detail of a r
 
 
 class Recorder:
-    """Writes the bundle's streams and keeps its manifest's load probe status current (``bundle`` None: nothing
-    is written)."""
+    """Writes the bundle's streams; the manifest's load probe is ``running`` from the start (what a run killed
+    part way leaves) and :meth:`status` is its final status (``bundle`` None: nothing is written)."""
 
     def __init__(self, bundle: BundleWriter | None) -> None:
         self.bundle = bundle
@@ -48,6 +48,7 @@ class Recorder:
                        "chunks": bundle.stream("chunks", "content-chunk arrival times and tokens per request"),
                        "phases": bundle.stream("phases", "one record per readiness check, overload part and "
                                                          "ramp step")}
+            bundle.set_probe_status(ProbeStatus("load", "running", "the readiness checks' requests"))
 
     # -- phases --------------------------------------------------------------------------------------
     def begin(self, name: str, check: str, *, role: str = "measure", concurrency: int | None = None,
