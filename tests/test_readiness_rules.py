@@ -136,3 +136,21 @@ def test_a_rule_text_formats_numbers_as_the_pages_do() -> None:
 
     sigs = {n: Signal(n, v, "ms", "client") for n, v in (("a", 1047.3), ("b", 0.4729), ("c", 17.5))}
     assert render_text("{a:v} / {b:v} / {c:v} / {a:.0f}", sigs, {}) == "1,047 / 0.47 / 17.5 / 1047"
+
+
+@pytest.mark.parametrize(("asked", "summary"), [
+    (("cancellation",), card.NOT_ASKED),
+    (("cancellation", "cold-start"), "needs --launch COMMAND (diagnose times a server it starts itself)"),
+])
+def test_judged_again_the_card_knows_what_was_asked_from_the_document(tmp_path: Path, asked: tuple[str, ...],
+                                                                      summary: str) -> None:
+    from diagnose.readiness.run import rejudge, write
+
+    target = {"model": "tiny", "engine": "vllm", "in_flight_source": "vllm_metrics"}
+    doc = card.document("http://127.0.0.1:1", None, {}, THR, OK_CANCEL, None, target, asked=asked)
+    assert doc["asked"] == sorted(asked)
+    write(tmp_path / "first", doc)
+    again = rejudge(tmp_path / "first", tmp_path / "again", {}, None, False)
+    assert again["asked"] == sorted(asked)
+    cold = next(c for c in again["checks"] if c["id"] == "RDY002")
+    assert (cold["status"], cold["summary"]) == ("not run", summary)

@@ -276,10 +276,13 @@ def rejudge(src: Path, out: Path, overrides: Mapping[str, float], slo: Mapping[s
     m = doc["measurements"]
     recorded = doc.get("thresholds")
     thr = card_thresholds(recorded if isinstance(recorded, dict) else {}, overrides)
-    # whether the cold-start and failure checks were asked for: their "not run" summary says so
-    asked = {name for rid, name in (("RDY002", "cold-start"), ("RDY004", "failure"))
-             if not any(isinstance(c, dict) and c.get("id") == rid and c.get("summary") == card.NOT_ASKED
-                        for c in doc["checks"])}
+    # the checks asked for: recorded since readiness.json has 'asked'; an earlier file's "not run" summaries say
+    # whether the cold-start and failure checks were
+    rec = doc.get("asked")
+    asked = ({str(x) for x in rec} if isinstance(rec, list) else
+             {name for rid, name in (("RDY002", "cold-start"), ("RDY004", "failure"))
+              if not any(isinstance(c, dict) and c.get("id") == rid and c.get("summary") == card.NOT_ASKED
+                         for c in doc["checks"])})
 
     def part(key: str) -> Mapping[str, Any] | None:
         v = m.get(key)
