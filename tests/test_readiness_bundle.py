@@ -10,6 +10,7 @@ Each count in the bundle is compared with what readiness.json measured from the 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -172,6 +173,13 @@ def test_analyze_opens_the_folder_and_lists_its_phases(run: tuple[Path, Any], tm
     assert [p["name"] for p in doc["phases"]] == _expected(json.loads((out / "readiness.json").read_text()))
     html = report.read_text()
     assert all(name in html for name in RAMP) and "overload recovery" in html
+    # read as a person reads it: no template hole (VAL001 without a loop-lag record once read "loop lag P99
+    # unknown ms"), and the workload card names how a readiness run sends (it read "Arrivals: unknown")
+    from tests.test_report_browser import template_holes
+
+    text = re.sub(r"<[^>]+>", " ", html)
+    assert template_holes(text) == [] and ">unknown<" not in html, template_holes(text)
+    assert "streams held open and aborted" in html
 
 
 def test_an_earlier_run_of_the_new_kind_is_judged_again(run: tuple[Path, Any], tmp_path: Path) -> None:

@@ -76,6 +76,9 @@ def _arrival(wl: Workload) -> str:
         return f"open loop, {arr}" + (f" (burstiness {b:g})" if arr == "gamma" and b is not None else "")
     if mode == "observe":
         return "the server's own traffic (not sent by diagnose)"
+    if mode == "readiness":  # diagnose readiness: each check sends its own way (docs/readiness.md)
+        return ("the readiness checks' own: streams held open and aborted, requests one at a time, an open-loop "
+                "ramp past the capacity, clients retrying through a crash (one phase per check and step)")
     return "unknown"
 
 
