@@ -378,7 +378,14 @@ _TRACE: list[_Entry] = [
     ("trace_sync_in_step_ms", "ms", "mean CPU time per step in host syncs and synchronous copies"),
     ("trace_sync_in_step_ratio", "ratio", "share of step time spent in host syncs and synchronous copies"),
     ("trace_decode_step_p50_ms", "ms", "median decode-step duration"),
-    ("trace_decode_memory_bound_ratio", "ratio", "decode-step kernel time in memory-bound classes"),
+    ("trace_decode_memory_bound_ratio", "ratio", "decode-step kernel time in memory-bound classes, and in GEMMs "
+     "memory-bound by their shapes on the trace's device"),
+    ("trace_gemm_shaped_ratio", "ratio", "GEMM kernel time whose operator was recorded with its shapes "
+     "(record_shapes)"),
+    ("trace_gemm_memory_bound_ratio", "ratio", "share of the shaped GEMMs' kernel time in GEMMs bound by memory "
+     "bandwidth (FLOPs per byte moved below the device's ridge point)"),
+    ("trace_gemm_memory_bw_util_ratio", "ratio", "bytes the memory-bound GEMMs moved per second of their kernels, "
+     "over the device's peak bandwidth"),
     ("trace_mixed_step_inflation_ratio", "ratio", "median mixed step duration / median pure decode step duration"),
     ("trace_decode_attention_ratio", "ratio", "decode-step kernel time in attention kernels"),
     ("trace_mixed_prefill_tokens_p50_tokens", "tokens", "median prefill tokens carried by a mixed step"),

@@ -52,6 +52,9 @@ class Args(msgspec.Struct, gc=False):
     device: Any = UNSET  # falls back to the event's pid
     bytes: Any = -1
     name: Any = None  # process_name metadata events
+    # record_shapes: an operator's input shapes and types; kept for the GEMM operators only (trace/gemm.py)
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -86,7 +89,8 @@ def events_from_dicts(items: list[Any]) -> list[Event]:
         if isinstance(a, dict):
             args = Args(ext=a.get("External id", UNSET), ext_lower=a.get("external id", -1),
                         correlation=a.get("correlation", -1), stream=a.get("stream", UNSET),
-                        device=a.get("device", UNSET), bytes=a.get("bytes", -1), name=a.get("name"))
+                        device=a.get("device", UNSET), bytes=a.get("bytes", -1), name=a.get("name"),
+                        dims=a.get("Input Dims"), types=a.get("Input type"))
         out.append(Event(cat=e.get("cat"), name=e.get("name", "?"), ph=e.get("ph"), ts=e.get("ts"),
                          dur=e.get("dur"), tid=e.get("tid", -1), pid=e.get("pid", -1), args=args))
     return out
@@ -152,6 +156,8 @@ class _Table:
                 elif k in ("kind", "gpu"):
                     table = GPU_CATS if k == "kind" else ANNOTATION_CATS
                     cols[k] = np.array([table[e.cat] for e in evs], np.int8)
+                elif k == "shape":
+                    cols[k] = _shapes(evs, args)
         return cols
 
     def _slow(self, evs: list[Event]) -> dict[str, Any]:
@@ -175,6 +181,8 @@ class _Table:
             elif k in ("kind", "gpu"):
                 table = GPU_CATS if k == "kind" else ANNOTATION_CATS
                 cols[k] = np.array([table.get(str(e.cat), 0) for e in evs], np.int8)
+            elif k == "shape":
+                cols[k] = _shapes(evs, args)
         return cols
 
     def frame(self) -> pd.DataFrame:
@@ -182,13 +190,26 @@ class _Table:
         if self.chunks:
             cols = {k: np.concatenate([c[k] for c in self.chunks]) for k in keys}
         else:
-            cols = {k: np.zeros(0, np.int32 if k == "name" else np.int8 if k in ("kind", "gpu") else np.float64)
-                    for k in keys}
+            cols = {k: np.zeros(0, np.int32 if k == "name" else np.int8 if k in ("kind", "gpu") else
+                                object if k == "shape" else np.float64) for k in keys}
             cols["tid"] = np.zeros(0, np.int64)
         self.chunks = []
         cols["name"] = pd.Categorical.from_codes(cols["name"].astype(np.int32),
                                                  categories=pd.Index(list(self.names), dtype=object))
         return pd.DataFrame(cols)
+
+
+# the operators that launch a GEMM kernel themselves (aten::linear and aten::matmul call these): their input
+# shapes say what the kernel read and wrote (trace/gemm.py)
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"})
+
+
+def _shapes(evs: list[Event], args: list[Args]) -> np.ndarray:
+    """Per operator event: (input dims, input types) for a GEMM operator recorded with shapes, else None."""
+    out = np.empty(len(evs), dtype=object)
+    out[:] = [(a.dims, a.types) if a.dims is not None and e.name in GEMM_OPS else None
+              for e, a in zip(evs, args, strict=True)]
+    return out
 
 
 def _tid(v: Any, tids: dict[Any, int]) -> int:
@@ -207,7 +228,7 @@ class Accumulator:
         self.include_python = include_python
         self.gpu = _Table(("stream", "kind", "device", "corr", "ext_id", "bytes"))
         self.runtime = _Table(("corr",))
-        self.cpu = _Table(())
+        self.cpu = _Table(("shape",))
         self.ann = _Table(("gpu",))
         self.py = _Table(())
         self.frames_table = _Table(())

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.errors import DiagnoseError, InputError
-from diagnose.trace import capture, host_stall, launch, steps, timeline
+from diagnose.trace import capture, gemm, host_stall, launch, steps, timeline
 from diagnose.trace.classify import classify_kernels
 from diagnose.trace.parse import RankTrace, read_trace
 
@@ -33,13 +33,14 @@ RANK_COLUMNS = ["rank", "file", "events", "time_unit", "base_time_ns", "start_us
 TABLES = {"streams": "trace_gpu_streams", "idle_streams": "trace_idle_streams", "classes": "trace_kernel_classes",
           "top": "trace_top_kernels", "launch": "trace_launch", "sync": "trace_sync",
           "transfers": "trace_transfers", "steps": "trace_steps", "cpu_ops": "trace_cpu_ops",
-          "python": "trace_python_functions", "comm": "trace_comm_split", "stalls": "trace_host_stalls"}
+          "python": "trace_python_functions", "comm": "trace_comm_split", "stalls": "trace_host_stalls",
+          "gemm": "trace_gemm"}
 # one row per rank (key in RankResult.rows -> the merged table)
 ROWS = {"gpu_row": "trace_gpu_time", "idle_row": "trace_idle", "launch_row": "trace_launch_summary"}
 TIE_US = 5.0  # ranks whose starts of a collective lie within this of the earliest one tie: nobody is last
 MERGED_ORDER = ["trace_gpu_time", "trace_gpu_streams", "trace_idle", "trace_idle_streams", "trace_kernel_classes",
                 "trace_top_kernels", "trace_launch", "trace_launch_summary", "trace_sync", "trace_transfers",
-                "trace_steps", "trace_cpu_ops"]
+                "trace_steps", "trace_cpu_ops", "trace_gemm"]
 
 
 @dataclass
@@ -124,8 +125,10 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
             rt.gpu, launch_ts, rt.rank, launch_end, timeline.graph_follower(rt.gpu, rt.runtime), graph)
     cap = capture.capture_intervals(rt.annotations, rt.step_frames, rt.runtime)
     st = steps.find_steps(steps.with_op_profiler_steps(rt.annotations, rt.cpu_ops), rt.rank, rt.step_frames)
-    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph), rt.runtime,
-                                      cap)
+    device = next((d for d in rt.meta.get("devices", []) if d), "")
+    mem_gemm = gemm.memory_bound_gemms(rt.cpu_ops, rt.gpu, rt.runtime, cls.to_numpy() == "gemm", device)
+    t["steps"] = steps.mark_artefacts(steps.step_gpu_use(st, rt.gpu, cls, launch_ts, sync, pre, graph, mem_gemm),
+                                      rt.runtime, cap)
     # a capture pass: the trace records graphs and no counted step serves (steps that capture are excluded)
     out.capture = bool(len(cap[0])) and steps.included(t["steps"]).empty
     cpu_ann = rt.annotations[rt.annotations["where"] == "cpu"] if len(rt.annotations) else None
@@ -151,6 +154,7 @@ def reduce_rank(rt: RankTrace, index: int = 0) -> RankResult:
     out.rows["gpu_row"], t["streams"] = timeline.gpu_time(rt.gpu, cls, rt.rank)
     t["comm"] = timeline.comm_split(rt.gpu, cls, rt.rank, timeline.first_comm_of_step(rt.gpu, cls, launch_ts, st))
     t["classes"], t["top"] = kernel_tables(rt, cls)
+    t["gemm"] = gemm.gemm_table(rt.cpu_ops, rt.gpu, rt.runtime, cls.to_numpy() == "gemm", rt.rank, device)
     t["launch"], out.rows["launch_row"] = launch.launch_stats(rt.gpu, rt.runtime, rt.rank)
     t["transfers"] = launch.transfers(rt.gpu, rt.runtime, rt.rank)
     comm = cls.to_numpy() == "communication"

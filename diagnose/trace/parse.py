@@ -59,7 +59,7 @@ class RankTrace:
     meta: dict[str, Any]
     gpu: pd.DataFrame  # name, kind (kernel|memcpy|memset), device, stream, ts_us, dur_us, corr, ext_id, bytes
     runtime: pd.DataFrame  # name, tid, ts_us, dur_us, corr
-    cpu_ops: pd.DataFrame  # name, tid, ts_us, dur_us
+    cpu_ops: pd.DataFrame  # name, tid, ts_us, dur_us, shape (GEMM operators with record_shapes: dims, types)
     annotations: pd.DataFrame  # name, where (cpu|gpu), tid, ts_us, dur_us
     python: pd.DataFrame | None  # name, tid, ts_us, dur_us (only with include_python)
     # vLLM V1 step / graph-capture Python frames (columns.STEP_FRAME), kept always: name, tid, ts_us, dur_us

@@ -119,6 +119,7 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
                  "GPU time of the async copies on pageable host memory over the window: the most those copies "
                  "can cost (they run synchronously)")
     _step_signals(out, tables.get("trace_steps", pd.DataFrame()))
+    _gemm_signals(out, tables.get("trace_gemm", pd.DataFrame()), tables.get("trace_kernel_classes", pd.DataFrame()))
     _stall_signals(out, tables.get("trace_host_stalls", pd.DataFrame()), tables.get("trace_steps", pd.DataFrame()))
     rk = tables.get("trace_rank_skew", pd.DataFrame())
     coll = tables.get("trace_collectives", pd.DataFrame())
@@ -143,6 +144,28 @@ def trace_signals(tables: Mapping[str, pd.DataFrame]) -> list[Signal]:
                      "wait for it")
             _straggler_idle(out, rk, top)
     return out
+
+
+def _gemm_signals(out: list[Signal], gm: pd.DataFrame, classes: pd.DataFrame) -> None:
+    """GEMMs by what bounds them (trace/gemm.py): only for a trace recorded with shapes."""
+    if gm.empty:
+        return
+    gemm_ms = classes.loc[classes["class"] == "gemm", "total_ms"].sum() if "class" in classes else float("nan")
+    shaped = float(gm["kernel_us"].sum())
+    _sig(out, "trace_gemm_shaped_ratio", min(1.0, _ratio(shaped, gemm_ms * 1e3)), "ratio",
+         "GEMM kernel time whose operator was recorded with its shapes (record_shapes)")
+    judged = gm[gm["bound"] != ""]
+    if judged.empty:
+        return
+    mem = judged[judged["bound"] == "memory"]
+    _sig(out, "trace_gemm_memory_bound_ratio", _ratio(mem["kernel_us"].sum(), judged["kernel_us"].sum()), "ratio",
+         "share of the shaped GEMMs' kernel time in GEMMs bound by memory bandwidth (FLOPs per byte moved below "
+         "the device's ridge point)")
+    if not mem.empty:
+        moved = float((mem["mbytes"] * 2**20 * mem["count"]).sum())
+        rate = _ratio(moved, float(mem["kernel_us"].sum()) / 1e6) / 1e12
+        _sig(out, "trace_gemm_memory_bw_util_ratio", rate / float(mem["peak_tbps"].max()), "ratio",
+             "bytes the memory-bound GEMMs moved per second of their kernels, over the device's peak bandwidth")
 
 
 def _straggler_idle(out: list[Signal], rk: pd.DataFrame, top: pd.Series) -> None:
@@ -225,7 +248,7 @@ def _step_signals(out: list[Signal], st: pd.DataFrame) -> None:
             _sig(out, "trace_decode_memory_bound_ratio", _ratio(dec["memory_bound_us"].sum(),
                                                                  dec["kernel_us"].sum()), "ratio",
                  "decode-step kernel time in memory-bound classes (memcpy/memset, norm/elementwise, attention, "
-                 "sampling)")
+                 "sampling) and in GEMMs memory-bound by their shapes on the trace's device (trace/gemm.py)")
             if "attention_us" in dec:
                 _sig(out, "trace_decode_attention_ratio", _ratio(dec["attention_us"].sum(), dec["kernel_us"].sum()),
                      "ratio", "decode-step kernel time in attention kernels")

@@ -207,7 +207,7 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
 def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_ts: np.ndarray,
                  sync: tuple[np.ndarray, np.ndarray] | None,
                  pre_trace: tuple[np.ndarray, np.ndarray] | None = None,
-                 graph_kernel: np.ndarray | None = None) -> pd.DataFrame:
+                 graph_kernel: np.ndarray | None = None, memory_gemm: np.ndarray | None = None) -> pd.DataFrame:
     """Adds per-step GPU use, memory-bound kernel time, host-sync time and the CPU gap before each step.
 
     A kernel belongs to the step whose CPU interval contains the start of the runtime call that launched it.
@@ -221,7 +221,8 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     (last kernel end to the CPU step end). ``sync_blocking_us`` = the part of the step's sync calls when the GPU
     was idle (not running any kernel, nor work from before the trace): only that part blocks the GPU.
     ``graph_replays`` / ``eager_kernels`` / ``eager_gpu_us``: the step's graph launches, kernels launched one
-    by one, and their GPU time. ``<class>_us``: kernel time per class.
+    by one, and their GPU time. ``<class>_us``: kernel time per class. ``memory_bound_us``: kernel time in the
+    memory-bound classes and in the GEMMs ``memory_gemm`` marks (memory-bound by their shapes: trace/gemm.py).
     """
     out = steps.copy()
     n = len(out)
@@ -263,6 +264,8 @@ def step_gpu_use(steps: pd.DataFrame, gpu: pd.DataFrame, cls: pd.Series, launch_
     ok[ok] &= launch_ts[ok] <= en[k[ok]]
     c = cls.to_numpy()
     mb = np.isin(c, MEMORY_BOUND_CLASSES)
+    if memory_gemm is not None:
+        mb |= memory_gemm
     corr = gpu["corr"].to_numpy()
     gk = np.zeros(len(gs), dtype=bool) if graph_kernel is None else graph_kernel
     pre_s, pre_e = union(*pre_trace) if pre_trace is not None else (np.zeros(0), np.zeros(0))

@@ -17,6 +17,8 @@ Tables = Mapping[str, pd.DataFrame]
 UNIT_SUFFIXES = (("_us", "us"), ("_ms", "ms"), ("_s", "s"), ("_ratio", "ratio"), ("_bytes", "bytes"),
                  ("_mb", "MB"), ("_count", "count"))
 TABLES = (("trace_kernel_classes", "Kernel classes", 30), ("trace_top_kernels", "Top kernels", 31),
+          ("trace_gemm", "GEMMs by what bounds them: FLOPs per byte moved against the device's ridge point "
+                         "(record_shapes)", 32),
           ("trace_launch", "Launch overhead (graph-aware)", 40),
           ("trace_sync", "Host synchronisation and synchronous copies", 41), ("trace_transfers", "Memory transfers", 42),
           ("trace_step_summary", "Engine steps by type", 50), ("trace_rank_skew", "Ranks at collectives", 60),
