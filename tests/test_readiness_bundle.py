@@ -28,6 +28,7 @@ from tests.cli_inproc import diagnose
 from tests.servers.truth import HERE, answers, free_port, truth_server
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "readiness_vllm_cpu"
+BEFORE = Path(__file__).resolve().parent / "data" / "readiness" / "before_bundle_readiness.json"
 # the cancellation check as tests/test_readiness.py runs it (6 streams of 300 tokens 10 ms apart, 3 aborted), then
 # the overload check in seconds: capacity by 4 streams over 0.5 s, four ramp steps of 0.5 s, 8-token requests
 CHECKS = ("--checks", "cancellation,overload", "--cancel-tokens", "300", "--cancel-streams", "6", "--cancel-dwell",
@@ -192,13 +193,39 @@ def test_an_earlier_run_of_the_new_kind_is_judged_again(run: tuple[Path, Any], t
     assert not (again / "manifest.json").exists()  # the card judged again, not a capture
 
 
-def test_the_shipped_old_folder_is_still_judged_again(tmp_path: Path) -> None:
-    """sample_traces/readiness_vllm_cpu predates the bundle: readiness.json alone, still read by --from."""
-    assert not (SAMPLE / "manifest.json").exists()
-    r = diagnose("readiness", "--from", str(SAMPLE), "-o", str(tmp_path / "a"))
+def test_an_old_folder_is_still_judged_again(tmp_path: Path) -> None:
+    """A folder written before the bundle (readiness.json alone, without 'asked' or the checks' 'rule': the
+    sample shipped until stop 43, kept as tests/data/readiness/before_bundle_readiness.json) is still read by
+    --from; its card comes out the same but for the rule that now names each failed check."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "readiness.json").write_bytes(BEFORE.read_bytes())
+    r = diagnose("readiness", "--from", str(old), "-o", str(tmp_path / "a"))
     assert r.returncode == 1, (r.stdout, r.stderr)  # its RDY003 fails, as it shipped
-    assert json.loads((tmp_path / "a" / "readiness.json").read_text())["checks"] == json.loads(
-        (SAMPLE / "readiness.json").read_text())["checks"]
+    again = json.loads((tmp_path / "a" / "readiness.json").read_text())
+    was = json.loads(BEFORE.read_text())
+    assert "asked" not in was and again["asked"] == ["cancellation", "cold-start", "failure", "overload"]
+    assert [{k: v for k, v in c.items() if k != "rule"} for c in again["checks"]] == was["checks"]
+    assert [c.get("rule") for c in again["checks"]] == [None, None, "RDY032", None]
+
+
+def test_the_shipped_sample_is_a_bundle_judged_again_as_it_ships(tmp_path: Path) -> None:
+    """sample_traces/readiness_vllm_cpu: a readiness run on vLLM CPU whose folder is a bundle (gzipped streams):
+    --from gives its card back; analyze opens it, one phase per check and step."""
+    assert (SAMPLE / "manifest.json").is_file() and (SAMPLE / "requests.jsonl.gz").is_file()
+    r = diagnose("readiness", "--from", str(SAMPLE), "-o", str(tmp_path / "a"))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    doc = json.loads((SAMPLE / "readiness.json").read_text())
+    assert json.loads((tmp_path / "a" / "readiness.json").read_text())["checks"] == doc["checks"]
+    js = tmp_path / "f.json"
+    r = diagnose("analyze", str(SAMPLE), "-o", str(tmp_path / "r.html"), "--json", str(js))
+    assert r.returncode == 5, (r.stdout, r.stderr)  # the client sent the 4x ramp late on 2 shared cores (README)
+    found = json.loads(js.read_text())
+    ramp = [f"overload ramp {f:g}x" for f in doc["measurements"]["overload"]["factors"]]
+    assert [p["name"] for p in found["phases"]] == ["cold start", "cancellation", "overload baseline",
+                                                    "overload capacity", *ramp, "overload recovery", "failure"]
+    assert ramp == ["overload ramp 0.5x", "overload ramp 1x", "overload ramp 2x", "overload ramp 4x"]
+    assert {"VAL001", "ERR009"} <= {f["rule_id"] for f in found["findings"]}
 
 
 def _truth_cmd(port: int) -> str:

@@ -276,13 +276,15 @@ def rejudge(src: Path, out: Path, overrides: Mapping[str, float], slo: Mapping[s
     m = doc["measurements"]
     recorded = doc.get("thresholds")
     thr = card_thresholds(recorded if isinstance(recorded, dict) else {}, overrides)
-    # the checks asked for: recorded since readiness.json has 'asked'; an earlier file's "not run" summaries say
-    # whether the cold-start and failure checks were
+    # the checks asked for: recorded since readiness.json has 'asked'; in an earlier file, those it measured,
+    # and the cold-start and failure checks unless their "not run" summary says they were not asked for
     rec = doc.get("asked")
     asked = ({str(x) for x in rec} if isinstance(rec, list) else
-             {name for rid, name in (("RDY002", "cold-start"), ("RDY004", "failure"))
-              if not any(isinstance(c, dict) and c.get("id") == rid and c.get("summary") == card.NOT_ASKED
-                         for c in doc["checks"])})
+             {name for key, name in (("cancellation", "cancellation"), ("overload", "overload"))
+              if isinstance(m.get(key), dict)}
+             | {name for rid, name in (("RDY002", "cold-start"), ("RDY004", "failure"))
+                if not any(isinstance(c, dict) and c.get("id") == rid and c.get("summary") == card.NOT_ASKED
+                           for c in doc["checks"])})
 
     def part(key: str) -> Mapping[str, Any] | None:
         v = m.get(key)
