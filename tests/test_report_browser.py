@@ -25,8 +25,10 @@ from tests.browser import VIEWPORT, Browser, chromium_path
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "expected_findings.json").exists())
 BARE_TRACE = ROOT / "tests" / "data" / "traces" / "h100_single_gpu_qwen1.5_0.5b_chat.json.gz"
-CASES = [*SAMPLES, BARE_TRACE]
-IDS = [p.name for p in SAMPLES] + ["bare_trace_h100_qwen"]
+# the readiness sample is a bundle too (diagnose readiness): its analysis is a report like any capture's
+READINESS = ROOT / "sample_traces" / "readiness_vllm_cpu"
+CASES = [*SAMPLES, BARE_TRACE, READINESS]
+IDS = [p.name for p in SAMPLES] + ["bare_trace_h100_qwen", "readiness_vllm_cpu"]
 
 # Element boxes, styles and hit tests, measured by the page itself; "cover" is what lies on top at the centre.
 PROBE = r"""
@@ -176,3 +178,34 @@ def test_hidden_or_offscreen_verdict_is_caught(browser: Browser, tmp_path: Path)
         in_first_screen(got["verdict"], "the verdict")
     with pytest.raises(AssertionError, match="hidden"):
         in_first_screen(got["tiles"][0], "a tile")
+
+
+READINESS_PROBE = r"""
+(() => {
+  const h = document.querySelector('.headline');
+  const r = h ? h.getBoundingClientRect() : null;
+  const rows = [...document.querySelectorAll('#card tbody tr')].map(tr => {
+    const b = tr.getBoundingClientRect();
+    return {id: tr.id, top: b.top, bottom: b.bottom, text: tr.innerText};
+  });
+  return {headline: h ? h.innerText : null, top: r ? r.top : null, bottom: r ? r.bottom : null, rows: rows};
+})()
+"""
+
+
+def test_the_readiness_card_in_a_browser(browser: Browser, tmp_path: Path) -> None:
+    """The shipped readiness page as a person opens it: the verdict and the four checks' rows in the first
+    screen, the failed check naming its rule, no console error, no template hole."""
+    page = tmp_path / "readiness.html"
+    page.write_bytes((READINESS / "readiness.html").read_bytes())
+    browser.open(page)
+    assert browser.console_errors() == []
+    got = browser.evaluate(READINESS_PROBE)
+    assert got["headline"] and got["headline"].startswith("not ready: RDY003"), got
+    assert 0 <= got["top"] and got["bottom"] <= VIEWPORT[1], got
+    assert [r["id"] for r in got["rows"]] == ["RDY001", "RDY002", "RDY003", "RDY004"], got["rows"]
+    assert got["rows"][0]["top"] < VIEWPORT[1], "the card starts below the first screen"
+    assert "(rule RDY032)" in got["rows"][2]["text"] and "fail" in got["rows"][2]["text"], got["rows"][2]
+    assert not template_holes(str(browser.evaluate("document.body.innerText")))
+    shot = browser.screenshot(shots_dir(tmp_path) / "readiness_vllm_cpu_card.png")
+    assert png_size(shot) == VIEWPORT
