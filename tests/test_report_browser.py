@@ -202,7 +202,7 @@ def test_the_readiness_card_in_a_browser(browser: Browser, tmp_path: Path) -> No
     assert browser.console_errors() == []
     got = browser.evaluate(READINESS_PROBE)
     assert got["headline"] and got["headline"].startswith("not ready: RDY003"), got
-    assert 0 <= got["top"] and got["bottom"] <= VIEWPORT[1], got
+    assert got["top"] >= 0 and got["bottom"] <= VIEWPORT[1], got
     assert [r["id"] for r in got["rows"]] == ["RDY001", "RDY002", "RDY003", "RDY004"], got["rows"]
     assert got["rows"][0]["top"] < VIEWPORT[1], "the card starts below the first screen"
     assert "(rule RDY032)" in got["rows"][2]["text"] and "fail" in got["rows"][2]["text"], got["rows"][2]
