@@ -23,9 +23,10 @@ from typing import Any
 from diagnose.capture.redact import excerpt, scrub_text
 from diagnose.io.writer import BundleWriter, StreamWriter
 from diagnose.model import ProbeStatus
+from diagnose.probes.load_monitor import Monitor, RunningStats
 from diagnose.probes.sse import StreamResult, now_ns
 
-STREAMS = ("requests", "chunks", "phases")
+STREAMS = ("requests", "chunks", "phases", "client_health")
 CUT = "closed by the readiness check while in flight"  # the error detail of a request the check closed
 
 
@@ -43,6 +44,8 @@ class Recorder:
         self._seq = 0
         self._token = os.urandom(4).hex()
         self._w: dict[str, StreamWriter] = {}
+        self.open = 0  # requests sent and not yet ended (Target.stream)
+        self._monitor: Monitor | None = None
         if bundle is not None:
             self._w = {"requests": bundle.stream("requests", "one record per request a readiness check sent"),
                        "chunks": bundle.stream("chunks", "content-chunk arrival times and tokens per request"),
@@ -141,6 +144,23 @@ class Recorder:
                   "model": model, "api": "completions", "request_options": dict(options),
                   "sent_by": "diagnose readiness"}
         return ProbeStatus("load", "ok", f"{ok} ok, {failed} failed (the readiness checks' requests)", detail)
+
+    # -- the client's self-check ---------------------------------------------------------------------
+    def start_monitor(self) -> None:
+        """The load client's self-check (probes/load_monitor.py: event-loop lag, CPU, requests open every 0.1 s)
+        into ``client_health``, as attach records it: the analysis then judges late sends on the client's own
+        evidence (VAL001), not on the lateness alone. Call on the checks' event loop."""
+        if self.bundle is None or self._monitor is not None:
+            return
+        w = self.bundle.stream("client_health", "load client self-check samples every 0.1 s")
+        self._w["client_health"] = w
+        self._monitor = Monitor(RunningStats(), lambda: self.open, w.write, lambda: None, progress=False)
+        self._monitor.start()
+
+    async def stop_monitor(self) -> None:
+        if self._monitor is not None:
+            await self._monitor.stop()
+            self._monitor = None
 
     def close_phases(self) -> None:
         """Every phase still open ends, interrupted (the run stopped in it)."""

@@ -116,6 +116,7 @@ async def _checks(req: Request, target: Target, log: Callable[[str], None],
             raise TargetError(f"{req.url}/v1/completions: a streamed request failed ({tg.failure(neg)})")
         bundle.append(_open_bundle(req, target))
         target.recorder = record.Recorder(bundle[0])
+        target.recorder.start_monitor()
         got: dict[str, Mapping[str, Any] | None] = {name: None for name in CHECKS}
         if healthy is not None and "cold-start" in req.checks:  # first: it needs the server fresh
             log("cold start: timing the first requests")
@@ -130,6 +131,7 @@ async def _checks(req: Request, target: Target, log: Callable[[str], None],
             got["failure"] = await failure.run(target, req.failure, server.crash, server.restart, log)
         return got
     finally:
+        await target.recorder.stop_monitor()
         target.recorder.close_phases()
         if bundle:
             bundle[0].set_probe_status(target.recorder.status(target.model, target.options))

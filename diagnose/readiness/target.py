@@ -221,11 +221,13 @@ class Target:
         else:
             ph = phase
         cut = True
+        self.recorder.open += 1
         try:
             await self.client.stream("/v1/completions", self.body(prompt, max_tokens), res)
             cut = False
             return res
         finally:
+            self.recorder.open -= 1
             self.recorder.request(ph, prompt, max_tokens, res, cut=cut, intended_ns=intended_ns, tags=tags)
 
 
