@@ -43,6 +43,33 @@ FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until
 FLUSH_BUDGET_MS = 0.5
 
 
+
+def request_record(rid: str, phase: int, api: str, res: StreamResult, *, warmup: bool, intended_ns: int | None,
+                   capped: bool, max_tokens: int, prompt_tokens: int | None, prompt_tokens_source: str | None,
+                   trace_id: str | None, span_id: str | None, error: str | None,
+                   error_detail: str | None) -> dict[str, Any]:
+    """One record of the ``requests`` stream (docs/metrics.md) from a finished request: the load probe's, and
+    the readiness checks' (diagnose/readiness/record.py), which pass their own outcome (a request the check
+    closed is ``incomplete``)."""
+    usage = res.usage or {}
+    details = usage.get("prompt_tokens_details")
+    rec: dict[str, Any] = {
+        "rid": rid, "phase": phase, "warmup": warmup, "api": api, "intended_ns": intended_ns,
+        "capped": capped, "sent_ns": res.sent_ns, "headers_ns": res.headers_ns,
+        "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": res.end_ns or now_ns(),
+        "ok": error is None, "http_status": res.status, "error": error,
+        "error_detail": error_detail, "prompt_tokens": prompt_tokens, "prompt_tokens_source": prompt_tokens_source,
+        "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": max_tokens,
+        "output_tokens_usage": usage.get("completion_tokens"), "output_tokens_chunks": sum(res.tok),
+        "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason, "trace_id": trace_id,
+        "span_id": span_id,
+        "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+        "body_bytes": res.body_bytes,
+    }
+    if res.retry_after_s is not None:  # the server's Retry-After (429/503): how long it asked the client to wait
+        rec["retry_after_s"] = res.retry_after_s
+    return rec
+
 class _RunRecords:
     """A load run's state (all of it, set here), its buffered records and its accounting."""
 
@@ -248,23 +275,9 @@ class _RunRecords:
                 item: ReplayItem | None = None, turn: Turn | None = None) -> None:
         if res.error_detail:
             res.error_detail = self._clean_detail(res.error_detail, text)
-        usage = res.usage or {}
-        details = usage.get("prompt_tokens_details")
-        rec: dict[str, Any] = {
-            "rid": rid, "phase": phase, "warmup": warmup, "api": self.spec.api, "intended_ns": intended_ns,
-            "capped": capped, "sent_ns": res.sent_ns, "headers_ns": res.headers_ns,
-            "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": res.end_ns or now_ns(),
-            "ok": res.error is None, "http_status": res.status, "error": res.error,
-            "error_detail": res.error_detail, "prompt_tokens": ptok, "prompt_tokens_source": psource,
-            "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": max_tokens,
-            "output_tokens_usage": usage.get("completion_tokens"), "output_tokens_chunks": sum(res.tok),
-            "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason, "trace_id": trace_id,
-            "span_id": span_id,
-            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
-            "body_bytes": res.body_bytes,
-        }
-        if res.retry_after_s is not None:  # the server's Retry-After (429/503): how long it asked the client to wait
-            rec["retry_after_s"] = res.retry_after_s
+        rec = request_record(rid, phase, self.spec.api, res, warmup=warmup, intended_ns=intended_ns, capped=capped,
+                             max_tokens=max_tokens, prompt_tokens=ptok, prompt_tokens_source=psource,
+                             trace_id=trace_id, span_id=span_id, error=res.error, error_detail=res.error_detail)
         if item is not None:  # what `diagnose workload` needs to write the request back (no text)
             index, loop, req = item
             rec["replay_index"] = index

@@ -24,6 +24,7 @@ from diagnose.capture.redact import excerpt, scrub_text
 from diagnose.io.writer import BundleWriter, StreamWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.load_monitor import Monitor, RunningStats
+from diagnose.probes.load_records import request_record
 from diagnose.probes.sse import StreamResult, now_ns
 
 STREAMS = ("requests", "chunks", "phases", "client_health")
@@ -105,30 +106,20 @@ class Recorder:
         records a request a stopped capture closed). ``res`` is left as the check reads it."""
         if self.bundle is None:
             return
-        end = res.end_ns or now_ns()
         error = "incomplete" if cut else res.error
         detail = self.cut_reason if cut else res.error_detail
         if detail:
             detail = excerpt(scrub_text(self.bundle.redactor.text(detail), (prompt,), 3))
-        usage = res.usage or {}
-        details = usage.get("prompt_tokens_details")
+        pu = (res.usage or {}).get("prompt_tokens")
         self._seq += 1
         rid = f"{self._token}-{self._seq}"
-        pu = usage.get("prompt_tokens")
-        rec: dict[str, Any] = {
-            "rid": rid, "phase": phase if phase is not None else -1, "warmup": False, "api": "completions",
-            "intended_ns": intended_ns, "capped": False, "sent_ns": res.sent_ns or end, "headers_ns": res.headers_ns,
-            "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": end, "ok": error is None,
-            "http_status": res.status, "error": error, "error_detail": detail,
-            "prompt_tokens": pu if isinstance(pu, int) else None,
-            "prompt_tokens_source": "usage" if isinstance(pu, int) else None, "prompt_tokens_usage": pu,
-            "max_tokens": max_tokens, "output_tokens_usage": usage.get("completion_tokens"),
-            "output_tokens_chunks": sum(res.tok), "n_chunks": len(res.t_ns), "finish_reason": res.finish_reason,
-            "trace_id": None, "span_id": None,
-            "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
-            "body_bytes": res.body_bytes, **(tags or {})}
-        if res.retry_after_s is not None:
-            rec["retry_after_s"] = res.retry_after_s
+        rec = request_record(rid, phase if phase is not None else -1, "completions", res, warmup=False,
+                             intended_ns=intended_ns, capped=False, max_tokens=max_tokens,
+                             prompt_tokens=pu if isinstance(pu, int) else None,
+                             prompt_tokens_source="usage" if isinstance(pu, int) else None, trace_id=None,
+                             span_id=None, error=error, error_detail=detail)
+        rec["sent_ns"] = res.sent_ns or rec["end_ns"]  # a request closed before it was sent: its end
+        rec.update(tags or {})
         self._w["requests"].write(rec)
         if res.t_ns:
             self._w["chunks"].write({"rid": rid, "t_ns": list(res.t_ns), "tok": list(res.tok)})
