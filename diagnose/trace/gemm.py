@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.trace.timeline import launch_row_for
+
 COLUMNS = ["rank", "op", "b", "m", "n", "k", "dtype", "count", "kernels", "kernel_us", "gflops", "mbytes",
            "flops_per_byte", "tbps", "tflops", "ridge_flops_per_byte", "peak_tbps", "bound"]
 # element sizes of the types a GEMM operator records (its "Input type")
@@ -94,23 +96,19 @@ def _owners(cpu_ops: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame) -> 
     if "shape" not in cpu_ops or cpu_ops.empty or gpu.empty or runtime.empty:
         return cpu_ops.iloc[:0], owner
     ops = cpu_ops[cpu_ops["shape"].notna().to_numpy()].reset_index(drop=True)
-    rt = runtime[runtime["corr"] >= 0]
-    if ops.empty or rt.empty:
+    if ops.empty:
         return ops, owner
-    # each GPU event's launch call: its thread and start
-    rc = rt["corr"].to_numpy()
-    order = np.argsort(rc, kind="stable")
-    rc, rts, rtid = rc[order], rt["ts_us"].to_numpy()[order], rt["tid"].to_numpy()[order]
-    gc = gpu["corr"].to_numpy()
-    j = np.minimum(np.searchsorted(rc, gc), len(rc) - 1)
-    hit = (gc >= 0) & (rc[j] == gc)
+    # each GPU event's launch call (timeline.launch_row_for): its thread and start
+    row = launch_row_for(gpu, runtime)
+    hit = row >= 0
+    rts, rtid = runtime["ts_us"].to_numpy(), runtime["tid"].to_numpy()
     o_ts, o_end, o_tid = (ops["ts_us"].to_numpy(), (ops["ts_us"] + ops["dur_us"]).to_numpy(),
                           ops["tid"].to_numpy())
     for tid in np.unique(o_tid):
         sel = np.flatnonzero(o_tid == tid)
         s = sel[np.argsort(o_ts[sel], kind="stable")]
-        on = np.flatnonzero(hit & (rtid[j] == tid))
-        lts = rts[j[on]]
+        on = np.flatnonzero(hit & (rtid[np.maximum(row, 0)] == tid))
+        lts = rts[row[on]]
         i = np.searchsorted(o_ts[s], lts, side="right") - 1
         ok = (i >= 0) & (o_end[s[np.maximum(i, 0)]] >= lts)
         owner[on[ok]] = s[i[ok]]

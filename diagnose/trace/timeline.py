@@ -99,24 +99,33 @@ def launch_start_for(gpu: pd.DataFrame, runtime: pd.DataFrame) -> np.ndarray:
     return launch_call_for(gpu, runtime)[0]
 
 
+def launch_row_for(gpu: pd.DataFrame, runtime: pd.DataFrame) -> np.ndarray:
+    """Per GPU event, the position in ``runtime`` of the call that launched it (same correlation id; -1 when
+    none matches)."""
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    pos = np.flatnonzero(runtime["corr"].to_numpy() >= 0) if len(runtime) else np.zeros(0, dtype=np.int64)
+    if len(pos) == 0 or gpu.empty:
+        return out
+    rc = runtime["corr"].to_numpy()[pos]
+    order = np.argsort(rc, kind="stable")
+    rc, pos = rc[order], pos[order]
+    gc = gpu["corr"].to_numpy()
+    k = np.minimum(np.searchsorted(rc, gc), len(rc) - 1)
+    hit = (rc[k] == gc) & (gc >= 0)
+    out[hit] = pos[k[hit]]
+    return out
+
+
 def launch_call_for(gpu: pd.DataFrame, runtime: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Start and end time of the runtime call that launched each GPU event (NaN when none matches)."""
     out = np.full(len(gpu), np.nan)
     end = np.full(len(gpu), np.nan)
-    rt = runtime[runtime["corr"] >= 0]
-    if rt.empty or gpu.empty:
-        return out, end
-    rc = rt["corr"].to_numpy()
-    order = np.argsort(rc, kind="stable")
-    rc = rc[order]
-    rts = rt["ts_us"].to_numpy()[order]
-    rte = rts + rt["dur_us"].to_numpy()[order]
-    gc = gpu["corr"].to_numpy()
-    k = np.searchsorted(rc, gc)
-    k = np.minimum(k, len(rc) - 1)
-    hit = (rc[k] == gc) & (gc >= 0)
-    out[hit] = rts[k[hit]]
-    end[hit] = rte[k[hit]]
+    row = launch_row_for(gpu, runtime)
+    hit = row >= 0
+    if hit.any():
+        rts = runtime["ts_us"].to_numpy()[row[hit]]
+        out[hit] = rts
+        end[hit] = rts + runtime["dur_us"].to_numpy()[row[hit]]
     return out, end
 
 
