@@ -38,7 +38,7 @@ from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetu
 
 NAME = "pyinstrument"
 IDLE_FUNCS = re.compile(r"^(select|poll|epoll|_run_once|run_forever|sleep|wait|kqueue|control)$")
-# the loop's driver frames: under uvloop (which attach installs) the wait for I/O happens in native code that
+# the loop's driver frames: under uvloop (the loop attach runs) the wait for I/O happens in native code that
 # pyinstrument does not see, so it lands as self time of the last Python frame above it, asyncio's Runner.run
 # (or uvloop.run): idle too, with uvloop's own bookkeeping between callbacks (small next to the wait)
 LOOP_DRIVERS = re.compile(r"^(run|run_until_complete|run_forever)$")

@@ -15,7 +15,6 @@ environment a real process inherits, and killing the target under a running capt
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import traceback
 from dataclasses import dataclass
@@ -39,17 +38,15 @@ def diagnose(*args: str, env: dict[str, str | None] | None = None) -> Ran:
     """``diagnose ARGS...`` in this process; ``env`` overrides (None unsets) variables for the call only.
 
     The SIGINT/SIGTERM handlers are put back afterwards: a capture's event loop removes its own handlers by
-    resetting SIGTERM to the default, which would undo tests/conftest.py's SIGTERM-unwinds-like-Ctrl-C. So is
-    the event loop policy: attach installs uvloop's for the process, and later tests in the same worker would
-    run their loops under uvloop (a pyinstrument test once did, and failed)."""
+    resetting SIGTERM to the default, which would undo tests/conftest.py's SIGTERM-unwinds-like-Ctrl-C. (The
+    event loop policy needs no such care: attach runs a uvloop loop of its own and leaves the process's policy
+    alone; tests/test_api.py checks it.)"""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    policy = asyncio.get_event_loop_policy()
     try:
         r = CliRunner().invoke(cli, list(args), prog_name="diagnose", env=env, catch_exceptions=True)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        asyncio.set_event_loop_policy(policy)
     stderr = r.stderr
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         stderr += "".join(traceback.format_exception(r.exception))  # starts "Traceback (most recent call last)"

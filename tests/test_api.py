@@ -30,10 +30,13 @@ KEY = "sk-api-test-key-8d2e61f0"
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("api") / "b"
+    policy = asyncio.get_event_loop_policy()
     with truth_server(ttft_ms=5, itl_ms=2) as (url, _):
         got = api.capture(url=url, output=out, num_requests=12, concurrency=2, baseline=0, output_tokens=8,
                           input_tokens="uniform:min=16,max=64", nvml=False)
     assert got == out
+    # the caller's event loop policy as it was: the capture ran a uvloop loop of its own, not the process's policy
+    assert asyncio.get_event_loop_policy() is policy
     return out
 
 

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose.cli.attach import attach
-from diagnose.cli.attach_capture import build_probes
+from diagnose.cli.attach_capture import _run_loop, build_probes
 from diagnose.cli.main import cli
 from diagnose.errors import InputError
 from diagnose.io.bundle import open_bundle
@@ -53,11 +53,20 @@ EXPECTED |= {"--logprobs"}  # log-probabilities asked with every token (rule SCH
 
 @pytest.fixture(autouse=True)
 def loop_policy() -> Iterator[None]:
-    """attach installs uvloop's policy for the process (even when it then refuses an option): put the previous
-    one back, or later tests run their loops under uvloop."""
+    """attach runs its own uvloop loop and leaves the process's event loop policy as it was (it once installed
+    uvloop's, and later tests in the worker ran their loops under uvloop)."""
     old = asyncio.get_event_loop_policy()
     yield
-    asyncio.set_event_loop_policy(old)
+    assert asyncio.get_event_loop_policy() is old
+
+
+def test_attach_runs_a_uvloop_loop_of_its_own() -> None:
+    """The capture's loop is uvloop's (the probes' timing assumes it); the autouse fixture checks the policy."""
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert _run_loop(kind()).startswith("uvloop")
+    assert asyncio.run(kind()).startswith("asyncio")  # the process's own loops are asyncio's still
 
 
 def _names(cmd: click.Command) -> set[str]:

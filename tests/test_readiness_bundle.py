@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from diagnose.cli import exits
 from diagnose.io.writer import BundleWriter
 from diagnose.probes.sse import StreamResult, now_ns
 from diagnose.readiness import record
@@ -147,9 +148,37 @@ def test_each_overload_part_and_step_holds_the_requests_it_sent(run: tuple[Path,
         # the open loop's arrivals: each request's intended send time inside its step, which lasts step_s
         ph = phases[name]
         assert ph["end_ns"] - ph["start_ns"] == 500_000_000
-        assert all(ph["start_ns"] <= r["intended_ns"] < ph["end_ns"] and r["intended_ns"] <= r["sent_ns"] for r in got)
+        bad = [r for r in got if not (ph["start_ns"] <= r["intended_ns"] < ph["end_ns"] and r["intended_ns"] <= r["sent_ns"])]
+        assert not bad, (ph, bad)
     assert len(reqs["overload recovery"]) == len(m["recovery"]["probes"])
     assert sum(len(v) for v in reqs.values()) == len(_jsonl(out / "requests.jsonl"))  # no request outside a phase
+
+
+def test_the_ramp_never_sends_before_its_arrival_time_under_uvloop(tmp_path: Path) -> None:
+    """uvloop's timers (and a coarse clock's) wake up to a millisecond early: the ramp slept with a bare
+    asyncio.sleep and sent 30-50 of ~130 requests up to 1.1 ms before their intended time (a negative schedule
+    lag). CI failed the test above so: an in-process capture (tests/test_api.py) had left uvloop's event loop
+    policy installed in its worker. Each arrival now sleeps until its time (probes/sse.py sleep_until), and
+    attach no longer installs the policy."""
+    import asyncio
+
+    import uvloop
+
+    out = tmp_path / "r"
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        with truth_server(ttft_ms=5, itl_ms=10) as (url, _):
+            r = diagnose("readiness", "--url", url, "-o", str(out), *CHECKS[CHECKS.index("--overload-step"):],
+                         "--checks", "overload")
+    finally:
+        asyncio.set_event_loop_policy(policy)
+    assert r.returncode in (0, 1), (r.stdout, r.stderr)
+    phases, reqs = _by_phase(out)
+    got = [r for name in RAMP for r in reqs[name]]
+    assert len(got) >= 20
+    early = [(r["sent_ns"] - r["intended_ns"]) / 1e3 for r in got if r["sent_ns"] < r["intended_ns"]]
+    assert not early, f"{len(early)} of {len(got)} sent early, by up to {-min(early):.0f} us"
 
 
 def test_the_records_are_the_load_probes_and_hold_no_text(run: tuple[Path, Any]) -> None:
@@ -280,12 +309,17 @@ def test_a_launched_run_records_the_cold_start_and_the_crash(tmp_path: Path) -> 
     man = json.loads((out / "manifest.json").read_text())
     assert {"server.log", "server-restart.log"} <= set(man["artifacts"])
     assert man["artifacts"]["server.log"]["kind"] == "server_log"
-    # the analysis opens it (exit 0: no open-loop ramp here for the client to send late), lists its phases and
-    # sees the crash the failure check caused: connections refused, then answered again (ERR009)
+    # the analysis opens it, lists its phases and sees the crash the failure check caused: connections refused,
+    # then answered again (ERR009). Exit 0, or INVALID_RUN where the client's own record (its event loop lagging
+    # on a loaded machine: 12-19 ms P99 here beside 4 busy processes on 2 cores) makes the run invalid: then the
+    # verdict says so first
     report, js = tmp_path / "report.html", tmp_path / "f.json"
     r = diagnose("analyze", str(out), "-o", str(report), "--json", str(js))
-    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.returncode in (0, exits.INVALID_RUN), (r.stdout, r.stderr)
     found = json.loads(js.read_text())
+    client_bound = any(f["rule_id"] == "VAL001" for f in found["findings"])
+    assert found["run_valid"] is (not client_bound) and found["verdict"].startswith("Run invalid") is client_bound
+    assert r.returncode == (exits.INVALID_RUN if client_bound else 0)
     assert [p["name"] for p in found["phases"]] == ["cold start", "failure"] and found["partial"] is False
     assert "ERR009" in {f["rule_id"] for f in found["findings"]}, found["verdict"]
     assert "cold start" in report.read_text()

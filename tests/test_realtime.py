@@ -34,10 +34,10 @@ def _deny(*_a: object) -> None:
 
 @pytest.fixture
 def loop_policy() -> Iterator[None]:
-    """attach installs uvloop's policy for the process: put the previous one back for the other tests."""
+    """attach leaves the process's event loop policy as it was (it runs a uvloop loop of its own)."""
     old = asyncio.get_event_loop_policy()
     yield
-    asyncio.set_event_loop_policy(old)
+    assert asyncio.get_event_loop_policy() is old
 
 
 def test_apply_and_restore_on_this_thread() -> None:

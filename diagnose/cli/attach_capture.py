@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -25,16 +26,20 @@ from diagnose.probes import probe_specs
 from diagnose.probes.base import Options, Probe, ProbeSetup, Target
 from diagnose.signals.cost import parse_price
 
+T = TypeVar("T")
 FD_MARGIN = 128  # files besides the load's connections: streams, probes' pipes and sockets, the interpreter's
 
 
-def _event_loop_policy() -> None:
+def _run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` on a uvloop event loop of its own (asyncio's where uvloop is missing), leaving the process's event
+    loop policy as it was. attach also runs inside other programs (diagnose.api.capture): installing uvloop's
+    policy, as it did, made every later loop of that process a uvloop one (whose timers wake up to 1 ms early: a
+    readiness ramp run after a capture in the same process sent requests before their time)."""
     try:
         import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
-        pass
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def _api_key(api_key_env: str | None, from_config: str | None = None) -> str | None:
@@ -128,14 +133,13 @@ def capture(o: Options) -> None:
 
         workload = workload_from_options(o)
     probes = build_probes(o, ProbeSetup(target=target, workload=workload))  # bad values fail here, unconnected
-    _event_loop_policy()  # after every check: a refused option leaves the process's asyncio policy as it was
     out = o["output"] or Path(time.strftime("diagnose-%Y%m%d-%H%M%S"))
     # set on this thread before the loop starts, so every thread and process the capture starts inherits it
     rt = RealtimePriority() if o["realtime"] else None
     if rt is not None:
         rt.apply()
     try:
-        code = asyncio.run(_attach(target, workload, probes, out, o, slo, rt))
+        code = _run_loop(_attach(target, workload, probes, out, o, slo, rt))
     finally:
         if rt is not None:
             rt.restore()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from diagnose.errors import InputError
-from diagnose.probes.sse import StreamResult
+from diagnose.probes.sse import StreamResult, sleep_until
 from diagnose.readiness.record import CUT
 from diagnose.readiness.target import Target, failure, ttft_ms
 from diagnose.requests import percentiles
@@ -232,24 +232,21 @@ async def _ramp(target: Target, plan: OverloadPlan, capacity_rps: float,
     rec = target.recorder
     step_ns = int(plan.step_s * 1e9)
     t_start_ns = time.monotonic_ns()
-    t_start = t_start_ns / 1e9  # the same clock (CLOCK_MONOTONIC): the arrivals and the steps' phases agree
     phase: int | None = None
     try:
         for k, f in enumerate(plan.factors):
             rate = f * capacity_rps
             n = max(1, round(rate * plan.step_s))
-            t0 = t_start + k * plan.step_s
-            if (delay := t0 - time.monotonic()) > 0:
-                await asyncio.sleep(delay)
+            t0_ns = t_start_ns + k * step_ns
+            await sleep_until(t0_ns)  # never early: uvloop's timers (and a coarse clock's) wake before their time
             # each step one phase of the bundle, its window: from its first arrival to the next step's
-            rec.end(phase, end_ns=t_start_ns + k * step_ns)
+            rec.end(phase, end_ns=t0_ns)
             phase = rec.begin(f"overload ramp {f:g}x", "overload", rate=round(rate, 4),
-                              max_concurrency=plan.max_in_flight, factor=f, start_ns=t_start_ns + k * step_ns)
+                              max_concurrency=plan.max_in_flight, factor=f, start_ns=t0_ns)
             capped = open_capped = 0
             for i in range(n):
-                delay = t0 + i / rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                arrival_ns = t0_ns + round(i * 1e9 / rate)
+                await sleep_until(arrival_ns)  # the record's intended_ns: sent at it or after, never before
                 if open_ >= plan.max_in_flight or len(sent) >= plan.max_requests:
                     capped += 1
                     open_capped += open_ >= plan.max_in_flight
@@ -258,20 +255,18 @@ async def _ramp(target: Target, plan: OverloadPlan, capacity_rps: float,
                 sent.append(s)
                 open_ += 1  # counted when sent, not when its task first runs: a late loop sends overdue arrivals
                 # in one go, and the cap must hold for them too
-                arrival_ns = t_start_ns + k * step_ns + round(i * 1e9 / rate)
                 rec.sent(phase)  # one of the step's requests now, whenever its task first runs
                 tasks.append(asyncio.create_task(one(s, len(sent), phase, arrival_ns)))
             steps.append({"factor": f, "rate_rps": round(rate, 4), "planned": n, "client_capped": capped,
                           "open_capped": open_capped})
             log(f"overload: {f:g}x capacity ({rate:.3g} req/s), {open_} requests open")
-        end = t_start + len(plan.factors) * plan.step_s
-        if (delay := end - time.monotonic()) > 0:
-            await asyncio.sleep(delay)
+        end_ns = t_start_ns + len(plan.factors) * step_ns
+        await sleep_until(end_ns)
     except BaseException:
         rec.end(phase, interrupted=True)
         raise
-    rec.end(phase, end_ns=t_start_ns + len(plan.factors) * step_ns)
-    return sent, steps, tasks, end, t_start_ns
+    rec.end(phase, end_ns=end_ns)
+    return sent, steps, tasks, end_ns / 1e9, t_start_ns
 
 
 async def _recovery(target: Target, plan: OverloadPlan, base_p50: float, ratio: float,

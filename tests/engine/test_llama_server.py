@@ -168,32 +168,50 @@ def test_metrics_names_and_counters(llama: LlamaServer) -> None:
 
 @pytest.mark.engine
 def test_busy_slots_and_deferred_requests(llama: LlamaServer) -> None:
-    """Four long requests on two slots: two process, the rest wait (requests_deferred), and /slots shows it."""
-    seen: dict[str, float] = {"llamacpp:requests_processing": 0, "llamacpp:requests_deferred": 0}
-    busy_slots = 0
+    """Eight long requests on two slots: two process, the rest wait (requests_deferred), and /slots shows it;
+    closing the streams frees the slots and drops the waiting requests.
 
-    async def go() -> None:
-        nonlocal busy_slots
+    The server generates whether or not the client reads, so a poll must land while it still works: with four
+    requests of 1,500 tokens (~2 s of work) a client starved of CPU that long (CI: 90% of the test's time
+    stalled) polled only before and after, and saw no slot busy. Eight of 1,900 tokens keep it busy ~11 s on an
+    idle machine; the test stops the streams as soon as it has seen the three states, so it costs no more."""
+    want = {"llamacpp:requests_processing": 2.0, "llamacpp:requests_deferred": 1.0, "busy_slots": 2.0}
+    seen = dict.fromkeys(want, 0.0)
+
+    async def poll(s: aiohttp.ClientSession) -> dict[str, float]:
+        now: dict[str, float] = {}
+        async with s.get(f"{llama.url}/metrics") as r:
+            for line in (await r.text()).splitlines():
+                name, _, value = line.partition(" ")
+                if name in want:
+                    now[name] = float(value)
+        async with s.get(f"{llama.url}/slots") as r:
+            now["busy_slots"] = sum(bool(x["is_processing"]) for x in await r.json())
+        return now
+
+    async def go() -> dict[str, float]:
         async with _session() as s:
-            body = {"prompt": "class A:", "max_tokens": 1500, "ignore_eos": True}
-            tasks = [asyncio.create_task(_stream(s, llama.url, "/v1/completions", body)) for _ in range(4)]
-            while not all(t.done() for t in tasks):
-                async with s.get(f"{llama.url}/metrics") as r:
-                    for line in (await r.text()).splitlines():
-                        name, _, value = line.partition(" ")
-                        if name in seen:
-                            seen[name] = max(seen[name], float(value))
-                async with s.get(f"{llama.url}/slots") as r:
-                    busy_slots = max(busy_slots, sum(bool(x["is_processing"]) for x in await r.json()))
-                await asyncio.sleep(0.02)
-            for t in tasks:
-                events = t.result()
-                assert events[-1]["usage"]["completion_tokens"] == 1500
+            body = {"prompt": "class A:", "max_tokens": 1900, "ignore_eos": True}
+            tasks = [asyncio.create_task(_stream(s, llama.url, "/v1/completions", body)) for _ in range(8)]
+            while not all(t.done() for t in tasks) and any(seen[k] < v for k, v in want.items()):
+                for k, v in (await poll(s)).items():
+                    seen[k] = max(seen[k], v)
+                await asyncio.sleep(0.01)
+            for t in tasks:  # closes their connections: llama-server stops a slot whose client has gone
+                t.cancel()
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            assert all(isinstance(d, asyncio.CancelledError) or d[-1]["usage"]["completion_tokens"] == 1900
+                       for d in done)
+            deadline = time.monotonic() + 60
+            while (after := await poll(s)) != dict.fromkeys(want, 0.0) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return after
 
-    asyncio.run(go())
+    after = asyncio.run(go())
     assert seen["llamacpp:requests_processing"] == 2
     assert seen["llamacpp:requests_deferred"] >= 1
-    assert busy_slots == 2
+    assert seen["busy_slots"] == 2
+    assert after == dict.fromkeys(want, 0.0)  # idle again: no slot kept generating for a closed stream
 
 
 @pytest.mark.engine
