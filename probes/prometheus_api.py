@@ -100,11 +100,11 @@ class PrometheusAPI:
             raise InputError(f"--prometheus {shown!r}: expected http://HOST:PORT (the Prometheus server)")
         if port is not None and not 1 <= port <= 65535:
             raise InputError(f"--prometheus {shown!r}: port {port} is out of range (1-65535)")
-        self.auth: aiohttp.BasicAuth | None = None
+        authorization: str | None = None  # Basic credentials from the URL's userinfo, sent as a header
         if u.user is not None or u.password is not None:
             user, password = u.user or "", u.password or ""
-            self.auth = aiohttp.BasicAuth(user, password)
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            authorization = f"Basic {token}"  # (aiohttp's BasicAuth and auth= are deprecated for aiohttp 4)
             self.redactor.add(f"{user}:{password}", token, u.raw_user, u.raw_password)
             u = u.with_user(None)
         self._base = u
@@ -112,12 +112,14 @@ class PrometheusAPI:
         self.timeout_s = float(timeout_s if timeout_s is not None else TIMEOUT_S)
         self.max_bytes = int(max_bytes if max_bytes is not None else MAX_RESPONSE_BYTES)
         self.headers = dict(headers or {})
+        if authorization is not None:
+            self.headers["Authorization"] = authorization
         self.log = QueryLog()
         self.tally = Tally()
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> PrometheusAPI:
-        self._session = aiohttp.ClientSession(headers=self.headers, auth=self.auth)
+        self._session = aiohttp.ClientSession(headers=self.headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -94,7 +94,9 @@ def serve(fake: FakePrometheus) -> Iterator[str]:
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_route("GET", "/{tail:.*}", fake.handle)
-    runner = web.AppRunner(app)
+    # a handler still running at the end (the "slow" Prometheus sleeps 60 s) is cancelled after 1 s, not
+    # waited for aiohttp's default 60 s: one hardening test took 60 s for that alone
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     loop.run_until_complete(site.start())

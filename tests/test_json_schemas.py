@@ -75,8 +75,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with truth_server(ttft_ms=5, itl_ms=2) as (url, _):
         invoke("attach", "--url", url, "--find-max-goodput", "-c", "1:2:x2", "--search-steps", "0", "-n", "6",
                "--slo", "ttft_p99=1s", "--baseline", "0", "--no-nvml", "-o", str(t / "search"))
+        # the overload check in seconds, not its default minute (4 steps of 10 s after 10 s of capacity)
         invoke("readiness", "--url", url, "-o", str(t / "readiness"), "--cancel-tokens", "64", "--cancel-streams",
-               "2")
+               "2", "--overload-step", "0.5", "--overload-capacity-time", "0.5", "--overload-concurrency", "4",
+               "--overload-tokens", "8")
     return t
 
 
