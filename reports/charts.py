@@ -11,9 +11,9 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from .formatting import plain
+from .view_types import Band, BarSeries, FlameNode, Marker, Series, WaterfallRow
 
 PALETTE = ("#2f6fb0", "#d9822b", "#3a9a5b", "#b33a3a", "#7b5ea7", "#8c6d46", "#c75d9b", "#5f7f8f")
 Point = tuple[float, float]
@@ -185,8 +185,8 @@ def _range(values: Sequence[float], zero: bool = True) -> tuple[float, float]:
     return lo, hi
 
 
-def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_label: str, y2_label: str = "",
-               bands: Sequence[dict[str, Any]] = (), width: int = 760, height: int = 280,
+def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str, y2_label: str = "",
+               bands: Sequence[Band] = (), width: int = 760, height: int = 280,
                max_points: int = 400) -> str:
     """Lines (or dots, ``style: "dots"``) on a left axis and an optional right axis.
 
@@ -263,7 +263,7 @@ def line_chart(series: Sequence[dict[str, Any]], *, title: str, x_label: str, y_
 
 
 def histogram(bins: Sequence[Sequence[float]], *, title: str, x_label: str, y_label: str = "count",
-              log_x: bool = False, markers: Sequence[dict[str, Any]] = (), cdf: bool = True,
+              log_x: bool = False, markers: Sequence[Marker] = (), cdf: bool = True,
               width: int = 760, height: int = 260) -> str:
     """Bars from precomputed bins [[lo, hi, count], ...], with an optional CDF line (right axis, %)
     and vertical percentile markers [{"label": "P99", "x": 12.5}]."""
@@ -307,7 +307,7 @@ def histogram(bins: Sequence[Sequence[float]], *, title: str, x_label: str, y_la
     return "\n".join(out)
 
 
-def stacked_bars(categories: Sequence[str], series: Sequence[dict[str, Any]], *, title: str, unit: str,
+def stacked_bars(categories: Sequence[str], series: Sequence[BarSeries], *, title: str, unit: str,
                  x_label: str, y_label: str, width: int = 760) -> str:
     """Horizontal stacked bars: one row per category, one segment per series (values in ``unit``)."""
     label_w = min(220, 20 + 7 * max((len(str(c)) for c in categories), default=4))
@@ -340,7 +340,7 @@ def stacked_bars(categories: Sequence[str], series: Sequence[dict[str, Any]], *,
     return "\n".join(out)
 
 
-def waterfall(rows: Sequence[dict[str, Any]], *, title: str, unit: str, y_label: str = "item",
+def waterfall(rows: Sequence[WaterfallRow], *, title: str, unit: str, y_label: str = "item",
               width: int = 760) -> str:
     """One row per item (a request), segments [{"name", "start", "end"}] placed on a shared time axis."""
     label_w = min(200, 20 + 7 * max((len(str(r.get("label", ""))) for r in rows), default=4))
@@ -371,7 +371,7 @@ def waterfall(rows: Sequence[dict[str, Any]], *, title: str, unit: str, y_label:
     return "\n".join(out)
 
 
-def flamegraph(root: dict[str, Any], *, title: str, unit: str, width: int = 1000, row_h: int = 17) -> str:
+def flamegraph(root: FlameNode, *, title: str, unit: str, width: int = 1000, row_h: int = 17) -> str:
     """An icicle graph (root on top): box width is proportional to ``value``; hover shows name and share.
 
     Expects a tree already pruned to a reasonable size (see view_model.prune_tree)."""
@@ -387,7 +387,7 @@ def flamegraph(root: dict[str, Any], *, title: str, unit: str, width: int = 1000
         out.append("</svg>")
         return "\n".join(out)
     scale = (width - 2) / total
-    stack: list[tuple[dict[str, Any], float, int]] = [(root, 1.0, 0)]
+    stack: list[tuple[FlameNode, float, int]] = [(root, 1.0, 0)]
     while stack:
         node, x, d = stack.pop()
         v = float(node.get("value") or 0.0)
@@ -411,7 +411,7 @@ def flamegraph(root: dict[str, Any], *, title: str, unit: str, width: int = 1000
     return "\n".join(out)
 
 
-def _depth(node: dict[str, Any]) -> int:
+def _depth(node: FlameNode) -> int:
     best, stack = 0, [(node, 1)]
     while stack:
         n, d = stack.pop()

@@ -6,11 +6,19 @@ inline CSS, no external URL."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from .curve import curve_spec
 from .formatting import fmt_value
 from .render import Page, render_page, svg
+from .view_types import LineChartSpec, Series
+
+
+class CompareCharts(TypedDict):
+    """The compare page's charts: per level its CDFs, and both runs' curves in one chart."""
+
+    levels: dict[str, list[LineChartSpec]]
+    curve: LineChartSpec | None
 
 _ORDER = {"worse": 0, "better": 1, "within noise": 2, "no significant change": 3, "too few requests": 4,
                  "not comparable": 5}
@@ -26,8 +34,8 @@ def _rel(v: Any) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:+.1%}"
 
 
-def _cdf_chart(title: str, x_label: str, y_label: str, pair: dict[str, Any]) -> dict[str, Any] | None:
-    series = [{"name": f"{side} ({'baseline' if side == 'A' else 'new'})", "points": pair.get(side.lower()) or [],
+def _cdf_chart(title: str, x_label: str, y_label: str, pair: dict[str, Any]) -> LineChartSpec | None:
+    series: list[Series] = [{"name": f"{side} ({'baseline' if side == 'A' else 'new'})", "points": pair.get(side.lower()) or [],
                "axis": "left", "style": "line"} for side in ("A", "B")]
     if not any(s["points"] for s in series):
         return None
@@ -35,11 +43,11 @@ def _cdf_chart(title: str, x_label: str, y_label: str, pair: dict[str, Any]) -> 
             "series": [s for s in series if s["points"]]}
 
 
-def chart_specs(c: dict[str, Any]) -> dict[str, Any]:
+def chart_specs(c: dict[str, Any]) -> CompareCharts:
     """The page's charts from ``c["pictures"]`` (diagnose/compare/pictures.py): per level the TTFT and ITL CDFs
     of A and B; both runs' throughput-latency curves in one chart (None with fewer than two levels)."""
     pics = c.get("pictures") or {}
-    per_level: dict[str, list[dict[str, Any]]] = {}
+    per_level: dict[str, list[LineChartSpec]] = {}
     for lv in pics.get("levels") or []:
         specs = [_cdf_chart(f"TTFT at {lv['level']}: share of requests at or below", "TTFT ms", "share of requests",
                             lv.get("ttft") or {}),
@@ -47,12 +55,12 @@ def chart_specs(c: dict[str, Any]) -> dict[str, Any]:
                             lv.get("itl") or {})]
         per_level[str(lv["level"])] = [x for x in specs if x is not None]
     curves = pics.get("curves") or {}
-    series: list[dict[str, Any]] = []
+    series: list[Series] = []
     for side in ("a", "b"):
         spec = curve_spec(curves.get(side) or [], {})
-        for sr in (spec or {}).get("series", []):
+        for sr in spec["series"] if spec is not None else []:
             series.append({**sr, "name": f"{side.upper()} {sr['name']}"})
-    curve = None
+    curve: LineChartSpec | None = None
     if series:
         curve = {"kind": "line_chart", "title": "Throughput vs latency, A and B, one point per level",
                  "x_label": "output tok/s", "y_label": "TTFT ms", "y2_label": "ITL ms", "series": series}

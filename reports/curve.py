@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .view_types import LineChartSpec, Series
+
 LINES = (("ttft_p50", "TTFT P50", "left"), ("ttft_p99", "TTFT P99", "left"), ("itl_p50", "ITL P50", "right"),
          ("itl_p99", "ITL P99", "right"))
 _AXIS = {"ttft": "left", "e2e": "left", "itl": "right", "tpot": "right"}
@@ -18,14 +20,14 @@ def _ok(v: Any) -> bool:
 
 
 def curve_spec(rows: Sequence[Mapping[str, Any]], slo: Mapping[str, float], *, knee: str | None = None,
-               max_goodput: str | None = None) -> dict[str, Any] | None:
+               max_goodput: str | None = None) -> LineChartSpec | None:
     """``rows``: per level, in load order: ``label``, ``output_tps``, the LINES' values and those of the SLO's
     terms ('ttft_p90') in ms. ``slo``: 'ttft_p99_ms' -> limit. None when fewer than two levels have a
     throughput."""
     pts = [r for r in rows if _ok(r.get("output_tps"))]
     if len(pts) < 2:
         return None
-    series: list[dict[str, Any]] = []
+    series: list[Series] = []
     for i, (key, name, axis) in enumerate(LINES):
         kept = [r for r in pts if _ok(r.get(key))]
         if kept:

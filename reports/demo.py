@@ -44,6 +44,7 @@ from .sections.model import (
     Waterfall,
     WaterfallRow,
 )
+from .view_types import FlameNode
 
 
 def synthetic_analysis(*, levels: tuple[int, ...] = (1, 4, 16), per_level_s: float = 20.0, output_tokens: int = 64,
@@ -186,7 +187,7 @@ def demo_sections(hostile: str = "", seed: int = 0) -> list[Section]:
     """One section of every kind (the report shows them instead of those built from the tables)."""
     rng = np.random.default_rng(seed)
 
-    def tree(depth: int, name: str) -> dict[str, Any]:
+    def tree(depth: int, name: str) -> FlameNode:
         kids = [] if depth >= 7 else [tree(depth + 1, f"{name.split('/')[0]}/fn_{depth}_{i}") for i in range(3)]
         val = float(rng.integers(5, 40)) + sum(k["value"] for k in kids)
         return {"name": name, "value": val, "children": kids}

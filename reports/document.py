@@ -16,6 +16,7 @@ from typing import Any
 from diagnose.analysis import Analysis
 
 from .view_model import build_view
+from .view_types import View
 
 JSON_SCHEMA_VERSION = 1
 
@@ -32,7 +33,7 @@ def verdict_line(a: Analysis) -> str:
     return a.verdict.headline + (f" ({nums})" if nums else "")
 
 
-def build_document(a: Analysis, view: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_document(a: Analysis, view: View | None = None) -> dict[str, Any]:
     """The JSON document of ``a``, from ``view`` (the page's view model; built when not given)."""
     view = view if view is not None else build_view(a)
     v = view["verdict"]

@@ -4,11 +4,11 @@ that proposes the same experiment as a card above it (split out of view_model.py
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from diagnose.model import SEVERITY_WEIGHT, Cause, Finding
 
 from .sections_view import finite
+from .view_types import FindingView
 
 ARROWS = {"down": "↓", "up": "↑", "flat": "→"}
 
@@ -63,13 +63,13 @@ def folds(findings: Sequence[Finding], top_rule: str | None = None) -> dict[str,
     return out
 
 
-def _cards(findings: Sequence[Finding], run_label: str, top_rule: str | None) -> list[dict[str, Any]]:
+def _cards(findings: Sequence[Finding], run_label: str, top_rule: str | None) -> list[FindingView]:
     """The finding cards, ranked: the verdict's own finding marked (its title and hypothesis are the verdict,
     shown once, above), and each finding that restates a card (:func:`folds`) inside that card as an "also
     seen" entry holding only what the card does not already show: its evidence rows that are not the card's,
     its causes whose experiment the card does not propose."""
     into = folds(findings, top_rule)
-    cards: dict[str, dict[str, Any]] = {}
+    cards: dict[str, FindingView] = {}
     keys: dict[str, set[tuple[str, ...] | None]] = {}
     for f in findings:
         view = _finding(f, run_label)
@@ -90,7 +90,7 @@ def _cards(findings: Sequence[Finding], run_label: str, top_rule: str | None) ->
     return list(cards.values())
 
 
-def _finding(f: Finding, run_label: str = "whole run") -> dict[str, Any]:
+def _finding(f: Finding, run_label: str = "whole run") -> FindingView:
     return {
         "rule_id": f.rule_id, "name": f.name, "family": f.family, "severity": f.severity,
         "severity_weight": SEVERITY_WEIGHT.get(f.severity, 0.0),

@@ -14,6 +14,7 @@ from typing import Any
 from diagnose.numbers import DASH, SMALLEST, fmt_percent, fmt_value, plain
 
 from .sections.model import STYLES, Phrase, Quantity
+from .view_types import QuantityView
 
 __all__ = ["DASH", "SMALLEST", "fmt_percent", "fmt_value", "plain"]
 
@@ -54,7 +55,7 @@ def view_value(v: Any) -> Any:
     """A section value as plain JSON: a Quantity as {"value", "unit", "digits", "style"} (an infinite value
     as value None with "inf": +1/-1), a Phrase as {"parts": [...]}; str, int and None as they are."""
     if isinstance(v, Quantity):
-        out: dict[str, Any] = {"value": None, "unit": v.unit, "digits": v.digits, "style": v.style}
+        out: QuantityView = {"value": None, "unit": v.unit, "digits": v.digits, "style": v.style}
         x = v.value
         if x is not None and math.isfinite(x):
             out["value"] = x

@@ -24,6 +24,7 @@ from . import charts
 from .formatting import fmt_cell, fmt_text, fmt_value, is_numeric_cell
 from .sections.model import Section
 from .view_model import build_view
+from .view_types import ChartSpec, View, WaterfallRow
 
 __all__ = ["ReportError", "fmt_value", "render_html", "svg", "write_report"]
 
@@ -36,29 +37,29 @@ class ReportError(DiagnoseError):
     exit_code = 1
 
 
-def svg(spec: dict[str, Any]) -> Markup:
+def svg(spec: ChartSpec) -> Markup:
     """One chart spec (see view_model / sections_view) as inline SVG markup (texts escaped inside)."""
     kind = spec.get("kind")
     title = str(spec.get("title", ""))
-    if kind == "line_chart":
+    if spec["kind"] == "line_chart":
         out = charts.line_chart(spec.get("series") or [], title=title, x_label=str(spec.get("x_label", "")),
                                 y_label=str(spec.get("y_label", "")), y2_label=str(spec.get("y2_label", "")),
                                 bands=spec.get("bands") or [])
-    elif kind == "histogram":
+    elif spec["kind"] == "histogram":
         out = charts.histogram(spec.get("bins") or [], title=title, x_label=str(spec.get("x_label", "")),
                                y_label=str(spec.get("y_label", "count")), log_x=bool(spec.get("log_x")),
                                markers=spec.get("markers") or [])
-    elif kind == "stacked_bars":
+    elif spec["kind"] == "stacked_bars":
         out = charts.stacked_bars([fmt_text(c) for c in spec.get("categories") or []], spec.get("series") or [],
                                   title=title,
                                   unit=str(spec.get("unit", "")), x_label=str(spec.get("x_label", "")),
                                   y_label=str(spec.get("y_label", "")))
-    elif kind == "waterfall":
-        rows = [{**r, "label": fmt_text(r.get("label", ""))} for r in spec.get("rows") or []]
+    elif spec["kind"] == "waterfall":
+        rows: list[WaterfallRow] = [{**r, "label": fmt_text(r.get("label", ""))} for r in spec.get("rows") or []]
         out = charts.waterfall(rows, title=title, unit=str(spec.get("unit", "ms")),
                                y_label=str(spec.get("y_label", "item")))
-    elif kind == "flamegraph":
-        out = charts.flamegraph(spec.get("root") or {}, title=title, unit=str(spec.get("unit", "samples")))
+    elif spec["kind"] == "flamegraph":
+        out = charts.flamegraph(spec.get("root") or {"name": "", "value": 0.0}, title=title, unit=str(spec.get("unit", "samples")))
     else:
         out = f'<p class="unavailable">{charts.esc(title)}: not available: cannot draw {charts.esc(kind)}</p>'
     return Markup(out)
@@ -99,7 +100,7 @@ def render_html(analysis: Analysis, sections: Sequence[Section] | None = None) -
     return render_view(build_view(analysis, sections))
 
 
-def render_view(view: dict[str, Any]) -> str:
+def render_view(view: View) -> str:
     """The HTML document of a view model (:func:`view_model.build_view`): the page only displays it."""
     has_flame = any(s["kind"] == "flamegraph" for g in view["section_groups"] for s in g["sections"])
     # our own static asset, never captured data; only when a flame graph needs it
@@ -123,7 +124,7 @@ def render_page(page: Page) -> str:
 
 
 def write_report(analysis: Analysis, path: str | os.PathLike[str], sections: Sequence[Section] | None = None,
-                 view: dict[str, Any] | None = None) -> Path:
+                 view: View | None = None) -> Path:
     """Render and write the report; returns the path written. Raises ReportError with a one-line reason.
     ``view``: the view model already built for ``analysis`` (the CLI builds it once for the page and --json).
     Written as every output is (diagnose/io/outputs.py): through a temporary file that a failure (a full disk)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,22 @@ from .sections.model import (
     Table,
     TextBlock,
     Waterfall,
+)
+from .view_types import (
+    BarSeries,
+    Binned,
+    ChartSpec,
+    FlameNode,
+    FlameSpec,
+    HistogramSpec,
+    LineChartSpec,
+    Series,
+    StackedBarsSpec,
+    TableSpec,
+    TextSpec,
+    UnavailableSpec,
+    WaterfallRow,
+    WaterfallSpec,
 )
 
 MAX_TABLE_ROWS = 200
@@ -45,7 +61,7 @@ _SECRET_VALUE = re.compile(
 REDACTED = "[redacted]"
 
 
-def unavailable(title: str, reason: str) -> dict[str, Any]:
+def unavailable(title: str, reason: str) -> UnavailableSpec:
     return {"kind": "unavailable", "title": title, "reason": reason}
 
 
@@ -64,7 +80,7 @@ def num(col: Any) -> np.ndarray:
 
 
 # -- histogram --------------------------------------------------------------------------------------
-def bin_values(values: Sequence[float] | np.ndarray, bins: int = HIST_BINS) -> dict[str, Any]:
+def bin_values(values: Sequence[float] | np.ndarray, bins: int = HIST_BINS) -> Binned:
     """Bin values into ``bins`` bins (log-spaced when they span more than ~1.5 decades), with P50/P90/P99."""
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
@@ -87,8 +103,8 @@ def bin_values(values: Sequence[float] | np.ndarray, bins: int = HIST_BINS) -> d
 
 
 # -- flame graph -------------------------------------------------------------------------------------
-def prune_tree(root: dict[str, Any], *, min_frac: float = 0.002, max_nodes: int = MAX_FLAME_NODES,
-               max_depth: int = 64) -> tuple[dict[str, Any], int]:
+def prune_tree(root: Mapping[str, Any], *, min_frac: float = 0.002, max_nodes: int = MAX_FLAME_NODES,
+               max_depth: int = 64) -> tuple[FlameNode, int]:
     """Copy of the tree without nodes under ``min_frac`` of the root (their time stays in the parent) and
     beyond ``max_depth``; raises the cut-off until at most ``max_nodes`` remain. Returns (tree, dropped)."""
     total = finite(root.get("value")) or 0.0
@@ -100,14 +116,14 @@ def prune_tree(root: dict[str, Any], *, min_frac: float = 0.002, max_nodes: int 
         frac *= 2
 
 
-def _prune(root: dict[str, Any], cutoff: float, max_depth: int, budget: int) -> tuple[tuple[dict[str, Any], int], int]:
+def _prune(root: Mapping[str, Any], cutoff: float, max_depth: int, budget: int) -> tuple[tuple[FlameNode, int], int]:
     count, dropped = 0, 0
 
-    def walk(node: dict[str, Any], depth: int) -> dict[str, Any]:
+    def walk(node: Mapping[str, Any], depth: int) -> FlameNode:
         nonlocal count, dropped
         count += 1
-        out: dict[str, Any] = {"name": str(node.get("name", "?"))[:300], "value": finite(node.get("value")) or 0.0}
-        kids: list[dict[str, Any]] = []
+        out: FlameNode = {"name": str(node.get("name", "?"))[:300], "value": finite(node.get("value")) or 0.0}
+        kids: list[FlameNode] = []
         children = node.get("children") or []
         for c in sorted(children, key=lambda c: -(finite(c.get("value")) or 0.0)):
             if depth + 1 >= max_depth or (finite(c.get("value")) or 0.0) < cutoff or count > budget * 4:
@@ -123,11 +139,11 @@ def _prune(root: dict[str, Any], cutoff: float, max_depth: int, budget: int) -> 
 
 
 # -- sections ----------------------------------------------------------------------------------------
-def section_view(s: Section) -> dict[str, Any]:
+def section_view(s: Section) -> ChartSpec:
     """A Section as a bounded chart spec of plain data (typed values as reports/formatting.py view data), or
     ``unavailable`` with why."""
-    base = {"id": str(s.id), "title": str(s.title), "group": str(s.group), "order": s.order}
     build = _SECTION_BUILDERS.get(type(s.payload))
+    spec: ChartSpec
     if build is None:
         spec = unavailable(s.title, f"unknown section kind {s.kind!r}")
     else:
@@ -136,7 +152,7 @@ def section_view(s: Section) -> dict[str, Any]:
         except (TypeError, ValueError, AttributeError, IndexError, KeyError) as e:
             spec = unavailable(s.title, f"section payload is malformed ({type(e).__name__}: {e})")
     spec.setdefault("title", str(s.title))
-    spec.update(base)
+    spec.update({"id": str(s.id), "title": str(s.title), "group": str(s.group), "order": s.order})
     return spec
 
 
@@ -146,7 +162,7 @@ def _cell_view(v: Any) -> Any:
     return view_value(v)
 
 
-def _table(p: Table) -> dict[str, Any]:
+def _table(p: Table) -> TableSpec:
     rows = [[_cell_view(v) for v in r] for r in p.rows[:MAX_TABLE_ROWS]]
     note: Any = view_value(p.note)
     extra = len(p.rows) - len(rows)
@@ -157,36 +173,36 @@ def _table(p: Table) -> dict[str, Any]:
     return {"kind": "table", "columns": list(p.columns), "rows": rows, "note": note}
 
 
-def _stacked(p: StackedBars) -> dict[str, Any]:
+def _stacked(p: StackedBars) -> StackedBarsSpec:
     cats = [view_value(c) for c in p.categories][:MAX_WATERFALL_ROWS]
-    series = [{"name": str(s.name), "values": [finite(v) or 0.0 for v in s.values[: len(cats)]]} for s in p.series]
+    series: list[BarSeries] = [{"name": str(s.name), "values": [finite(v) or 0.0 for v in s.values[: len(cats)]]} for s in p.series]
     return {"kind": "stacked_bars", "categories": cats, "series": series, "unit": p.unit, "x_label": p.x_label,
             "y_label": p.y_label}
 
 
-def _flame(p: FlameGraph) -> dict[str, Any]:
+def _flame(p: FlameGraph) -> FlameSpec:
     tree, dropped = prune_tree(dict(p.root))
     note = f"{dropped} small frames (under 0.2% of the total, or too deep) folded into their callers" if dropped else ""
     return {"kind": "flamegraph", "root": tree, "unit": p.unit, "note": note}
 
 
-def _waterfall(p: Waterfall) -> dict[str, Any]:
-    rows = [{"label": view_value(r.label),
+def _waterfall(p: Waterfall) -> WaterfallSpec:
+    rows: list[WaterfallRow] = [{"label": view_value(r.label),
              "segments": [{"name": str(s.name), "start": float(s.start), "end": float(s.end)}
                           for s in r.segments if finite(s.start) is not None and finite(s.end) is not None]}
             for r in p.rows[:MAX_WATERFALL_ROWS]]
     return {"kind": "waterfall", "rows": rows, "unit": p.unit, "y_label": "request"}
 
 
-def _line(p: LineChart) -> dict[str, Any]:
-    series = [{"name": s.name, "axis": s.axis, "style": "line",
+def _line(p: LineChart) -> LineChartSpec:
+    series: list[Series] = [{"name": s.name, "axis": s.axis, "style": "line",
                "points": [[float(f"{x:.6g}"), float(f"{y:.6g}")] for x, y in downsample(list(s.points), MAX_LINE_POINTS)]}
               for s in p.series]
     return {"kind": "line_chart", "series": series, "x_label": p.x_label, "y_label": p.y_label,
             "y2_label": p.y2_label}
 
 
-def _hist(p: Histogram) -> dict[str, Any]:
+def _hist(p: Histogram) -> HistogramSpec:
     b = bin_values([v for v in (finite(x) for x in p.values) if v is not None], p.bins)
     x_label = p.x_label
     if p.unit and p.unit not in x_label:
@@ -194,12 +210,12 @@ def _hist(p: Histogram) -> dict[str, Any]:
     return {"kind": "histogram", "x_label": x_label, "y_label": "count", **b}
 
 
-def _text(p: TextBlock) -> dict[str, Any]:
+def _text(p: TextBlock) -> TextSpec:
     text = fmt_text(p.text)
     return {"kind": "text", "text": view_value(p.text) if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS] + " [...]"}
 
 
-_SECTION_BUILDERS: dict[type, Callable[[Any], dict[str, Any]]] = {
+_SECTION_BUILDERS: dict[type, Callable[[Any], ChartSpec]] = {
     Table: _table, StackedBars: _stacked, FlameGraph: _flame, Waterfall: _waterfall, LineChart: _line,
     Histogram: _hist, TextBlock: _text,
 }

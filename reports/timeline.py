@@ -5,7 +5,6 @@ table has it (long format: t_s, signal == "queue_depth", value). Plain data, bou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,6 +13,7 @@ from diagnose.model import Phase
 
 from .charts import downsample
 from .sections_view import finite, num, unavailable
+from .view_types import Band, LineChartSpec, Series, UnavailableSpec
 
 TITLE = "Load vs latency vs queue depth over time"
 GRID_POINTS = 300
@@ -21,7 +21,7 @@ MAX_DOTS = 600
 LATENCY_BINS = 60
 
 
-def timeline_chart(tables: dict[str, pd.DataFrame], phases: Sequence[Phase]) -> dict[str, Any]:
+def timeline_chart(tables: dict[str, pd.DataFrame], phases: Sequence[Phase]) -> LineChartSpec | UnavailableSpec:
     req = tables.get("requests")
     if req is None or req.empty or not {"sent_s", "end_s"} <= set(req.columns):
         qd = _queue_depth(tables.get("metrics"))
@@ -40,7 +40,7 @@ def timeline_chart(tables: dict[str, pd.DataFrame], phases: Sequence[Phase]) -> 
     t0, t1 = float(sent.min()), float(max(end.max(), sent.max()))
     grid = np.linspace(t0, t1, GRID_POINTS) if t1 > t0 else np.array([t0])
     in_flight = np.searchsorted(sent, grid, side="right") - np.searchsorted(end, grid, side="right")
-    series: list[dict[str, Any]] = []
+    series: list[Series] = []
     notes: list[str] = []
     if "ttft_ms" in req.columns:
         ok = req.assign(sent_s=num(req["sent_s"]), ttft_ms=num(req["ttft_ms"]))
@@ -99,18 +99,18 @@ def _queue_depth(metrics: pd.DataFrame | None) -> list[list[float]]:
     return _round(downsample(list(zip(q["t_s"].astype(float), q["value"].astype(float), strict=True)), 400))
 
 
-def _bands(phases: Sequence[Phase]) -> list[dict[str, Any]]:
+def _bands(phases: Sequence[Phase]) -> list[Band]:
     """Load phases as shaded x ranges (only when there is more than one phase)."""
-    bands = [{"start": p.start_s, "end": p.end_s, "label": p.name}
+    bands: list[Band] = [{"start": p.start_s, "end": p.end_s, "label": p.name}
              for p in phases if np.isfinite(p.start_s) and np.isfinite(p.end_s)]
     return bands if len(bands) > 1 else []
 
 
-def _excluded_bands(excluded: pd.DataFrame | None) -> list[dict[str, Any]]:
+def _excluded_bands(excluded: pd.DataFrame | None) -> list[Band]:
     """Stretches left out of the statistics (the engine profiler's window) as shaded x ranges."""
     if excluded is None or excluded.empty or not {"start_s", "end_s"} <= set(excluded.columns):
         return []
-    out = []
+    out: list[Band] = []
     for row in excluded.itertuples(index=False):
         start, end = finite(getattr(row, "start_s", None)), finite(getattr(row, "end_s", None))
         if start is not None and end is not None and end >= start:

@@ -26,6 +26,34 @@ from .formatting import fmt_value
 from .sections import Section, build_sections
 from .sections_view import bin_values, finite, flatten, num, redact_value, section_view, unavailable
 from .timeline import timeline_chart
+from .view_types import (
+    AttributionPart,
+    AttributionRow,
+    ChartSpec,
+    EnvGroup,
+    ErrorRow,
+    Errors,
+    HistogramSpec,
+    LabelledWindow,
+    LevelTiles,
+    LineChartSpec,
+    MetricRow,
+    Percentiles,
+    ProbeCost,
+    Series,
+    SloLimit,
+    SweepCell,
+    SweepColumn,
+    SweepGroup,
+    SweepRow,
+    SweepTable,
+    Throughput,
+    Tile,
+    UnavailableSpec,
+    VerdictView,
+    View,
+    WindowTable,
+)
 from .workload_charts import arrivals, lengths
 
 VIEW_SCHEMA = 1
@@ -46,7 +74,7 @@ GROUP_TITLES = {"latency": "Latency breakdown", "server": "Server metrics", "hos
                 "gpu": "GPU", "trace": "Kernel trace", "details": "Details"}
 
 
-def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> dict[str, Any]:
+def build_view(analysis: Analysis, given: Sequence[Section] | None = None) -> View:
     """The whole report as plain data (``given``: sections shown instead of those built from the tables)."""
     a = analysis
     meta = a.meta
@@ -137,7 +165,7 @@ FLEET_TILES = (("fleet_replicas", "replicas found", ""),
 TILE_WINDOW = {"trace": "kernel trace (the traced window)", "fleet": "fleet (each replica over the read window)"}
 
 
-def _kind_tiles(signals: dict[str, Signal], kind: str) -> list[dict[str, Any]]:
+def _kind_tiles(signals: dict[str, Signal], kind: str) -> list[Tile]:
     """A trace or fleet page's tiles, from its signals."""
     tiles = {"trace": TRACE_TILES, "fleet": FLEET_TILES}.get(kind, ())
     return [{"signal": n, "label": lab, "value": v, "unit": u, "window": TILE_WINDOW[kind]}
@@ -248,7 +276,7 @@ def _cost_row(cost: dict[str, Any] | None, judged: bool = True) -> list[tuple[st
     return [(f"Cost at ${cost['price_per_hour']:.3g}/h", ", ".join(parts) or "no request finished: nothing to price")]
 
 
-def _guard(title: str, build: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+def _guard(title: str, build: Callable[[], ChartSpec | None]) -> ChartSpec | None:
     """A chart built from tables, or ``unavailable`` saying which table was unreadable (never a traceback)."""
     try:
         return build()
@@ -274,7 +302,7 @@ def _title(manifest: Manifest, source: str) -> str:
     return f"{model} on {engine}{' ' + str(ver) if ver else ''}"
 
 
-def _probe_cost(pc: dict[str, Any] | None, probes_listed: bool) -> dict[str, Any] | None:
+def _probe_cost(pc: dict[str, Any] | None, probes_listed: bool) -> ProbeCost | None:
     """What the probes cost the server (``Analysis.probe_cost``, computed once by the pipeline): the line, and
     the budget's adaptations."""
     if pc is None:
@@ -286,7 +314,7 @@ def _probe_cost(pc: dict[str, Any] | None, probes_listed: bool) -> dict[str, Any
             "adapted": [redact_value("probe_cost", x) for x in pc["adapted"]]}
 
 
-def _banners(a: Analysis, cost: dict[str, Any] | None = None) -> list[dict[str, str]]:
+def _banners(a: Analysis, cost: ProbeCost | None = None) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     if a.partial:
         why = a.meta.capture.interrupted or "the capture did not finish (no end recorded)"
@@ -315,7 +343,7 @@ KEY_NUMBERS = (("ttft_p50_ms", "TTFT P50", "ms"), ("ttft_p99_ms", "TTFT P99", "m
 NOT_JUDGED = {"goodput_ratio", "goodput_rps", "task_goodput_rps"}  # judged against the SLO: not shown as a result on an invalid run
 
 
-def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[dict[str, Any]]:
+def _key_numbers(signals: dict[str, Signal], window: str, judged: bool) -> list[Tile]:
     return [{"signal": n, "label": lab, "value": v, "unit": u, "window": window}
             for n, lab, u in KEY_NUMBERS if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
 
@@ -325,7 +353,7 @@ def _measured_phases(a: Analysis) -> list[tuple[Phase, dict[str, Signal]]]:
     return [(p, s) for p, s in zip(a.phases, a.phase_signals, strict=False) if not p.is_baseline]
 
 
-def _curve(a: Analysis) -> dict[str, Any] | None:
+def _curve(a: Analysis) -> LineChartSpec | None:
     """A sweep's throughput-latency curve: each level (a repeated one by its first run, as the sweep rules see
     it) from its phase signals, the SLO lines, and the knee and max-goodput level the pipeline judged
     (``Analysis.sweep``, diagnose/signals/sweep.py): the view marks them, it does not judge them."""
@@ -377,11 +405,11 @@ ATTRIBUTION: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 
 
-def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
+def _attribution(signals: dict[str, Signal]) -> list[AttributionRow]:
     """Where the time went, from the signals (nothing computed here): TTFT split by joined spans when present,
     else by the server's histograms (the slow requests' likewise), the ITL P50 and the decode time split, and
     the in-flight requests split by layer."""
-    rows: list[dict[str, Any]] = []
+    rows: list[AttributionRow] = []
     for label, parts in ATTRIBUTION:
         # the first screen holds one split per quantity; the slow requests' and the decode-time splits are
         # other views of the same time, folded below it ("other splits")
@@ -389,7 +417,7 @@ def _attribution(signals: dict[str, Signal]) -> list[dict[str, Any]]:
         spans = label.replace("server histograms", "joined spans")
         if label.endswith("server histograms") and any(r["label"] == spans for r in rows):
             continue
-        got = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
+        got: list[AttributionPart] = [{"signal": n, "label": lab, "value": finite(signals[n].value), "unit": signals[n].unit}
                for n, lab in parts if n in signals and signals[n].is_finite()]
         if label.startswith("decode time") and len(got) == 2 and "decode_time_preemption_ratio" not in signals:
             rows.append({"label": label, "parts": got, "primary": primary})  # no preemption counter (llama.cpp)
@@ -431,13 +459,13 @@ def _hero(headline: str, detail: str, symptom: str) -> tuple[str, str]:
     return detail, symptom
 
 
-def _verdict(a: Analysis, kind: str = "serving") -> dict[str, Any]:
+def _verdict(a: Analysis, kind: str = "serving") -> VerdictView:
     """The judgement stage's verdict, as it is; the headline numbers beside it: per level for a sweep, a trace
     or fleet page's own tiles for those."""
     v = a.verdict
     levels = _measured_phases(a)
-    keys: list[dict[str, Any]] = []
-    by_level: list[dict[str, Any]] = []
+    keys: list[Tile] = []
+    by_level: list[LevelTiles] = []
     if kind != "serving":
         keys = _kind_tiles(a.signals, kind)
     elif _sweep_levels(a) > 1:
@@ -477,12 +505,12 @@ def _run_label(a: Analysis) -> str:
 
 
 
-def _percentiles(a: Analysis) -> dict[str, Any]:
+def _percentiles(a: Analysis) -> Percentiles:
     """Percentile tables from the signals (never recomputed here): the run window unless the run is a sweep
     (then each level has its own and nothing is pooled), then the baseline and each level."""
     levels = _measured_phases(a)
     sweep = _sweep_levels(a) > 1
-    windows: list[dict[str, Any]] = []
+    windows: list[LabelledWindow] = []
     if not sweep:
         windows.append({"label": _run_label(a), **_window_table(a.signals, a.run_valid)})
     for p, sigs in zip(a.phases, a.phase_signals, strict=False):
@@ -490,7 +518,7 @@ def _percentiles(a: Analysis) -> dict[str, Any]:
             windows.append({"label": f"{p.name} (reference)", **_window_table(sigs, a.run_valid)})
         elif len(levels) > 1:  # a sweep's levels, or the runs of a repeated level (their spread)
             windows.append({"label": p.name, **_window_table(sigs, a.run_valid)})
-    slos = [{"signal": n, "value": finite(s.value), "unit": s.unit}
+    slos: list[SloLimit] = [{"signal": n, "value": finite(s.value), "unit": s.unit}
             for n, s in sorted(a.signals.items()) if n.startswith("slo_")]
     sweep_windows = [w for w in windows if not w["label"].endswith("(reference)")]
     return {"columns": [p.upper() if p != "max" else "max" for p in PCTS], "windows": windows, "slos": slos,
@@ -504,30 +532,30 @@ SWEEP_THROUGHPUT = (("output_tps", "output tok/s", "tok/s"), ("request_rps", "re
                     ("goodput_ratio", "within SLO", "ratio"), ("error_rate_ratio", "errors", "ratio"))
 
 
-def _sweep(phase_windows: list[dict[str, Any]]) -> dict[str, Any]:
+def _sweep(phase_windows: list[LabelledWindow]) -> SweepTable:
     """One row per sweep level: how P50/P99 latency and throughput move with load."""
     lat = {m: lab for m, lab, _ in METRICS}
-    columns = [{"group": f"{lat[m]} (ms)", "label": p.upper(), "unit": "ms"} for m, p in SWEEP_COLUMNS]
+    columns: list[SweepColumn] = [{"group": f"{lat[m]} (ms)", "label": p.upper(), "unit": "ms"} for m, p in SWEEP_COLUMNS]
     present = [t for t in SWEEP_THROUGHPUT if any(x["signal"] == t[0] for w in phase_windows for x in w["throughput"])]
     columns += [{"group": "throughput", "label": lab, "unit": u} for _, lab, u in present]
-    groups: list[dict[str, Any]] = []
+    groups: list[SweepGroup] = []
     for c in columns:
         if groups and groups[-1]["label"] == c["group"]:
             groups[-1]["span"] += 1
         else:
             groups.append({"label": c["group"], "span": 1})
-    rows = []
+    rows: list[SweepRow] = []
     for w in phase_windows:
         by_key = {r["key"]: r["values"] for r in w["rows"]}
         thr = {x["signal"]: x["value"] for x in w["throughput"]}
-        cells = [{"value": by_key.get(m, {}).get(p), "unit": "ms", "signal": f"{m}_{p}_ms"} for m, p in SWEEP_COLUMNS]
+        cells: list[SweepCell] = [{"value": by_key.get(m, {}).get(p), "unit": "ms", "signal": f"{m}_{p}_ms"} for m, p in SWEEP_COLUMNS]
         cells += [{"value": thr.get(n), "unit": u, "signal": n} for n, _, u in present]
         rows.append({"label": w["label"], "cells": cells})
     return {"groups": groups, "columns": columns, "rows": rows}
 
 
-def _window_table(signals: dict[str, Signal], judged: bool = True) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
+def _window_table(signals: dict[str, Signal], judged: bool = True) -> WindowTable:
+    rows: list[MetricRow] = []
     for key, label, desc in METRICS:
         vals: dict[str, float | None] = {p: _sig(signals, f"{key}_{p}_ms") for p in PCTS}
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms", "values": vals})
@@ -535,7 +563,7 @@ def _window_table(signals: dict[str, Signal], judged: bool = True) -> dict[str, 
         key, label, desc = TASK_ROW
         rows.append({"metric": label, "key": key, "description": desc, "unit": "ms",
                      "values": {p: _sig(signals, f"{key}_{p}_ms") if p != "p95" else None for p in PCTS}})
-    thr = [{"signal": n, "label": lab, "value": v, "unit": u}
+    thr: list[Throughput] = [{"signal": n, "label": lab, "value": v, "unit": u}
            for n, lab, u in (*THROUGHPUT, *TASK_THROUGHPUT)
            if (v := _sig(signals, n)) is not None and (judged or n not in NOT_JUDGED)]
     if not judged and any(n in signals for n in NOT_JUDGED):
@@ -560,12 +588,12 @@ def _counted_ok(a: Analysis) -> pd.DataFrame:
     return req[req[RUN_OK]] if RUN_OK in req.columns else req.iloc[0:0]
 
 
-def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
+def _errors(requests: pd.DataFrame | None) -> Errors:
     """Failed requests by category, with one example detail each (detail text is captured: escaped on render)."""
     if requests is None or requests.empty or "ok" not in requests.columns:
         return {"total": 0, "rows": []}
     bad = requests[~requests["ok"].fillna(False).astype(bool)]
-    rows = []
+    rows: list[ErrorRow] = []
     if not bad.empty:
         cat = bad["error"].fillna("unknown").astype(str) if "error" in bad.columns else pd.Series("unknown", bad.index)
         for name, grp in bad.groupby(cat, sort=True):
@@ -577,7 +605,7 @@ def _errors(requests: pd.DataFrame | None) -> dict[str, Any]:
 
 
 # -- distributions --------------------------------------------------------------------------------------
-def _distribution(a: Analysis, key: str) -> dict[str, Any]:
+def _distribution(a: Analysis, key: str) -> HistogramSpec | UnavailableSpec:
     title = {"ttft": "TTFT distribution", "itl": "ITL distribution (pooled chunk gaps)"}[key]
     x_label = {"ttft": "time to first token (ms)", "itl": "gap between content chunks (ms)"}[key]
     req = a.tables.get("requests")
@@ -605,7 +633,7 @@ def _distribution(a: Analysis, key: str) -> dict[str, Any]:
     return {"kind": "histogram", "title": f"{title} (n={b['n']})", "x_label": x_label, "y_label": y_label, **b}
 
 
-def _by_phase(a: Analysis, key: str) -> dict[str, Any] | None:
+def _by_phase(a: Analysis, key: str) -> LineChartSpec | None:
     """One CDF per load level of TTFT or of the chunk gaps (ITL), to see the distribution shift with load, from
     the pipeline's stage-2 table (diagnose/signals/distributions.py); None for a single phase."""
     from diagnose.signals.distributions import CDF_TABLE
@@ -613,7 +641,7 @@ def _by_phase(a: Analysis, key: str) -> dict[str, Any] | None:
     cdf = a.tables.get(CDF_TABLE)
     if cdf is None or cdf.empty:
         return None
-    series = []
+    series: list[Series] = []
     for (_phase, name, n), rows in cdf[cdf["metric"] == key].groupby(["phase", "name", "n"], sort=True):
         series.append({"name": f"{name} (n={n})", "axis": "left", "style": "line",
                        "points": [[float(f"{x:.5g}"), float(p)] for p, x in zip(rows["pct"], rows["value_ms"],
@@ -633,7 +661,7 @@ ENV_SKIP = {"target", "workload", "host", "capture", "options", "tool", "schema_
             "artifacts", "kind"}
 
 
-def _environment(meta: Manifest) -> list[dict[str, Any]]:
+def _environment(meta: Manifest) -> list[EnvGroup]:
     """Every field the manifest records, grouped, and the bundle's contents."""
     # raw: this section lists what the capture wrote, fields this version does not type included
     recorded = meta.raw

@@ -8,7 +8,7 @@ bundle, from the server's length histograms (their own buckets as bars) and its 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from diagnose.normalize.prometheus import counter_intervals, hist_window
 from diagnose.requests import RUN_COUNTED, RUN_OK
 
 from .sections_view import bin_values, num, unavailable
+from .view_types import Binned, HistogramSpec, LineChartSpec, Series, UnavailableSpec
 
 if TYPE_CHECKING:
     from diagnose.analysis import Analysis, Window
@@ -46,14 +47,14 @@ def _server_bins(a: Analysis, signal: str) -> list[list[float]]:
     return bins[nonzero[0]: nonzero[-1] + 1]
 
 
-def _binned(what: str, b: dict[str, Any], source: str) -> dict[str, Any]:
+def _binned(what: str, b: Binned, source: str) -> HistogramSpec:
     """A length histogram of binned values (sections_view.bin_values). No percentile markers: the workload
     card states the percentiles (each number once a page)."""
     return {"kind": "histogram", "title": f"{what} (n={b['n']}; {source})",
             "x_label": "tokens" + (", log scale" if b["log_x"] else ""), "y_label": "requests", **b, "markers": []}
 
 
-def lengths(a: Analysis, key: str) -> dict[str, Any]:
+def lengths(a: Analysis, key: str) -> HistogramSpec | UnavailableSpec:
     """The input (``key`` "input") or output length distribution of the measured requests."""
     what = {"input": "Input lengths", "output": "Output lengths"}[key]
     req = a.tables.get("requests")
@@ -95,7 +96,7 @@ def _per_second(times: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, fl
     return np.column_stack([edges[:-1] - lo, counts / width]), width
 
 
-def arrivals(a: Analysis) -> dict[str, Any]:
+def arrivals(a: Analysis) -> LineChartSpec | UnavailableSpec:
     """Requests per second over the run: sent (and, where the run had a schedule, scheduled); for an observe
     bundle, finished per second from the server's counter."""
     title = "Arrivals over time"
@@ -113,7 +114,7 @@ def arrivals(a: Analysis) -> dict[str, Any]:
         lo = float(min(sent.min(), intended.min() if intended.size else sent.min()))
         hi = float(max(sent.max(), intended.max() if intended.size else sent.max()))
         pts, width = _per_second(sent, lo, hi)
-        series = [{"name": "sent", "axis": "left", "style": "line", "points": pts.tolist()}]
+        series: list[Series] = [{"name": "sent", "axis": "left", "style": "line", "points": pts.tolist()}]
         if intended.size:
             sched, _ = _per_second(intended, lo, hi)
             series.insert(0, {"name": "scheduled", "axis": "left", "style": "line", "points": sched.tolist()})

@@ -4,13 +4,13 @@ took it), flame graph, sampling cost."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import pandas as pd
 
 from diagnose.normalize.host import BUSY_THREAD_MIN_RATIO
 from diagnose.normalize.host_stacks import CATEGORY_TEXT
 
+from ..view_types import FlameNode
 from .model import Cell, FlameGraph, Phrase, Quantity, Section, Table, TextBlock
 
 Tables = Mapping[str, pd.DataFrame]
@@ -149,7 +149,7 @@ def _foreign_table(t: Tables) -> Section | None:
 
 
 def flame_tree(rows: Iterable[tuple[list[str], float]], root_name: str = "all",
-               min_fraction: float = 0.002, max_depth: int = 64) -> dict[str, Any]:
+               min_fraction: float = 0.002, max_depth: int = 64) -> FlameNode:
     """A flame-graph tree {name, value, children} from (path, weight) rows; tiny branches are pruned (the view's
     shape of the stage-2 ``host_flame`` rows)."""
     root = _Node(root_name)
@@ -166,7 +166,7 @@ def flame_tree(rows: Iterable[tuple[list[str], float]], root_name: str = "all",
             node.value += weight
     cutoff = root.value * min_fraction
 
-    def finish(n: _Node) -> dict[str, Any]:
+    def finish(n: _Node) -> FlameNode:
         kids = [finish(c) for c in sorted(n.children.values(), key=lambda c: -c.value) if c.value >= cutoff]
         return {"name": n.name, "value": round(n.value, 3), "children": kids}
 
