@@ -37,6 +37,16 @@ from typing import Any
 import numpy as np
 
 from diagnose.analysis import Analysis
+from diagnose.compare.records import (
+    Changed,
+    Comparability,
+    FindingChange,
+    GateRow,
+    Pictures,
+    Quality,
+    Spread,
+    TraceRow,
+)
 from diagnose.compare.samples import (
     COST_METRICS,
     METRIC_BY_NAME,
@@ -183,10 +193,10 @@ WORKLOAD_KEYS = ("api", "mode", "input_tokens", "output_tokens", "arrival", "bur
                  "ignore_eos")
 
 
-def _flat(prefix: str, d: Any) -> dict[str, Any]:
+def _flat(prefix: str, d: Any) -> dict[str, str | int | float | bool | None]:
     if not isinstance(d, dict):
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, str | int | float | bool | None] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
@@ -197,7 +207,7 @@ def _flat(prefix: str, d: Any) -> dict[str, Any]:
 
 
 def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Sequence[LevelSample],
-                  noise: float = NOISE) -> dict[str, Any]:
+                  noise: float = NOISE) -> Comparability:
     """What must match (model, engine, workload shape, load levels, valid client runs) and what differs
     (engine settings, engine version): the variables the comparison is about. ``noise``: the comparison's
     noise band, the size of a host's change of speed that is reported (``host_notes``)."""
@@ -218,7 +228,7 @@ def comparability(a: Analysis, b: Analysis, la: Sequence[LevelSample], lb: Seque
     levels_b = {(s.kind, s.level) for s in lb}
     only_a = sorted(_level_text(k) for k in levels_a - levels_b)
     only_b = sorted(_level_text(k) for k in levels_b - levels_a)
-    changed: list[dict[str, Any]] = []
+    changed: list[Changed] = []
     fa = {**_flat("engine_config.", ta.engine_config), "engine_version": ta.engine_version}
     fb = {**_flat("engine_config.", tb.engine_config), "engine_version": tb.engine_version}
     for key in sorted(set(fa) | set(fb)):
@@ -377,11 +387,11 @@ def _level_text(k: tuple[str, float | None]) -> str:
     return "run" if level is None else f"{'c=' if kind == 'concurrency' else 'rate='}{level:g}"
 
 
-def findings_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
+def findings_diff(a: Analysis, b: Analysis) -> list[FindingChange]:
     """Per rule that fired in either run: appeared, disappeared, severity changed, share changed, unchanged."""
     fa = {f.rule_id: f for f in a.findings if not f.held_back}
     fb = {f.rule_id: f for f in b.findings if not f.held_back}
-    rows = []
+    rows: list[FindingChange] = []
     for rid in sorted(set(fa) | set(fb)):
         x, y = fa.get(rid), fb.get(rid)
         if x is None and y is not None:
@@ -412,8 +422,8 @@ class LevelDiff:
     metrics: list[MetricDiff]
     runs_a: int = 1  # runs of this level in each capture (--repeat)
     runs_b: int = 1
-    spread_a: dict[str, dict[str, Any]] = field(default_factory=dict)  # ``spread``: run-to-run, per metric
-    spread_b: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spread_a: dict[str, Spread] = field(default_factory=dict)  # ``spread``: run-to-run, per metric
+    spread_b: dict[str, Spread] = field(default_factory=dict)
 
 
 @dataclass
@@ -424,16 +434,16 @@ class Comparison:
     resamples: int
     seed: int
     resample: str
-    comparability: dict[str, Any]
+    comparability: Comparability
     levels: list[LevelDiff]
-    findings: list[dict[str, Any]]
-    gate: list[dict[str, Any]] = field(default_factory=list)
-    trace: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[FindingChange]
+    gate: list[GateRow] = field(default_factory=list)
+    trace: list[TraceRow] = field(default_factory=list)
     judgements: list[str] = field(default_factory=list)  # cost against speed and the SLO (--cost-per-hour)
     noise: float = NOISE
     # the quality guard (diagnose/compare/quality.py): output agreement and a --quality-cmd score; None: neither
-    quality: dict[str, Any] | None = None
-    pictures: dict[str, Any] = field(default_factory=dict)  # what the page draws (diagnose/compare/pictures.py)
+    quality: Quality | None = None
+    pictures: Pictures = field(default_factory=lambda: Pictures())  # what the page draws (diagnose/compare/pictures.py)
     # per level label, the two samples compared (the gate's separation test reads them; not in the JSON)
     samples: dict[str, tuple[LevelSample, LevelSample]] = field(default_factory=dict, repr=False)
 
@@ -488,7 +498,7 @@ def compare(a: Analysis, b: Analysis, *, confidence: float = 0.95, resamples: in
         metrics = (*metrics, *COST_METRICS)
     traces = trace_diff(a, b)
     if not la and not lb and traces:  # two traces: per kernel class and step kind
-        comp: dict[str, Any] = {
+        comp: Comparability = {
             "comparable": True, "problems": [], "changed": [], "levels_only_in_a": [], "levels_only_in_b": [],
             "attribution": "traces: the time per kernel class and per step kind, A beside B"}
         return Comparison(a.source, b.source, confidence, resamples, seed, resample, comp, [], findings_diff(a, b),
@@ -565,10 +575,10 @@ def cost_judgements(c: Comparison, b: Analysis) -> list[str]:
     return out
 
 
-def trace_diff(a: Analysis, b: Analysis) -> list[dict[str, Any]]:
+def trace_diff(a: Analysis, b: Analysis) -> list[TraceRow]:
     """Two traces: GPU time per kernel class and step duration per step kind, A beside B (no interval: one
     trace is one sample of steps, and kernels of one step are not independent)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[TraceRow] = []
     for table, key, value, what in (("trace_kernel_classes", "class", "total_ms", "GPU time, class "),
                                     ("trace_step_summary", "step_type", "dur_ms_p50", "step P50, kind ")):
         ta, tb = a.tables.get(table), b.tables.get(table)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from diagnose.compare.core import Comparison, MetricDiff
+from diagnose.compare.records import GateRow
 from diagnose.compare.samples import METRIC_BY_NAME, LevelSample, MetricDef
 from diagnose.errors import InputError
 
@@ -131,10 +131,10 @@ def _outcome(d: MetricDiff, m: MetricDef, limit: float, pair: tuple[LevelSample,
     return "passed", "beyond the allowance, but not significant"
 
 
-def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[dict[str, Any]]:
+def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[GateRow]:
     """One row per gate metric and matched level (``regressed`` as before; ``outcome``: regressed / passed /
     undecided, with ``why``); one undecided row per metric when no level is matched."""
-    rows: list[dict[str, Any]] = []
+    rows: list[GateRow] = []
     for lv in c.levels:
         by = {m.metric: m for m in lv.metrics}
         pair = c.samples.get(lv.label)
@@ -158,5 +158,5 @@ def apply_gate(c: Comparison, gate: Sequence[tuple[MetricDef, float]]) -> list[d
     return rows
 
 
-def undecided(c: Comparison) -> list[dict[str, Any]]:
+def undecided(c: Comparison) -> list[GateRow]:
     return [g for g in c.gate if g.get("outcome") == "undecided"]

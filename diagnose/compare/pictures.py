@@ -6,10 +6,12 @@ another number than its table."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from diagnose.compare.records import LevelPictures, Pictures
 
 if TYPE_CHECKING:
     from diagnose.compare.core import Comparison
@@ -33,11 +35,11 @@ def _num(v: float) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def curve_rows(c: Comparison, side: str) -> list[dict[str, Any]]:
+def curve_rows(c: Comparison, side: str) -> list[dict[str, str | float | None]]:
     """Per level (in load order), the run's output tok/s and latency percentiles, as the comparison has them."""
     rows = []
     for lv in c.levels:
-        row: dict[str, Any] = {"label": lv.label}
+        row: dict[str, str | float | None] = {"label": lv.label}
         for m in lv.metrics:
             if m.metric in CURVE_KEYS:
                 row[m.metric] = _num(m.a if side == "a" else m.b)
@@ -45,10 +47,10 @@ def curve_rows(c: Comparison, side: str) -> list[dict[str, Any]]:
     return rows
 
 
-def pictures(c: Comparison) -> dict[str, Any]:
+def pictures(c: Comparison) -> Pictures:
     """``levels``: per level, {"level", "ttft": {"a", "b"}, "itl": {"a", "b"}} CDF points in ms; ``curves``:
     {"a": rows, "b": rows} (``curve_rows``)."""
-    levels: list[dict[str, Any]] = []
+    levels: list[LevelPictures] = []
     for lv in c.levels:
         pair = c.samples.get(lv.label)
         if pair is None:
@@ -60,5 +62,5 @@ def pictures(c: Comparison) -> dict[str, Any]:
     return {"levels": levels, "curves": {"a": curve_rows(c, "a"), "b": curve_rows(c, "b")}}
 
 
-def valid_rows(rows: Sequence[dict[str, Any]]) -> int:
+def valid_rows(rows: Sequence[Mapping[str, object]]) -> int:
     return sum(1 for r in rows if r.get("output_tps") is not None)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnose.cli.quality_options import MAX_SCORE_DROP, MIN_AGREEMENT, QUALITY_TIMEOUT_S
+from diagnose.compare.records import Agreement, Quality, RunScore, Scores
 from diagnose.errors import DiagnoseError, InputError
 from diagnose.probes.output_hash import STEP
 
@@ -57,7 +58,7 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return (max(0.0, mid - half), min(1.0, mid + half))
 
 
-def _records(source: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def _records(source: str) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
     """The requests of a bundle that carry an output hash, and the sampling its workload recorded."""
     from diagnose.io.bundle import open_bundle
 
@@ -69,7 +70,7 @@ def _records(source: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     sampling = dict(wl.sampling) if wl is not None and wl.sampling is not None else None
     if not b.has_stream("requests"):
         return [], sampling
-    recs = [r for r in b.iter_records("requests")
+    recs: list[Mapping[str, Any]] = [r for r in b.iter_records("requests")
             if r.get("ok") and isinstance(r.get("prompt_hash"), str) and isinstance(r.get("output_hash"), str)]
     return recs, sampling
 
@@ -99,23 +100,23 @@ def _marks(r: Mapping[str, Any]) -> Iterable[tuple[Any, Any]]:
     return [(x[0], x[1]) for x in m if isinstance(x, list) and len(x) == 2 and isinstance(x[0], int)]
 
 
-def agreement(a_source: str, b_source: str) -> dict[str, Any] | None:
+def agreement(a_source: str, b_source: str) -> Agreement | None:
     """Share of identical outputs among A's and B's requests with the same prompt; None when neither run kept
     output hashes."""
     ra, sa = _records(a_source)
     rb, sb = _records(b_source)
     if not ra and not rb:
         return None
-    out: dict[str, Any] = {"sampling_a": sa, "sampling_b": sb, "step_tokens": STEP}
+    out: Agreement = {"sampling_a": sa, "sampling_b": sb, "step_tokens": STEP}
     if not ra or not rb:
         which = "A" if not ra else "B"
-        out.update(pairs=0, note=f"run {which} kept no output hashes (capture it with attach --greedy)")
+        out.update({"pairs": 0, "note": f"run {which} kept no output hashes (capture it with attach --greedy)"})
         return out
-    by_a: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_a: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in ra:
         by_a[r["prompt_hash"]].append(r)
     used: dict[str, int] = defaultdict(int)
-    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    pairs: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
     for r in rb:  # the n-th B request with a prompt pairs with the n-th A request with it
         key = r["prompt_hash"]
         i = used[key]
@@ -133,11 +134,11 @@ def agreement(a_source: str, b_source: str) -> dict[str, Any] | None:
     lo, hi = wilson(same, n)
     agreed = [_agreed_tokens(x, y) for x, y in pairs if x["output_hash"] != y["output_hash"]]
     greedy = bool(sa and sa.get("greedy")) and bool(sb and sb.get("greedy"))
-    out.update(pairs=n, identical=same, share=same / n if n else None, share_lo=lo if n else None,
-               share_hi=hi if n else None, diverged=n - same, greedy=greedy,
-               agreed_tokens_min=min(agreed) if agreed else None,
-               agreed_tokens_p50=float(statistics.median(agreed)) if agreed else None,
-               diverged_first_step=sum(1 for t in agreed if t == 0))
+    out.update({"pairs": n, "identical": same, "share": same / n if n else None, "share_lo": lo if n else None,
+                "share_hi": hi if n else None, "diverged": n - same, "greedy": greedy,
+                "agreed_tokens_min": min(agreed) if agreed else None,
+                "agreed_tokens_p50": float(statistics.median(agreed)) if agreed else None,
+                "diverged_first_step": sum(1 for t in agreed if t == 0)})
     if mixed:
         out["kind_mismatched"] = mixed
     if not n and mixed:
@@ -153,7 +154,7 @@ def agreement(a_source: str, b_source: str) -> dict[str, Any] | None:
     return out
 
 
-def run_score(cmd: str, bundle: str, timeout_s: float = QUALITY_TIMEOUT_S) -> dict[str, Any]:
+def run_score(cmd: str, bundle: str, timeout_s: float = QUALITY_TIMEOUT_S) -> RunScore:
     """Runs the user's evaluation for one run: ``{"score": float}`` or ``{"error": one line}``."""
     line = cmd.replace("{bundle}", shlex.quote(str(bundle)))
     env = {**os.environ, "DIAGNOSE_BUNDLE": str(bundle)}
@@ -178,16 +179,18 @@ def run_score(cmd: str, bundle: str, timeout_s: float = QUALITY_TIMEOUT_S) -> di
     return {"score": v}
 
 
-def scores(cmd: str, a: str, b: str, timeout_s: float = QUALITY_TIMEOUT_S) -> dict[str, Any]:
+def scores(cmd: str, a: str, b: str, timeout_s: float = QUALITY_TIMEOUT_S) -> Scores:
     sa, sb = run_score(cmd, a, timeout_s), run_score(cmd, b, timeout_s)
-    out: dict[str, Any] = {"cmd": cmd, "a": sa.get("score"), "b": sb.get("score")}
+    out: Scores = {"cmd": cmd, "a": sa.get("score"), "b": sb.get("score")}
     errors = [f"{side}: {r['error']}" for side, r in (("A", sa), ("B", sb)) if "error" in r]
     if errors:
         out["error"] = "; ".join(errors)
-    elif out["a"]:
-        out["rel"] = out["b"] / out["a"] - 1.0 if out["a"] > 0 else (out["b"] - out["a"]) / abs(out["a"])
+        return out
+    a_v, b_v = sa["score"], sb["score"]  # neither failed: each printed its score
+    if a_v:
+        out["rel"] = b_v / a_v - 1.0 if a_v > 0 else (b_v - a_v) / abs(a_v)
     else:
-        out["rel"] = 0.0 if out["b"] == out["a"] else (math.inf if out["b"] > 0 else -math.inf)
+        out["rel"] = 0.0 if b_v == a_v else (math.inf if b_v > 0 else -math.inf)
     return out
 
 
@@ -216,14 +219,14 @@ def judge(q: Mapping[str, Any], min_agreement: float = MIN_AGREEMENT,
 
 
 def quality(a_source: str, b_source: str, cmd: str | None = None, timeout_s: float = QUALITY_TIMEOUT_S,
-            min_agreement: float = MIN_AGREEMENT, max_score_drop: float = MAX_SCORE_DROP) -> dict[str, Any] | None:
+            min_agreement: float = MIN_AGREEMENT, max_score_drop: float = MAX_SCORE_DROP) -> Quality | None:
     """Both checks and their judgement (``failed``, ``unmeasured``); None when neither applies."""
     ag = agreement(a_source, b_source)
     sc = scores(cmd, a_source, b_source, timeout_s) if cmd else None
     if ag is None and sc is None:
         return None
-    q: dict[str, Any] = {"agreement": ag, "score": sc, "min_agreement": min_agreement,
-                         "max_score_drop": max_score_drop}
+    q: Quality = {"agreement": ag, "score": sc, "min_agreement": min_agreement, "max_score_drop": max_score_drop,
+                  "failed": [], "unmeasured": []}
     q["failed"], q["unmeasured"] = judge(q, min_agreement, max_score_drop)
     return q
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from diagnose.analysis import Analysis
+from diagnose.compare.records import Spread
 from diagnose.model import Phase, Window
 from diagnose.requests import percentiles, select, span_s
 from diagnose.signals.cost import COST_BASE, per_unit
@@ -182,12 +183,12 @@ def pooled(parts: Sequence[LevelSample]) -> LevelSample:
 SPREAD_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "output_tps")
 
 
-def spread(s: LevelSample) -> dict[str, dict[str, Any]]:
+def spread(s: LevelSample) -> dict[str, Spread]:
     """Run-to-run spread of a repeated level: each run's value of a few headline metrics and their range as a
     share of the median run, (max - min) / median. Empty for a level measured once."""
     if len(s.repeats) < 2:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Spread] = {}
     for name in SPREAD_METRICS:
         vals = [point(r, METRIC_BY_NAME[name]) for r in s.repeats]
         fin = [v for v in vals if math.isfinite(v)]

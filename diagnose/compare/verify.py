@@ -11,6 +11,7 @@ from diagnose.analysis import Analysis
 from diagnose.compare.core import NOISE, Comparison, _beyond, compare, reference_drift
 from diagnose.compare.quality import MAX_SCORE_DROP, MIN_AGREEMENT, QUALITY_TIMEOUT_S, quality
 from diagnose.compare.quality import check_options as check_quality
+from diagnose.compare.records import MoveRecord
 from diagnose.compare.samples import METRIC_BY_NAME, METRICS, _label, _num
 from diagnose.engines.experiments import describe
 from diagnose.errors import InputError
@@ -40,7 +41,7 @@ class Move:
     interval: tuple[float, float] | None  # of the relative change, when the signal has one
     outcome: str  # "as expected" | "opposite" | "no significant change" | "point values only" | "not measured"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> MoveRecord:
         return {"signal": self.signal, "expect": self.expect, "a": _num(self.a), "b": _num(self.b),
                 "rel": _num(self.rel), "rel_lo": _num(self.interval[0]) if self.interval else None,
                 "rel_hi": _num(self.interval[1]) if self.interval else None, "outcome": self.outcome}
