@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -23,6 +22,8 @@ from diagnose.model import Signal
 from diagnose.trace.multirank import (  # noqa: F401  (kernel_tables, cpu_op_table: moved there, kept importable)
     RANK_COLUMNS,
     SUMMARY_COLUMNS,
+    ScaleOutInfo,
+    TraceSummary,
     cpu_op_table,
     kernel_tables,
     merge,
@@ -40,7 +41,7 @@ class TraceAnalysis:
 
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: TraceSummary = field(default_factory=lambda: TraceSummary())
 
     @cached_property
     def signals(self) -> list[Signal]:
@@ -86,10 +87,11 @@ def analyze_files(files: list[Path], *, include_python: bool = False, notes: Seq
         results, extra = distributed.reduce_files(files, cfg, include_python=include_python)
     else:
         results = [reduce_file(f, i, include_python=include_python) for i, f in enumerate(files)]
-        extra = {}
+        extra = None
     tables, warnings, summary = merge(results, n_files=len(files), include_python=include_python, notes=notes)
     analysis_s = round(time.perf_counter() - t0, 3)
     tables["trace_summary"]["analysis_s"] = analysis_s
     summary["analysis_s"] = analysis_s
-    summary.update(extra)
+    if extra is not None:
+        summary["scale_out"] = extra["scale_out"]
     return TraceAnalysis(tables=tables, warnings=warnings, summary=summary)

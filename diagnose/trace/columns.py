@@ -115,10 +115,9 @@ class _Table:
         if not evs:
             return
         try:
-            cols = self._fast(evs)
+            cols, tid = self._fast(evs)
         except (KeyError, TypeError, ValueError, AttributeError):
-            cols = self._slow(evs)
-        tid = cols.pop("_tid")
+            cols, tid = self._slow(evs)
         try:
             arr = np.array(tid, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):  # string thread ids
@@ -132,20 +131,21 @@ class _Table:
         glob = np.array([table.setdefault(str(u), len(table)) for u in uniq], dtype=np.int32)
         return glob[codes] if len(glob) else np.zeros(len(names), np.int32)
 
-    def _fast(self, evs: list[Event]) -> dict[str, Any]:
-        cols: dict[str, Any] = {
+    def _fast(self, evs: list[Event]) -> tuple[dict[str, np.ndarray], list[Any]]:
+        """The chunk's columns, and its thread ids (or streams) as given (converted in ``add``)."""
+        cols: dict[str, np.ndarray] = {
             "name": self._intern([e.name for e in evs]),
             "ts_us": np.array([e.ts for e in evs], dtype=np.float64),
             "dur_us": np.array([e.dur for e in evs], dtype=np.float64),
-            "_tid": [e.tid for e in evs],
         }
+        tid: list[Any] = [e.tid for e in evs]
         if self.extra:
             args = [_NO_ARGS if e.args is None else e.args for e in evs]
             for k in self.extra:
                 if k == "ext_id":
                     cols[k] = np.array([a.ext_lower if a.ext is UNSET else a.ext for a in args], np.float64)
                 elif k == "stream":
-                    cols["_tid"] = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
+                    tid = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
                 elif k == "device":
                     cols[k] = np.array([e.pid if a.device is UNSET else a.device
                                         for a, e in zip(args, evs, strict=True)], np.float64)
@@ -158,21 +158,21 @@ class _Table:
                     cols[k] = np.array([table[e.cat] for e in evs], np.int8)
                 elif k == "shape":
                     cols[k] = _shapes(evs, args)
-        return cols
+        return cols, tid
 
-    def _slow(self, evs: list[Event]) -> dict[str, Any]:
-        cols: dict[str, Any] = {
+    def _slow(self, evs: list[Event]) -> tuple[dict[str, np.ndarray], list[Any]]:
+        cols: dict[str, np.ndarray] = {
             "name": self._intern([str(e.name) for e in evs]),
             "ts_us": np.array([_num(e.ts) for e in evs], dtype=np.float64),
             "dur_us": np.array([_num(e.dur) for e in evs], dtype=np.float64),
-            "_tid": [e.tid for e in evs],
         }
+        tid: list[Any] = [e.tid for e in evs]
         args = [_NO_ARGS if e.args is None else e.args for e in evs]
         for k in self.extra:
             if k == "ext_id":
                 cols[k] = np.array([_num(a.ext_lower if a.ext is UNSET else a.ext) for a in args])
             elif k == "stream":
-                cols["_tid"] = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
+                tid = [e.tid if a.stream is UNSET else a.stream for a, e in zip(args, evs, strict=True)]
             elif k == "device":
                 cols[k] = np.array([_num(e.pid if a.device is UNSET else a.device)
                                     for a, e in zip(args, evs, strict=True)])
@@ -183,7 +183,7 @@ class _Table:
                 cols[k] = np.array([table.get(str(e.cat), 0) for e in evs], np.int8)
             elif k == "shape":
                 cols[k] = _shapes(evs, args)
-        return cols
+        return cols, tid
 
     def frame(self) -> pd.DataFrame:
         keys = ["name", "tid", "ts_us", "dur_us", *[k for k in self.extra if k != "stream"]]

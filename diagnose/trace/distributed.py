@@ -29,13 +29,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from diagnose.errors import DiagnoseError, InputError, require
-from diagnose.trace.multirank import RankResult, reduce_file
+from diagnose.trace.launch import LaunchSummary
+from diagnose.trace.multirank import RankResult, ScaleOutInfo, reduce_file
+from diagnose.trace.timeline import GpuTimeRow
 
 # Without --workers / --scheduler, a local cluster is started for sets of at least AUTO_MIN_RANKS rank traces on
 # machines with at least AUTO_MIN_CORES cores; below that the gain is small or negative once the cluster's
@@ -150,7 +152,36 @@ def peak_rss_bytes() -> int:
     return int(peak) if os.uname().sysname == "Darwin" else int(peak) * 1024
 
 
-def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> dict[str, Any]:
+class TaskResult(TypedDict, total=False):
+    """What a rank's Dask task returns (``rank_task``): its RankResult's small fields and where its tables are;
+    ``index``, ``path`` and ``failed`` only for a rank whose worker died."""
+
+    index: int
+    path: str
+    rank: int
+    has_rank: bool
+    error: str | None
+    meta: dict[str, Any]  # RankResult.meta: the trace header's metadata
+    events: int
+    unit: str
+    categories: dict[str, int]
+    warnings: list[str]
+    span_us: tuple[float, float] | None
+    rows: dict[str, GpuTimeRow | LaunchSummary | dict[str, float]]  # RankResult.rows
+    capture: bool
+    dir: str
+    tables: list[str]
+    comm: bool
+    worker: str
+    peak_rss_bytes: int
+    failed: str
+
+
+class ScaleOutExtra(TypedDict):
+    scale_out: ScaleOutInfo
+
+
+def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> TaskResult:
     """One Dask task: read and reduce one rank, write its tables as Parquet, return the small rest."""
     r = reduce_file(Path(path), index, include_python=include_python)
     out = Path(results_dir) / f"rank-{index:05d}"
@@ -173,7 +204,7 @@ def rank_task(path: str, index: int, results_dir: str, include_python: bool) -> 
             "peak_rss_bytes": peak_rss_bytes()}
 
 
-def load_result(s: dict[str, Any]) -> RankResult:
+def load_result(s: TaskResult) -> RankResult:
     """A task's summary and Parquet files -> the rank's RankResult, as the single-process path holds it."""
     r = RankResult(index=s["index"], path=Path(s["path"]), rank=s["rank"], has_rank=s["has_rank"], error=s["error"],
                    meta=s["meta"], events=s["events"], unit=s["unit"], categories=s["categories"],
@@ -261,7 +292,7 @@ def probe_scheduler(address: str, timeout_s: float) -> None:
 
 
 def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool = False,
-                 ) -> tuple[list[RankResult], dict[str, Any]]:
+                 ) -> tuple[list[RankResult], ScaleOutExtra]:
     """Every rank's RankResult, computed on Dask; plus ``{"scale_out": ...}`` for the summary (where it ran,
     how many workers, each worker's peak RSS)."""
     from distributed import KilledWorker
@@ -278,7 +309,7 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
                 futs = client.map(rank_task, [str(f) for f in files], list(range(len(files))),
                                   [str(out)] * len(files), [include_python] * len(files), pure=False,
                                   workers=list(cfg.only_workers) or None, allow_other_workers=False)
-                summaries: list[dict[str, Any]] = []
+                summaries: list[TaskResult] = []
                 for i, fut in enumerate(futs):
                     try:
                         summaries.append(fut.result())
@@ -300,7 +331,7 @@ def reduce_files(files: Sequence[Path], cfg: ScaleOut, *, include_python: bool =
     for s in summaries:
         if "worker" in s:
             peaks[s["worker"]] = max(peaks.get(s["worker"], 0), s["peak_rss_bytes"])
-    extra = {"scale_out": {"scheduler": cfg.scheduler or address, "local": not cfg.scheduler, "workers": workers,
+    extra: ScaleOutExtra = {"scale_out": {"scheduler": cfg.scheduler or address, "local": not cfg.scheduler, "workers": workers,
                            "worker_peak_rss_bytes": sorted(peaks.values()),
                            "results_dir": None if own_dir else str(out)}}
     return results, extra

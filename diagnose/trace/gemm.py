@@ -17,7 +17,7 @@ One row per (operator, shape, type) of the rank: ``trace_gemm`` (docs/trace-anal
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -155,6 +155,16 @@ def _works(names: np.ndarray, shapes: np.ndarray, idx: list[int]) -> dict[int, A
     return out
 
 
+class _GemmSum(TypedDict):
+    """One GEMM shape's kernels of one rank, summed."""
+
+    count: int
+    kernels: int
+    kernel_us: float
+    flops: float
+    bytes: float
+
+
 def gemm_table(cpu_ops: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, gemm_kernel: np.ndarray,
                rank: int, device: str) -> pd.DataFrame:
     """One row per (operator, shape, type): the GEMM operators recorded with shapes and the GPU time of what
@@ -168,7 +178,7 @@ def gemm_table(cpu_ops: pd.DataFrame, gpu: pd.DataFrame, runtime: pd.DataFrame, 
     busy = pd.Series(dur[linked & (kind != "memcpy")]).groupby(owner[linked & (kind != "memcpy")]).sum()
     n_gemm = pd.Series(np.ones(int((linked & gemm_kernel).sum()))).groupby(owner[linked & gemm_kernel]).sum()
     peaks = device_peaks(device)
-    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    rows: dict[tuple[Any, ...], _GemmSum] = {}
     names, shapes = ops["name"].astype(str).to_numpy(), ops["shape"].to_numpy()
     busy_of = busy.to_dict()
     per_op = n_gemm.to_dict()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,40 @@ def _name_mask(names: pd.Series, pattern: Any) -> np.ndarray:
     return hit[np.where(codes < 0, len(hit) - 1, codes)]
 
 
-def launch_stats(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, dict[str, Any]]:
+class LaunchRow(TypedDict):
+    """One launch type (graph or kernel) of one rank: the ``trace_launch`` table's row."""
+
+    rank: int
+    launch: str  # "graph" | "kernel"
+    calls: int
+    kernels: int
+    kernels_per_call_mean: float
+    call_us_mean: float
+    call_us_p50: float
+    call_us_p99: float
+    delay_us_p50: float
+    delay_us_p99: float
+    gpu_us_per_call_mean: float
+    launch_bound_ratio: float
+
+
+class LaunchSummary(TypedDict):
+    """One rank's launch figures: the ``trace_launch_summary`` table's row."""
+
+    rank: int
+    kernels: int
+    kernels_matched: int
+    graph_launches: NotRequired[int]
+    graph_kernels: NotRequired[int]
+    eager_kernels: NotRequired[int]
+    launch_bound_kernels: NotRequired[int]
+    launch_bound_ratio: NotRequired[float]
+    launch_call_p50_us: NotRequired[float]
+    launch_delay_p50_us: NotRequired[float]
+    kernel_dur_p50_us: NotRequired[float]
+
+
+def launch_stats(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> tuple[pd.DataFrame, LaunchSummary]:
     """Per launch type: CPU call time, launch-to-start delay, and the share of launch-bound kernels.
 
     Kernels are joined to the runtime call with the same correlation id. One graph launch
@@ -47,8 +80,8 @@ def launch_stats(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> tuple[p
         rt[["corr", "name", "ts_us", "dur_us"]].rename(columns={"name": "call", "ts_us": "call_ts_us",
                                                                 "dur_us": "call_dur_us"}),
         on="corr", how="inner")
-    rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"rank": rank, "kernels": len(kern), "kernels_matched": len(j)}
+    rows: list[LaunchRow] = []
+    summary: LaunchSummary = {"rank": rank, "kernels": len(kern), "kernels_matched": len(j)}
     if j.empty:
         return pd.DataFrame(rows), summary
     j["graph"] = _name_mask(j["call"].astype("category"), GRAPH_LAUNCH)
@@ -80,9 +113,9 @@ def launch_stats(gpu: pd.DataFrame, runtime: pd.DataFrame, rank: int) -> tuple[p
                          "call_us_p50": _pct(calls, 50), "call_us_p99": _pct(calls, 99),
                          "delay_us_p50": _pct(delay, 50), "delay_us_p99": _pct(delay, 99),
                          "gpu_us_per_call_mean": float(dur.mean()), "launch_bound_ratio": float(bound.mean())})
-            summary.update(eager_kernels=len(grp), launch_bound_kernels=int(bound.sum()),
-                           launch_bound_ratio=float(bound.mean()), launch_call_p50_us=_pct(calls, 50),
-                           launch_delay_p50_us=_pct(delay, 50), kernel_dur_p50_us=_pct(dur, 50))
+            summary.update({"eager_kernels": len(grp), "launch_bound_kernels": int(bound.sum()),
+                            "launch_bound_ratio": float(bound.mean()), "launch_call_p50_us": _pct(calls, 50),
+                            "launch_delay_p50_us": _pct(delay, 50), "kernel_dur_p50_us": _pct(dur, 50)})
     return pd.DataFrame(rows), summary
 
 

@@ -14,10 +14,10 @@ counts it in one warning naming each file and its reason (only when every rank f
 from __future__ import annotations
 
 import warnings as _warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,36 @@ MERGED_ORDER = ["trace_gpu_time", "trace_gpu_streams", "trace_idle", "trace_idle
                 "trace_steps", "trace_cpu_ops", "trace_gemm"]
 
 
+class ScaleOutInfo(TypedDict):
+    """Where a scale-out ran the ranks (trace/distributed.py reduce_files)."""
+
+    scheduler: str
+    local: bool
+    workers: int
+    worker_peak_rss_bytes: list[int]
+    results_dir: str | None
+
+
+class TraceSummary(TypedDict, total=False):
+    """What the analysis read (``merge``; ``TraceAnalysis.summary``): files, ranks, metadata, event categories.
+    Every key is set by ``merge`` but ``scale_out`` (a scale-out's); empty before an analysis."""
+
+    files: list[str]
+    ranks: list[int]
+    events: int
+    gpu: bool
+    devices: list[str]
+    time_unit: list[str]
+    categories: dict[str, int]
+    meta: dict[int, Mapping[str, Any]]  # per rank, its trace header's metadata (parse._small_meta)
+    include_python: bool
+    steps: int
+    analysis_s: float
+    span_us: dict[int, tuple[float, float]]
+    failed: dict[str, str | None]
+    scale_out: NotRequired[ScaleOutInfo]
+
+
 @dataclass
 class RankResult:
     """What one rank's trace reduces to. ``rank`` is the rank the file declares (``distributedInfo.rank``;
@@ -60,7 +90,8 @@ class RankResult:
     warnings: list[str] = field(default_factory=list)
     span_us: tuple[float, float] | None = None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # one row per rank of the tables in ROWS: timeline.gpu_time's, timeline.idle_attribution's, launch.launch_stats'
+    rows: dict[str, timeline.GpuTimeRow | launch.LaunchSummary | dict[str, float]] = field(default_factory=dict)
     capture: bool = False  # the trace records a graph capture, not serving
     comm_ts_us: np.ndarray | None = None  # starts of the communication kernels (None: no GPU events)
     comm_dur_us: np.ndarray | None = None
@@ -229,7 +260,7 @@ def failed_warning(failed: Sequence[RankResult], n_files: int) -> str:
 
 
 def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool = False,
-          notes: Sequence[str] = ()) -> tuple[dict[str, pd.DataFrame], list[str], dict[str, Any]]:
+          notes: Sequence[str] = ()) -> tuple[dict[str, pd.DataFrame], list[str], TraceSummary]:
     """The analysis's tables, warnings and summary from every rank's result (any order; file order is
     restored). ``analysis_s`` is left to the caller (0 here). Raises InputError when no rank could be read."""
     ordered = sorted(results, key=lambda r: r.index)
@@ -296,7 +327,7 @@ def merge(results: Sequence[RankResult], *, n_files: int, include_python: bool =
         "files": len(ok), "ranks": len({r.rank for r in ok}), "events": sum(r.events for r in ok),
         "gpu": has_gpu, "steps": len(tables["trace_steps"]), "include_python": include_python,
         "analysis_s": 0.0}], columns=SUMMARY_COLUMNS)
-    summary: dict[str, Any] = {
+    summary: TraceSummary = {
         "files": [str(r.path) for r in ok], "ranks": sorted(r.rank for r in ok),
         "events": sum(r.events for r in ok), "gpu": has_gpu,
         "devices": sorted({d for r in ok for d in r.meta.get("devices", []) if d}),

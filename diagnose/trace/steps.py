@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,38 @@ def _step_no(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def parse_step_name(name: str) -> dict[str, Any] | None:
+class StepFields(TypedDict):
+    """What a step annotation's name says of its step."""
+
+    source: str  # "vllm" | "sglang" | "profiler_step" | "vllm_v1_frame" | "vllm_v1_range"
+    step_type: str
+    prefill_reqs: int
+    prefill_tokens: int
+    decode_reqs: int
+    decode_tokens: int
+
+
+class StepRow(StepFields):
+    """A step found in the trace, before the per-step table numbers it (``find_steps``)."""
+
+    ts_us: float
+    dur_us: float
+    excluded: str  # why the step is left out of the statistics; "" when counted
+
+
+class GraphMode(TypedDict, total=False):
+    """``graph_mode``: empty when no step launched a kernel."""
+
+    mode: str  # "eager" | "full graph" | "piecewise"
+    steps: int
+    replays_per_step: float
+    eager_kernels_per_step: float
+    eager_gpu_share: float
+    idle_between_us_per_step: float
+    recover_share: float
+
+
+def parse_step_name(name: str) -> StepFields | None:
     """Step fields from an annotation name, or None when it is not a step annotation."""
     m = _VLLM.match(name)
     if m:
@@ -82,7 +113,7 @@ WARMUP_STEP0 = ("warm-up: ProfilerStep#0, recorded without a warm-up step in the
 _MALLOC = re.compile(r"^(?:cuda|hip)Malloc(?:Managed)?$")
 
 
-def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
+def _frame_steps(frames: pd.DataFrame | None) -> list[StepRow]:
     if frames is None or frames.empty:
         return []
     names = frames["name"].astype(str).to_numpy()
@@ -91,7 +122,7 @@ def _frame_steps(frames: pd.DataFrame | None) -> list[dict[str, Any]]:
     return [_row(a, b, "vllm_v1_frame") for a, b in zip(ts, dur, strict=True)]
 
 
-def outermost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def outermost(rows: list[StepRow]) -> list[StepRow]:
     """The rows whose interval no other row contains: one step per outermost engine-step frame. vLLM V1 nests
     the model runner's ``execute_model`` frame inside the worker's (gpu_worker.py), and an ``execute_model``
     annotation / NVTX range can wrap either; counting each would report every step twice (issue 35). Of two
@@ -99,7 +130,7 @@ def outermost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(rows) < 2:
         return rows
     order = sorted(range(len(rows)), key=lambda i: (float(rows[i]["ts_us"]), -float(rows[i]["dur_us"]), i))
-    kept: list[dict[str, Any]] = []
+    kept: list[StepRow] = []
     end = -np.inf
     for i in order:
         r = rows[i]
@@ -111,12 +142,12 @@ def outermost(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-def _row(ts: float, dur: float, source: str) -> dict[str, Any]:
+def _row(ts: float, dur: float, source: str) -> StepRow:
     return {"ts_us": ts, "dur_us": dur, "source": source, "step_type": "unknown", "prefill_reqs": 0,
             "prefill_tokens": 0, "decode_reqs": 0, "decode_tokens": 0, "excluded": ""}
 
 
-def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[dict[str, Any]]:
+def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[StepRow]:
     """vLLM V1 steps from annotation / NVTX ranges: each explicit ``execute_model`` range is a step; without
     one, a step runs from a ``gpu_model_runner: preprocess`` scope to the end of the runner scopes that follow
     it before the next preprocess (scopes before the first preprocess belong to a step the trace cut)."""
@@ -132,7 +163,7 @@ def _range_steps(names: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> list[dic
     order = np.argsort(ts[hit], kind="stable")
     s_names, s_ts = names[hit][order], ts[hit][order]
     s_end = s_ts + dur[hit][order]
-    rows: list[dict[str, Any]] = []
+    rows: list[StepRow] = []
     start = end = float("nan")
     for name, a, b in zip(s_names, s_ts, s_end, strict=True):
         if scopes[str(name)] == "preprocess":
@@ -176,7 +207,7 @@ def find_steps(annotations: pd.DataFrame, rank: int, frames: pd.DataFrame | None
         return pd.DataFrame(columns=cols)
     names = ann["name"].astype(str) if len(ann) else pd.Series([], dtype=object)
     parsed = {n: parse_step_name(n) for n in pd.unique(names.to_numpy())}
-    rows = []
+    rows: list[StepRow] = []
     for name, ts, dur in zip(names.to_numpy(), ann["ts_us"].to_numpy(), ann["dur_us"].to_numpy(), strict=True):
         p = parsed[str(name)]
         if p is not None:
@@ -477,7 +508,7 @@ def step_percentiles(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def graph_mode(steps: pd.DataFrame) -> dict[str, Any]:
+def graph_mode(steps: pd.DataFrame) -> GraphMode:
     """Graph mode of the steps that launched kernels: eager (no graph replay), full graph (one replay and at
     most a few eager kernels per step, eager kernels under 5% of the step's GPU time) or piecewise; per step
     (median) replays and eager kernels, the eager share of step GPU time, and what a full graph would at most
@@ -502,7 +533,7 @@ def graph_mode(steps: pd.DataFrame) -> dict[str, Any]:
             "recover_share": between / gdur if gdur > 0 else float("nan")}
 
 
-def graph_mode_sentence(gm: dict[str, Any]) -> str:
+def graph_mode_sentence(gm: GraphMode) -> str:
     if not gm:
         return ""
     n = gm["steps"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -56,7 +56,29 @@ def clipped_union_len(ms: np.ndarray, me: np.ndarray, lo: np.ndarray, hi: np.nda
     return covered_before(hi) - covered_before(lo)
 
 
-def gpu_time(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> tuple[dict[str, Any], pd.DataFrame]:
+class GpuTimeRow(TypedDict):
+    """One rank's GPU time over its traced window (all streams): the ``trace_gpu_time`` table's row."""
+
+    rank: int
+    window_us: float
+    busy_us: float
+    idle_us: float
+    compute_us: float
+    comm_exposed_us: float
+    memory_exposed_us: float
+    comm_total_us: float
+    comm_overlapped_us: float
+    busy_ratio: float
+    idle_ratio: float
+    compute_ratio: float
+    comm_ratio: float
+    memory_ratio: float
+    comm_overlap_ratio: float
+    kernels: int
+    streams: int
+
+
+def gpu_time(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> tuple[GpuTimeRow, pd.DataFrame]:
     """Busy/idle/compute/comm/memory for one rank (all streams) and busy/idle per stream."""
     s = gpu["ts_us"].to_numpy()
     e = s + gpu["dur_us"].to_numpy()
@@ -72,7 +94,7 @@ def gpu_time(gpu: pd.DataFrame, cls: pd.Series, rank: int) -> tuple[dict[str, An
     comm_exposed = comp_or_comm - comp
     mem_exposed = busy - comp_or_comm
     overlap = comp + comm - comp_or_comm
-    row: dict[str, Any] = {
+    row: GpuTimeRow = {
         "rank": rank, "window_us": window, "busy_us": busy, "idle_us": window - busy,
         "compute_us": comp, "comm_exposed_us": comm_exposed, "memory_exposed_us": mem_exposed,
         "comm_total_us": comm, "comm_overlapped_us": overlap,
@@ -146,7 +168,7 @@ def graph_follower(gpu: pd.DataFrame, runtime: pd.DataFrame) -> np.ndarray:
 
 def idle_attribution(gpu: pd.DataFrame, launch_ts: np.ndarray, rank: int,
                      launch_end: np.ndarray | None = None, in_graph: np.ndarray | None = None,
-                     graph: np.ndarray | None = None) -> tuple[pd.DataFrame, dict[str, Any], tuple[np.ndarray, np.ndarray]]:
+                     graph: np.ndarray | None = None) -> tuple[pd.DataFrame, dict[str, float], tuple[np.ndarray, np.ndarray]]:
     """Classify idle gaps per stream (HTA's rule) and for the whole GPU (gaps in the all-stream union).
 
     A gap before a GPU event is *host_wait* when the runtime call that launched the event started after the
