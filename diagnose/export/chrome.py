@@ -17,13 +17,29 @@ sources that share a real pid (py-spy and the torch profiler sample the same wor
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Required, TypedDict
 
 PH_SLICE = "X"
 PH_COUNTER = "C"
 PH_INSTANT = "i"
 PH_META = "M"
+
+
+class ChromeEvent(TypedDict, total=False):
+    """One Trace Event Format event as written: ``ts``/``dur`` in µs (set by ``TraceBuilder.events``)."""
+
+    ph: Required[str]  # PH_* ("X", "C", "i", "M"), or "s"/"f" for a flow's ends
+    name: str
+    cat: str
+    pid: int
+    tid: int
+    s: str  # an instant's scope
+    id: int  # a flow's id
+    bp: str  # a flow end's binding point
+    args: dict[str, object]
+    ts: float
+    dur: float
 
 
 def clean(v: Any) -> Any:
@@ -42,9 +58,9 @@ def clean(v: Any) -> Any:
     return str(v)
 
 
-def clean_args(args: dict[str, Any]) -> dict[str, Any]:
+def clean_args(args: Mapping[str, object]) -> dict[str, object]:
     """Arguments without the missing ones (None / NaN), so a reader never sees a null where a value goes."""
-    out = {}
+    out: dict[str, object] = {}
     for k, v in args.items():
         c = clean(v)
         if c is not None:
@@ -76,8 +92,8 @@ def lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
 class TraceBuilder:
     def __init__(self) -> None:
         # [event dict without ts/dur, start ns, end ns or None, exact]
-        self._events: list[tuple[dict[str, Any], int, int | None, bool]] = []
-        self._meta: list[dict[str, Any]] = []
+        self._events: list[tuple[ChromeEvent, int, int | None, bool]] = []
+        self._meta: list[ChromeEvent] = []
         self._pids: dict[str, int] = {}
         self._tids: dict[tuple[int, str], int] = {}
         self.process_kind: dict[int, str] = {}
@@ -106,14 +122,14 @@ class TraceBuilder:
 
     # -- events ------------------------------------------------------------------------------------------
     def slice(self, pid: int, tid: int, name: str, start_ns: int, end_ns: int, cat: str,
-              args: dict[str, Any] | None = None, *, exact: bool = False) -> None:
-        ev: dict[str, Any] = {"ph": PH_SLICE, "name": name, "cat": cat, "pid": pid, "tid": tid}
+              args: Mapping[str, object] | None = None, *, exact: bool = False) -> None:
+        ev: ChromeEvent = {"ph": PH_SLICE, "name": name, "cat": cat, "pid": pid, "tid": tid}
         if args:
             ev["args"] = clean_args(args)
         self._events.append((ev, int(start_ns), max(int(end_ns), int(start_ns)), exact))
 
-    def instant(self, pid: int, tid: int, name: str, t_ns: int, cat: str, args: dict[str, Any] | None = None) -> None:
-        ev: dict[str, Any] = {"ph": PH_INSTANT, "s": "t", "name": name, "cat": cat, "pid": pid, "tid": tid}
+    def instant(self, pid: int, tid: int, name: str, t_ns: int, cat: str, args: Mapping[str, object] | None = None) -> None:
+        ev: ChromeEvent = {"ph": PH_INSTANT, "s": "t", "name": name, "cat": cat, "pid": pid, "tid": tid}
         if args:
             ev["args"] = clean_args(args)
         self._events.append((ev, int(t_ns), None, True))
@@ -144,8 +160,8 @@ class TraceBuilder:
             lo = min(lo, 0)
         return (lo // 1000) * 1000
 
-    def events(self, origin_ns: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = list(self._meta)
+    def events(self, origin_ns: int) -> list[ChromeEvent]:
+        out: list[ChromeEvent] = list(self._meta)
         for ev, start, end, exact in self._events:
             s = start - origin_ns
             if exact:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 import pandas as pd
@@ -51,10 +51,55 @@ def _json(v: Any) -> str:
     return orjson.dumps(v, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
+class SignalRow(TypedDict):
+    """A row of the ``signals`` table: a signal of the run window or of one phase."""
+
+    window: str
+    phase: int | None
+    name: str
+    value: float
+    unit: str
+    source: str
+    description: str
+    series_points: int
+
+
+class SeriesRow(TypedDict):
+    """A row of the ``signal_series`` table: one point of a signal's series."""
+
+    window: str
+    phase: int | None
+    name: str
+    t_s: float
+    value: float
+
+
+class ColumnEntry(TypedDict):
+    name: str
+    type: str
+
+
+class TableEntry(TypedDict):
+    file: str
+    rows: int
+    columns: list[ColumnEntry]
+
+
+class ParquetSchema(TypedDict):
+    """schema.json beside the tables."""
+
+    schema_version: int
+    exporter: str
+    source: str
+    clock: str
+    clock_anchor: dict[str, int] | None
+    tables: dict[str, TableEntry]
+
+
 def judgement_tables(a: Analysis) -> dict[str, pd.DataFrame]:
     """Signals (run window and each phase), their series, findings and the rules not evaluated, as tables."""
-    sig_rows: list[dict[str, Any]] = []
-    ser_rows: list[dict[str, Any]] = []
+    sig_rows: list[SignalRow] = []
+    ser_rows: list[SeriesRow] = []
 
     def add(signals: dict[str, Signal], window: str, phase: int | None) -> None:
         for name, s in sorted(signals.items()):
@@ -124,7 +169,7 @@ def export(bundle: Bundle, out: Path) -> ParquetExport:
     a = analyze_opened(bundle)
     tables = {**a.tables, **judgement_tables(a)}
     res = ParquetExport(warnings=list(a.warnings))
-    schema: dict[str, Any] = {"schema_version": schemas.PARQUET_SCHEMA, "exporter": f"diagnose {__version__}", "source": a.source,
+    schema: ParquetSchema = {"schema_version": schemas.PARQUET_SCHEMA, "exporter": f"diagnose {__version__}", "source": a.source,
                               "clock": "t_s and *_s columns: seconds since the bundle's clock anchor "
                                        "(manifest capture.clock_anchor)",
                               "clock_anchor": _anchor(bundle.meta.capture),

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 import pandas as pd
@@ -39,7 +39,7 @@ import pandas as pd
 from diagnose import __version__
 from diagnose.capture.profiler_window import overlaps, profiler_windows
 from diagnose.export import Written
-from diagnose.export.chrome import TraceBuilder, lanes
+from diagnose.export.chrome import ChromeEvent, TraceBuilder, lanes
 from diagnose.export.files import NothingExported, write_bytes
 from diagnose.export.profiler import add_traces
 from diagnose.io import schemas
@@ -56,11 +56,29 @@ GPU_COUNTERS = ("util_gpu_ratio", "util_mem_ratio", "sm_util_ratio", "sm_occupan
                 "pcie_tx_mb_s", "pcie_rx_mb_s", "nvlink_tx_mb_s", "nvlink_rx_mb_s")
 
 
+class OtherData(TypedDict):
+    """The trace's metadata (the format's ``otherData``)."""
+
+    exporter: str
+    source: str
+    clock: str
+    origin_t_s: float
+    counts: dict[str, int]
+    warnings: list[str]
+
+
+class PerfettoDoc(TypedDict):
+    schema_version: int
+    traceEvents: list[ChromeEvent]
+    displayTimeUnit: str
+    otherData: OtherData
+
+
 @dataclass
 class PerfettoExport:
     """What was written: the trace document and counts per kind of track (the CLI prints them)."""
 
-    doc: dict[str, Any]
+    doc: PerfettoDoc
     counts: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -109,7 +127,7 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
     if bundle.kind == "bundle":
         bundle.check_streams()  # a stream that gave fewer records than the manifest counts: a warning
     origin = tb.origin_ns(at_zero=bundle.kind == "bundle")
-    other = {
+    other: OtherData = {
         "exporter": f"diagnose {__version__}",
         "source": str(bundle.source),
         "clock": ("ts 0 = origin_t_s seconds after the bundle's clock anchor (CLOCK_MONOTONIC "
@@ -119,7 +137,7 @@ def build(bundle: Bundle, *, include_text: bool = False) -> PerfettoExport:
         "warnings": warnings,
     }
     # schema_version: a top-level key the Chrome JSON trace format reads as the trace's metadata
-    doc = {"schema_version": schemas.PERFETTO, "traceEvents": tb.events(origin), "displayTimeUnit": "ms",
+    doc: PerfettoDoc = {"schema_version": schemas.PERFETTO, "traceEvents": tb.events(origin), "displayTimeUnit": "ms",
            "otherData": other}
     return PerfettoExport(doc=doc, counts=counts, warnings=warnings)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,7 +78,7 @@ class _Track:
     pid: int
     key: str
     name: str
-    events: list[tuple[str, int, int, str, dict[str, Any] | None, int]] = field(default_factory=list)
+    events: list[tuple[str, int, int, str, dict[str, int] | None, int]] = field(default_factory=list)
     # (name, start ns, end ns, category, args, correlation id or -1)
 
 
@@ -131,7 +130,7 @@ def _add_rank(tb: TraceBuilder, rt: RankTrace, off: int, res: ProfilerResult, id
         for i in range(len(gpu)):
             d, st = int(dev[i]), int(stream[i])
             stream_dev.setdefault(st, d)
-            args: dict[str, Any] = {"correlation": int(corr[i])}
+            args = {"correlation": int(corr[i])}
             if nbytes[i] >= 0:
                 args["bytes"] = int(nbytes[i])
             gpu_track(d, st).events.append((names_g[i], int(start[i]), int(end[i]), CAT_GPU.get(kinds[i], "kernel"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import orjson
 import pandas as pd
@@ -29,15 +29,42 @@ from diagnose.io.bundle import Bundle
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 
 
+class Frame(TypedDict):
+    name: str
+    file: NotRequired[str]
+
+
+class Profile(TypedDict):
+    """A speedscope "sampled" profile: one thread's stacks (indices into the shared frames) and their weights."""
+
+    type: str
+    name: str
+    unit: str
+    startValue: int
+    endValue: float
+    samples: list[list[int]]
+    weights: list[float]
+
+
+class Shared(TypedDict):
+    frames: list[Frame]
+
+
+# the speedscope file (its format, plus schema_version and exporter); "$schema" is no identifier: functional form
+SpeedscopeDoc = TypedDict("SpeedscopeDoc", {"schema_version": int, "$schema": str, "shared": Shared,
+                                            "profiles": list[Profile], "name": str, "activeProfileIndex": int,
+                                            "exporter": str})
+
+
 @dataclass
 class SpeedscopeExport:
-    doc: dict[str, Any]
+    doc: SpeedscopeDoc
     profiles: int
     frames: int
     samples: int
 
 
-def parse_frame(frame: str) -> dict[str, str]:
+def parse_frame(frame: str) -> Frame:
     """``"func (file)"`` (py-spy's raw format without line numbers) -> speedscope frame {name, file}."""
     if frame.endswith(")") and " (" in frame:
         i = frame.find(" (")  # as host_stacks.func_of: a function name has no " (", a path may
@@ -60,9 +87,9 @@ def build(bundle: Bundle) -> SpeedscopeExport:
     rate = float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 else None
     procs = t.get("host_processes", pd.DataFrame(columns=["pid", "role"]))
     roles = {int(p): str(r) for p, r in zip(procs["pid"], procs["role"], strict=True)}
-    frames: list[dict[str, str]] = []
+    frames: list[Frame] = []
     index: dict[str, int] = {}
-    profiles: list[dict[str, Any]] = []
+    profiles: list[Profile] = []
     n_samples = 0
     for (pid, tid), g in st.groupby(["pid", "tid"], sort=True):
         g = g.sort_values(["t0_s", "stack"], kind="stable")
@@ -89,7 +116,7 @@ def build(bundle: Bundle) -> SpeedscopeExport:
                          "unit": "seconds" if rate else "none", "startValue": 0, "endValue": sum(weights),
                          "samples": samples, "weights": weights})
     active = max(range(len(profiles)), key=lambda i: profiles[i]["endValue"]) if profiles else 0
-    doc = {"schema_version": schemas.SPEEDSCOPE, "$schema": SCHEMA_URL, "shared": {"frames": frames}, "profiles": profiles,
+    doc: SpeedscopeDoc = {"schema_version": schemas.SPEEDSCOPE, "$schema": SCHEMA_URL, "shared": {"frames": frames}, "profiles": profiles,
            "name": f"{_label(Path(str(bundle.source)))}: py-spy host stacks", "activeProfileIndex": active,
            "exporter": f"diagnose {__version__}"}
     return SpeedscopeExport(doc=doc, profiles=len(profiles), frames=len(frames), samples=n_samples)
