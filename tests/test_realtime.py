@@ -122,29 +122,34 @@ def test_help_documents_realtime() -> None:
 
 def test_probe_children_go_back_to_normal_priority() -> None:
     """Threads inherit the real-time policy; probe child processes (parse worker, py-spy) must not: their CPU
-    would be taken straight from the engine."""
+    would be taken straight from the engine. They are started by command line (child_argv), never with a
+    preexec_fn (which forks the whole process with the GIL held: benchmarks/fork_stall.py)."""
     import subprocess
     import sys
 
-    from diagnose.capture.realtime import normal_priority_in_child
+    from diagnose.capture.realtime import child_argv
     from diagnose.probes.prometheus_worker import ParseWorker
 
-    show = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
+    show = [sys.executable, "-c", "import os, sys; print(os.sched_getscheduler(0), sys.argv[1:])", "a b", "c"]
     permitted = _rt_permitted()
+    assert child_argv(show) == show  # at normal priority: unchanged
     with RealtimePriority():
-        plain = int(subprocess.run(show, capture_output=True, text=True, check=True).stdout)
-        reset = int(subprocess.run(show, capture_output=True, text=True, check=True,
-                                   preexec_fn=normal_priority_in_child).stdout)
+        plain = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+        argv = child_argv(show)
+        reset = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
         async def worker_policy() -> int:
             w = ParseWorker()
             await w.start()
             try:
-                assert w._proc is not None
+                assert w._proc is not None and w._ready is not None
+                assert await asyncio.wait_for(w._ready, 60) == b"ready\n"  # past its interpreter's start
                 return os.sched_getscheduler(w._proc.pid)
             finally:
                 await w.close()
 
         parser = asyncio.run(worker_policy())
-    assert plain == (os.SCHED_RR if permitted else os.SCHED_OTHER)
-    assert reset == os.SCHED_OTHER and parser == os.SCHED_OTHER
+    assert plain == f"{os.SCHED_RR if permitted else os.SCHED_OTHER} ['a b', 'c']\n"
+    assert (argv != show) is permitted  # the trampoline only where there is a policy to leave
+    assert reset == f"{os.SCHED_OTHER} ['a b', 'c']\n"  # the same arguments, quoting intact
+    assert parser == os.SCHED_OTHER
