@@ -18,7 +18,7 @@ the engine); with such a window the span is summed over the stretches of kept re
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -246,7 +246,7 @@ def good_mask(ok: pd.DataFrame, itl: pd.DataFrame, slo: pd.DataFrame) -> pd.Seri
     return good
 
 
-def _level(p: dict[str, Any]) -> float | None:
+def _level(p: Mapping[str, object]) -> float | None:
     for key in ("concurrency", "rate"):
         v = p.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v):

@@ -19,7 +19,8 @@ Signals name the replica they are about in their description (``label.<signal>``
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -40,18 +41,28 @@ def _f(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
+class SeriesRow(TypedDict):
+    """A row of ``fleet_series``: one point of one replica's query."""
+
+    t_s: float
+    replica: str
+    name: str
+    query: str
+    value: float
+
+
 def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.DataFrame]:
     reps = [r for r in bundle.iter_records("fleet_replicas") if isinstance(r.get("replica"), str)]
     if not reps:
         return {}
     anchor = bundle.anchor_mono_ns
     names = {r["replica"]: str(r.get("name") or r["replica"]) for r in reps}
-    rows: list[dict[str, Any]] = []
+    rows: list[SeriesRow] = []
     for rec in bundle.iter_records("fleet_series"):
         rid, ts, vs = rec.get("replica"), rec.get("t_ns"), rec.get("value")
         if rid not in names or not isinstance(ts, list) or not isinstance(vs, list) or len(ts) != len(vs):
             continue
-        rows.extend({"t_s": (int(t) - anchor) / 1e9, "replica": rid, "name": names[rid], "query": str(rec.get("query")),
+        rows.extend({"t_s": (int(t) - anchor) / 1e9, "replica": str(rid), "name": names[rid], "query": str(rec.get("query")),
                      "value": _f(v)} for t, v in zip(ts, vs, strict=True) if isinstance(t, int))
     series = pd.DataFrame(rows, columns=SERIES_COLUMNS)
     totals: dict[tuple[str, str], float] = {}
@@ -80,7 +91,7 @@ def replica_table(reps: list[dict[str, Any]], series: pd.DataFrame, totals: dict
         queries, hits = totals.get(("prefix_queries", rid), math.nan), totals.get(("prefix_hits", rid), math.nan)
         restarts = [v for k in ("start_time_changes", "counter_resets") if math.isfinite(v := totals.get((k, rid), math.nan))]
         raw = r.get("labels")
-        labels: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        labels: Mapping[object, object] = raw if isinstance(raw, dict) else {}
         out.append({
             "replica": rid, "name": str(r.get("name") or rid),
             "labels": ",".join(f"{k}={v}" for k, v in labels.items()),

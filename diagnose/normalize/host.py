@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -78,9 +78,60 @@ def _empty() -> dict[str, pd.DataFrame]:
     return {k: pd.DataFrame(columns=v) for k, v in _COLS.items()}
 
 
-def _thread_rows(cpu: list[dict[str, Any]], anchor: int, roles: dict[int, str]) -> list[dict[str, Any]]:
+class ProcessRow(TypedDict):
+    """A row of ``host_processes``: an engine process the probe found."""
+
+    pid: int
+    ppid: int
+    role: str
+    name: str
+    cpus: float  # its CPU affinity's size (NaN: not recorded)
+
+
+class ThreadRow(TypedDict):
+    """A row of ``host_threads``: one thread's CPU use between two samples."""
+
+    t0_s: float
+    t_s: float
+    pid: int
+    tid: int
+    role: str
+    comm: str
+    cpu_ratio: float
+    run_ratio: float
+    wait_ratio: float
+    cpu_s: float
+    run_s: float
+    wait_s: float
+    core: int
+
+
+class ForeignRow(TypedDict):
+    """A row of ``host_foreign``: a busy process outside the engine over one scan."""
+
+    t0_s: float
+    t_s: float
+    pid: int
+    name: str
+    cpu_s: float
+    cpu_ratio: float
+    core: int
+    own: bool
+
+
+class SystemRow(TypedDict):
+    """A row of ``host_system``: the whole host's CPU between two samples."""
+
+    t0_s: float
+    t_s: float
+    steal_ratio: float
+    busy_ratio: float
+    ncpu: float
+
+
+def _thread_rows(cpu: list[dict[str, Any]], anchor: int, roles: dict[int, str]) -> list[ThreadRow]:
     prev: dict[tuple[int, int], dict[str, Any]] = {}
-    rows = []
+    rows: list[ThreadRow] = []
     for r in sorted(cpu, key=lambda r: r["t_ns"]):
         key = (int(r["pid"]), int(r["tid"]))
         p = prev.get(key)
@@ -100,8 +151,8 @@ def _thread_rows(cpu: list[dict[str, Any]], anchor: int, roles: dict[int, str]) 
     return rows
 
 
-def _foreign_rows(recs: list[dict[str, Any]], anchor: int) -> list[dict[str, Any]]:
-    rows = []
+def _foreign_rows(recs: list[dict[str, Any]], anchor: int) -> list[ForeignRow]:
+    rows: list[ForeignRow] = []
     for r in recs:
         dt = (int(r["t_ns"]) - int(r["t0_ns"])) / 1e9
         if dt <= 0:
@@ -113,8 +164,8 @@ def _foreign_rows(recs: list[dict[str, Any]], anchor: int) -> list[dict[str, Any
     return rows
 
 
-def _system_rows(sysc: list[dict[str, Any]], anchor: int) -> list[dict[str, Any]]:
-    rows = []
+def _system_rows(sysc: list[dict[str, Any]], anchor: int) -> list[SystemRow]:
+    rows: list[SystemRow] = []
     keys = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
     srt = sorted(sysc, key=lambda r: r["t_ns"])
     for p, r in zip(srt, srt[1:], strict=False):
@@ -136,7 +187,7 @@ def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.Data
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in bundle.iter_records("host_samples"):
         by_kind[str(r.get("kind", ""))].append(r)
-    procs: list[dict[str, Any]] = [
+    procs: list[ProcessRow] = [
         {"pid": int(r["pid"]), "ppid": int(r.get("ppid", 0)), "role": str(r.get("role", "other")),
          "name": str(r.get("name", "")), "cpus": float(r["cpus"]) if isinstance(r.get("cpus"), int) else math.nan}
         for r in by_kind["process"] if "pid" in r]

@@ -26,7 +26,7 @@ import contextlib
 import math
 from collections import defaultdict
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ from diagnose.normalize.prom_hist import (
     histogram_tail_mean,
     parse_le,
 )
+from diagnose.normalize.prom_rows import HistAgg, HistRow, HistSeries, HistSumRow, MetricRow, ScrapeRow
 from diagnose.numbers import fmt_value
 from diagnose.requests import finite, in_flight_mean, select, span_s
 from diagnose.signals.catalog import SIGNALS
@@ -56,7 +57,7 @@ HIST_SUM_COLUMNS = ["t0_s", "t_s", "signal", "count", "sum"]
 MIN_WINDOW_COVERAGE = 0.8  # share of a window between the first and the last scrape, below which: no figures
 MAX_VALUE = 1e18  # a sample beyond this (1e308, an integer >= 2**63) is malformed: sums and rates would overflow
 
-_Series = dict[tuple[tuple[str, str], ...], dict[str, Any]]
+_Series = dict[tuple[tuple[str, str], ...], HistSeries]
 
 
 def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]], int]:
@@ -72,7 +73,7 @@ def _index(samples: Any) -> tuple[dict[str, list[tuple[dict[str, str], float]]],
 
 
 def _scalar_rows(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float]]], engine: str,
-                 dp_label: str, t_s: float) -> list[dict[str, Any]]:
+                 dp_label: str, t_s: float) -> list[MetricRow]:
     # prometheus_client's parser exposes every counter sample as <family>_total, whatever the wire said
     cands = [n if ref.kind != "counter" or n.endswith("_total") else f"{n}_total" for n in ref.names]
     names = [n for n in cands if n in idx]
@@ -93,7 +94,7 @@ _BucketOf = dict[tuple[int, tuple[tuple[str, str], ...]], tuple[tuple[tuple[str,
 _STR = {str}
 
 
-def _bucket_of(ref: MetricRef, labels: dict[str, Any]) -> tuple[tuple[tuple[str, str], ...], float] | None:
+def _bucket_of(ref: MetricRef, labels: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], float] | None:
     """A bucket sample's series key (its labels but ``le``) and upper bound; None when it is not one of ``ref``'s."""
     if "le" not in labels or not ref.matches_labels(labels):
         return None
@@ -125,7 +126,8 @@ def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float
         key, bound = hit
         s = series.setdefault(key, {"b": {}, "sum": math.nan, "count": math.nan})
         s["b"][bound] = v
-    for suffix, field in (("_sum", "sum"), ("_count", "count")):
+    totals: tuple[tuple[str, Literal["sum", "count"]], ...] = (("_sum", "sum"), ("_count", "count"))
+    for suffix, field in totals:
         for labels, v in idx.get(f"{name}{suffix}", []):
             key = tuple(sorted((k, str(x)) for k, x in labels.items()))
             if key in series:
@@ -133,11 +135,11 @@ def _hist_series(ref: MetricRef, idx: dict[str, list[tuple[dict[str, str], float
     return series
 
 
-def _hist_delta(cur: dict[str, Any], prev: dict[str, Any] | None, restarted: bool = False) -> dict[str, Any]:
+def _hist_delta(cur: HistSeries, prev: HistSeries | None, restarted: bool = False) -> HistSeries | None:
     """Increase of one histogram series between two scrapes; a decrease anywhere, or a server restart
     (new process start time), means a reset: everything in the new scrape is new."""
     if prev is None:
-        return {}
+        return None
     reset = restarted or cur["count"] < prev["count"] or any(v < prev["b"].get(le, 0.0) for le, v in cur["b"].items())
     if reset:
         return {"b": dict(cur["b"]), "sum": cur["sum"], "count": cur["count"]}
@@ -159,12 +161,12 @@ def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.Data
     refs = metric_map(engine)
     dp_label = DP_LABEL.get(engine, "")
     anchor = bundle.anchor_mono_ns
-    rows: list[dict[str, Any]] = []
-    hist_rows: list[dict[str, Any]] = []
-    sum_rows: list[dict[str, Any]] = []
-    scrapes: list[dict[str, Any]] = []
+    rows: list[MetricRow] = []
+    hist_rows: list[HistRow] = []
+    sum_rows: list[HistSumRow] = []
+    scrapes: list[ScrapeRow] = []
     config: dict[str, float] = {}
-    prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict[str, Any]]] = {}
+    prev_hist: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, HistSeries]] = {}
     seen: _BucketOf = {}  # bucket label sets already read (the same in every scrape)
     bad_total = 0
     start_time: float | None = None
@@ -190,7 +192,7 @@ def tables(bundle: Bundle, ctx: TableContext | None = None) -> dict[str, pd.Data
             if ref.kind != "histogram":
                 rows.extend(_scalar_rows(ref, idx, engine, dp_label, t_s))
                 continue
-            agg: dict[str, Any] = {"b": defaultdict(float), "sum": 0.0, "count": 0.0, "t0": t_s, "n": 0}
+            agg: HistAgg = {"b": defaultdict(float), "sum": 0.0, "count": 0.0, "t0": t_s, "n": 0}
             for skey, cur in _hist_series(ref, idx, seen).items():
                 prev = prev_hist.get((ref.signal, skey))
                 prev_hist[(ref.signal, skey)] = (t_s, cur)
