@@ -185,21 +185,21 @@ def _experiment(cmd: str, url: str, out: Path, args: Sequence[str]) -> tuple[sub
     return p, ver
 
 
-@pytest.mark.timeout(1500)
-def test_experiment_confirms_the_queue_cap_and_refutes_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
+@pytest.mark.timeout(900)
+def test_experiment_refutes_the_queue_cap_by_an_unrelated_flag(engine_built: None, tmp_path: Path) -> None:
+    """`diagnose experiment --finding SCH001 --set FLAG=VALUE`: the token budget is not what holds requests back
+    under --max-num-seqs 2, so changing it alone refutes the queue-cap hypothesis (exit 7). The queue cap
+    confirmed by its own flag is shown by `attach --launch --verify` (queue_cap, below: the same verification,
+    with its flag, value, exit status, first line and report asserted there) and by `experiment --top` above;
+    this test once ran that confirmation a third time (two more server starts and captures, ~2 min of CI)."""
     cmd, url = _launch_cmd(["--max-num-seqs", "2"])
     load = ["--", "--no-nvml", "--realtime", *LOAD]
-    p, ver = _experiment(cmd, url, tmp_path / "e", load)
-    assert ver["experiment"]["flag"] == "--max-num-seqs" and ver["experiment"]["value"] == "8"
-    assert p.returncode == 0 and ver["outcome"] == "confirmed", (
-        p.stdout + p.stderr + "\n" + runs_evidence(Path(p.args[p.args.index("-o") + 1])))
-    assert p.stdout.startswith("confirmed: SCH001")
-    assert (Path(p.args[p.args.index("-o") + 1]) / "report.html").read_text().count("confirmed") >= 1
-    # the token budget is not what holds requests back here: changing it alone refutes the hypothesis
-    q, _ = _experiment(cmd, url, tmp_path / "r", ["--finding", "SCH001", "--set", "--max-num-batched-tokens=4096",
-                                                  *load])
-    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), (
-        q.stdout + q.stderr + "\n" + runs_evidence(Path(q.args[q.args.index("-o") + 1])))
+    q, ver = _experiment(cmd, url, tmp_path / "r", ["--finding", "SCH001", "--set", "--max-num-batched-tokens=4096",
+                                                    *load])
+    evidence = q.stdout + q.stderr + "\n" + runs_evidence(Path(q.args[q.args.index("-o") + 1]))
+    assert ver["experiment"]["flag"] == "--max-num-batched-tokens" and ver["experiment"]["value"] == "4096", evidence
+    assert q.returncode == 7 and q.stdout.startswith("refuted: SCH001"), evidence
+    assert (Path(q.args[q.args.index("-o") + 1]) / "report.html").read_text().count("refuted") >= 1
 
 
 @pytest.mark.timeout(1500)
@@ -325,6 +325,9 @@ def test_attach_launch_verify_confirms_the_experiment(case: str, engine_built: N
     evidence = p.stdout + p.stderr + (("\n" + runs_evidence(out)) if (out / "after").exists() else "")
     ver = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else {}
     assert ver.get("finding") == rule and ver["experiment"]["flag"] == flag, evidence
+    if case == "queue_cap":  # the value the cap is raised to (SCH001's experiment: the load's concurrency)
+        assert ver["experiment"]["value"] == "8", evidence
     assert p.returncode == 0 and ver["outcome"] == "confirmed", evidence
     assert p.stdout.startswith(f"confirmed: {rule}")
+    assert (out / "report.html").read_text().count("confirmed") >= 1
     print(f"{case}: attach --launch --verify took {took:.0f} s")  # the closing note's figure (-s to see it)
