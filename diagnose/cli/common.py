@@ -4,6 +4,7 @@ output, the seed check, JSON bytes, a relative change as text and a verification
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ def check_seed(seed: int) -> None:
         raise InputError(f"--seed {seed}: use an integer from 0 to {SEED_MAX}")
 
 
-def _json(obj: dict[str, Any]) -> bytes:
+def _json(obj: Mapping[str, object]) -> bytes:
     """A JSON document as the commands write it: indented, keys sorted, ``schema_version`` (when it has one)
     first (docs/json-schemas.md)."""
     import orjson

@@ -9,7 +9,7 @@ that the docs list every document with its version and its top-level keys.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 COMPARISON = 1  # compare --json
 VERIFICATION = 1  # verify --json; experiment's and attach --verify's verify.json (with "experiment" added)
@@ -22,12 +22,12 @@ WORKLOAD_FILE = 1  # the header line of a workload file (diagnose workload; also
 READINESS = 1  # diagnose readiness: readiness.json (the readiness card, its checks and their measurements)
 
 
-def versioned(version: int, doc: dict[str, Any]) -> dict[str, Any]:
+def versioned(version: int, doc: Mapping[str, object]) -> dict[str, object]:
     """``doc`` with ``schema_version`` as its first key (a key of that name in ``doc`` is replaced)."""
     return {"schema_version": version, **{k: v for k, v in doc.items() if k != "schema_version"}}
 
 
-def dumps(doc: dict[str, Any], option: int = 0) -> bytes:
+def dumps(doc: Mapping[str, object], option: int = 0) -> bytes:
     """``orjson.dumps(doc, option=option)`` with ``schema_version`` written first even under OPT_SORT_KEYS (a
     reader can tell the version from the file's first bytes). ``doc`` must carry ``schema_version``."""
     import orjson

@@ -9,10 +9,10 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
@@ -28,8 +28,18 @@ def utc_iso(unix_ns: int) -> str:
     return datetime.fromtimestamp(unix_ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
-def host_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
+class HostInfo(TypedDict):
+    """The manifest's ``host``: where the capture ran (``memory_total_bytes`` when psutil could tell)."""
+
+    hostname: str
+    platform: str
+    python: str
+    cpu_count: int | None
+    memory_total_bytes: NotRequired[int]
+
+
+def host_info() -> HostInfo:
+    info: HostInfo = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -44,7 +54,7 @@ def host_info() -> dict[str, Any]:
     return info
 
 
-def serialize_records(records: list[dict[str, Any]]) -> bytes:
+def serialize_records(records: Sequence[Mapping[str, object]]) -> bytes:
     """JSON lines of ``records``, as a stream file holds them."""
     return b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in records)
 
@@ -84,10 +94,10 @@ class StreamWriter:
         self._on_error = on_error
         self.records = 0
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Mapping[str, object]) -> None:
         self.write_serialized(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n", 1)
 
-    def write_many(self, records: list[dict[str, Any]]) -> None:
+    def write_many(self, records: Sequence[Mapping[str, object]]) -> None:
         if records:
             self.write_serialized(serialize_records(records), len(records))
 
@@ -141,8 +151,8 @@ class BundleWriter:
     before the final write), so even a full disk ends with a manifest that says the capture failed and why.
     """
 
-    def __init__(self, path: str | Path, *, target: dict[str, Any] | None = None,
-                 workload: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
+    def __init__(self, path: str | Path, *, target: Mapping[str, object] | None = None,
+                 workload: Mapping[str, object] | None = None, options: Mapping[str, object] | None = None,
                  overwrite: bool = False, redactor: Redactor | None = None, private: bool = False,
                  keep: bool = False) -> None:
         self.path = Path(path)
@@ -268,7 +278,7 @@ class BundleWriter:
         except BundleError as e:
             self.note_write_error(str(e))
 
-    def update(self, section: str, values: dict[str, Any]) -> None:
+    def update(self, section: str, values: Mapping[str, object]) -> None:
         with self._lock:
             self.manifest.setdefault(section, {}).update(values)
             self.write_manifest()
