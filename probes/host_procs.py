@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 import psutil
@@ -123,9 +123,48 @@ def engine_tree(root_pid: int) -> list[ProcInfo]:
     return out
 
 
-def read_thread_cpu(pid: int) -> list[dict[str, Any]]:
+class ThreadCpu(TypedDict):
+    """One thread's cumulative counters (a ``thread_cpu`` record's fields, beside kind, t_ns and pid)."""
+
+    tid: int
+    comm: str
+    state: str
+    utime_s: float
+    stime_s: float
+    run_ns: int
+    wait_ns: int
+    slices: int
+    cpu: int  # the core it last ran on (-1: not known)
+
+
+class ForeignScan(TypedDict):
+    """A ``foreign_scan`` record: one scan of every process, over [t0_ns, t_ns]."""
+
+    kind: Literal["foreign_scan"]
+    t0_ns: int
+    t_ns: int
+    processes: int
+    engine_processes: int
+    top_n: int
+    min_cores: float
+
+
+class ForeignCpuRecord(TypedDict):
+    """A ``foreign_cpu`` record: a busy process outside the engine's tree over [t0_ns, t_ns]."""
+
+    kind: Literal["foreign_cpu"]
+    t0_ns: int
+    t_ns: int
+    pid: int
+    name: str
+    cpu_s: float
+    cpu: int
+    own: bool
+
+
+def read_thread_cpu(pid: int) -> list[ThreadCpu]:
     """Cumulative CPU and run-queue counters of every thread of ``pid`` (empty if it is gone)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ThreadCpu] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -205,7 +244,7 @@ class ForeignCpu:
     own_root: int = field(default_factory=os.getpid)
     _prev: tuple[int, dict[int, tuple[str, int, float, int]]] | None = None
 
-    def sample(self, t_ns: int) -> list[dict[str, Any]]:
+    def sample(self, t_ns: int) -> list[ForeignScan | ForeignCpuRecord]:
         now = read_all_processes()
         prev, self._prev = self._prev, (t_ns, now)
         if prev is None or t_ns <= prev[0]:
@@ -224,7 +263,7 @@ class ForeignCpu:
                 used.append((d, pid, name, core))
         used.sort(reverse=True)
         t0 = prev[0]
-        recs: list[dict[str, Any]] = [{"kind": "foreign_scan", "t0_ns": t0, "t_ns": t_ns, "processes": len(now),
+        recs: list[ForeignScan | ForeignCpuRecord] = [{"kind": "foreign_scan", "t0_ns": t0, "t_ns": t_ns, "processes": len(now),
                                        "engine_processes": len(engine), "top_n": self.top_n,
                                        "min_cores": self.min_cores}]
         recs += [{"kind": "foreign_cpu", "t0_ns": t0, "t_ns": t_ns, "pid": pid, "name": name, "cpu_s": round(d, 4),
@@ -232,7 +271,8 @@ class ForeignCpu:
         return recs
 
 
-def read_system_cpu() -> dict[str, Any] | None:
+def read_system_cpu() -> dict[str, int] | None:
+    """``ncpu`` and the machine's cumulative CPU ticks from ``/proc/stat`` (user ... steal); None where unreadable."""
     try:
         with open("/proc/stat") as fh:
             first = fh.readline().split()

@@ -40,14 +40,46 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 from rich.text import Text
 
 TICK_S = 0.1
 SUBTICKS = 10  # the loop-lag timer wakes every 10 ms; each 0.1 s record keeps the worst lag of its 10 wakes
 STALL_MS = 5.0  # a loop lag above this gets a stall_cause in its health record
+
+
+class GcSummary(TypedDict):
+    """Collections and the longest pause (ms) per generation over the run."""
+
+    collections: list[int]
+    max_pause_ms: list[float]
+
+
+class StallSummary(TypedDict):
+    """The load probe status's ``client_stalls``: stalls by cause, the worst lag, the collector's totals."""
+
+    stalls_over_ms: float
+    stalls: int
+    stall_causes: dict[str, int]
+    max_loop_lag_ms: float | None
+    gc: GcSummary
+
+
+class StallFields(TypedDict):
+    """A ``client_health`` sample's cause fields (docs/metrics.md): what the loop did during its worst wake."""
+
+    gc_pause_ms: float
+    gc_generation: int | None
+    gc_collections: int
+    flush_max_ms: float
+    flush_records: int
+    off_cpu_ms: float
+    run_wait_ms: float | None
+    steal_ms: float | None
+    major_faults: int
+    stall_cause: str | None
 
 
 class GcWatch:
@@ -65,7 +97,7 @@ class GcWatch:
         self.by_gen = [0, 0, 0]  # collections per generation over the whole run
         self.worst_ms = [0.0, 0.0, 0.0]  # longest pause per generation over the whole run
 
-    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+    def _cb(self, phase: str, info: Mapping[str, int]) -> None:
         if phase == "start":
             self._t0 = time.perf_counter_ns()
             return
@@ -93,7 +125,7 @@ class GcWatch:
         self.max_ms, self.max_gen, self.total_ms, self.count = 0.0, None, 0.0, 0
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> GcSummary:
         return {"collections": list(self.by_gen), "max_pause_ms": [round(x, 3) for x in self.worst_ms]}
 
 
@@ -184,7 +216,7 @@ class RunningStats:
 class Monitor:
     """Runs the health ticks (and the progress line) until stopped; ``on_tick`` lets the caller flush."""
 
-    def __init__(self, stats: RunningStats, in_flight: Callable[[], int], write: Callable[[dict[str, Any]], None],
+    def __init__(self, stats: RunningStats, in_flight: Callable[[], int], write: Callable[[Mapping[str, object]], None],
                  on_tick: Callable[[], None], progress: bool | None) -> None:
         self.stats = stats
         self.in_flight = in_flight
@@ -221,7 +253,7 @@ class Monitor:
             self._task = None
 
     def _causes(self, lag: float, wake_cpu_ms: float = math.inf, run_wait_ms: float | None = None,
-                steal_ms: float | None = None, major_faults: int = 0) -> dict[str, Any]:
+                steal_ms: float | None = None, major_faults: int = 0) -> StallFields:
         """The health record's cause fields for this tick (and resets the tick's notes). ``wake_cpu_ms``: the
         loop thread's CPU time over the 10 ms interval that ended with the sample's worst wake;
         ``run_wait_ms`` / ``major_faults``: the thread's run-queue wait and the process's major page faults
@@ -229,7 +261,7 @@ class Monitor:
         gc_ms, gc_gen, _gc_total, gc_n = self.gc.take()
         flush_ms, flush_n = self._notes.get("flush", (0.0, 0))
         off_ms = max(0.0, lag - wake_cpu_ms)  # at least this much of the stall the thread did not run
-        out: dict[str, Any] = {"gc_pause_ms": round(gc_ms, 3), "gc_generation": gc_gen,
+        out: StallFields = {"gc_pause_ms": round(gc_ms, 3), "gc_generation": gc_gen,
                                "gc_collections": gc_n, "flush_max_ms": round(flush_ms, 3), "flush_records": flush_n,
                                "off_cpu_ms": round(off_ms, 3),
                                "run_wait_ms": None if run_wait_ms is None else round(run_wait_ms, 3),
@@ -261,7 +293,7 @@ class Monitor:
         self._notes.clear()
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> StallSummary:
         """Run totals for the probe status: stalls by cause, collections and worst pause per generation."""
         return {"stalls_over_ms": STALL_MS, "stalls": self.stalls, "stall_causes": dict(self.stall_causes),
                 "max_loop_lag_ms": round(max(self.lag_ms), 3) if self.lag_ms else None, "gc": self.gc.summary()}

@@ -10,8 +10,9 @@ import gc
 import os
 import time
 from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 from diagnose.capture.lengths import LengthDraws
 from diagnose.capture.redact import Redactor, excerpt, scrub_text
@@ -21,7 +22,7 @@ from diagnose.model import ProbeStatus
 from diagnose.probes.base import CaptureContext
 from diagnose.probes.http_client import CLIENT_LIMIT, HttpClient
 from diagnose.probes.load_dataset import DatasetLengths
-from diagnose.probes.load_monitor import Monitor, RunningStats
+from diagnose.probes.load_monitor import Monitor, RunningStats, StallSummary
 from diagnose.probes.load_pacing import SETUP_MS_START
 from diagnose.probes.output_hash import output_hashes, prompt_hash
 from diagnose.probes.prompts import PromptFactory
@@ -30,6 +31,49 @@ from diagnose.probes.sse import StreamResult, now_ns
 
 # a replayed request: (its index in the workload file, the loop it belongs to, the recorded request)
 ReplayItem = tuple[int, int, ReplayRequest]
+# the options every request of the run carries, as negotiated with the server (_RunRequests._negotiate):
+# stream_options (a dict of flags), ignore_eos, return_token_ids
+RequestOptions = dict[str, bool | dict[str, bool]]
+
+
+class ChunkRecord(TypedDict):
+    """One record of the ``chunks`` stream: a request's content-chunk arrival times and tokens per chunk."""
+
+    rid: str
+    t_ns: list[int]
+    tok: list[int]
+
+
+class PreflightRecord(TypedDict):
+    """A preflight request (one per option set tried), kept in the status so every request sent is counted."""
+
+    rid: str
+    http_status: int | None
+    ok: bool
+    error: str | None
+    output_tokens: int
+    request_options: RequestOptions
+
+
+class DatasetNote(TypedDict):
+    source: str
+    note: str
+    seconds: float
+
+
+class LoadNotes(TypedDict, total=False):
+    """What the run noted for its probe status (beside the request counts): merged into the status's detail."""
+
+    prompt_calibration: str
+    prompt_tokens_planned: int
+    shared_prefix_tokens: int
+    dataset_lengths: DatasetNote
+    preflight: str
+    preflight_requests: list[PreflightRecord]
+    client_stalls: StallSummary
+    replay_unsent: int
+    retry_after_holds: int
+    retry_after_s_last: float | None
 
 CONNECT_ERRORS = ("refused", "connect")
 ABORT_AFTER_CONNECT_FAILURES = 50  # in a row, with no success between: the server is gone
@@ -107,10 +151,10 @@ class _RunRecords:
         self.hold_until_ns = 0  # no new request before this (the server's Retry-After)
         self.redactor = Redactor(ctx.target.secrets())
         self.counts: Counter[str] = Counter()
-        self.options: dict[str, Any] = {}
+        self.options: RequestOptions = {}
         self.model: str | None = None
         self._req_buf: list[dict[str, Any]] = []
-        self._chunk_buf: list[dict[str, Any]] = []
+        self._chunk_buf: list[ChunkRecord] = []
         self.w_requests = ctx.bundle.stream("requests", "one record per finished request (load probe)")
         self.w_chunks = ctx.bundle.stream("chunks", "content-chunk arrival times and tokens per request")
         self.w_phases = ctx.bundle.stream("phases", "one record per workload phase (sweep level)")
@@ -124,7 +168,7 @@ class _RunRecords:
         self._turn_armed = False
         self._gate_waiters: deque[asyncio.Future[None]] = deque()
         self.setup_ms = SETUP_MS_START  # moving average of a request's set-up time on the loop (_send_gate)
-        self.notes: dict[str, Any] = {}
+        self.notes: LoadNotes = {}
         self.cut_reason = ""  # why in-flight requests are being cancelled, when not an outside stop
         # a replayed session's turns in the file: its requests' planned "turns", so a conversation replayed
         # is measured as a task (diagnose/normalize/tasks.py) as a synthetic one is
@@ -228,12 +272,12 @@ class _RunRecords:
         if n:
             self.monitor.note("flush", (time.perf_counter_ns() - t0) / 1e6, n)
 
-    def _write(self, w: StreamWriter, records: list[dict[str, Any]]) -> None:
+    def _write(self, w: StreamWriter, records: Sequence[Mapping[str, object]]) -> None:
         """Serialises here (orjson holds the GIL: on another thread it would stall this loop anyway) and
         queues the bytes for the single I/O thread, which keeps them in order."""
         self._io_last = self._io.submit(w.write_serialized, serialize_records(records), len(records))
 
-    def _write_health(self, record: dict[str, Any]) -> None:
+    def _write_health(self, record: Mapping[str, object]) -> None:
         """A health sample: queued for the I/O thread like every other write, so a disk that blocks a write()
         never stalls the loop the sample measures."""
         self._write(self.w_health, [record])

@@ -159,7 +159,7 @@ class _RunRequests(_RunRecords):
 
     async def _negotiate(self) -> StreamResult:
         """One small request per option set until the server accepts one (400 = option rejected)."""
-        usage_opts: list[dict[str, Any]] = [{"include_usage": True, "continuous_usage_stats": True},
+        usage_opts: list[dict[str, bool]] = [{"include_usage": True, "continuous_usage_stats": True},
                                             {"include_usage": True}, {}]
         eos = [True, False] if self.spec.ignore_eos else [False]
         # the quality guard hashes the output's token ids where the server streams them (vLLM); a server that

@@ -33,7 +33,7 @@ import asyncio
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from diagnose.capture.overhead import cost
 from diagnose.capture.workload import parse_duration
@@ -48,6 +48,49 @@ THROTTLE_BITS: dict[int, str] = {
 }
 BENIGN_THROTTLE_MASK = 0x1 | 0x2 | 0x100
 GPM_METRICS = {"dram_bw_util_ratio": 10, "sm_util_ratio": 2, "sm_occupancy_ratio": 3, "tensor_util_ratio": 5}
+
+# A sample record ({kind: "sample", t_ns, gpu, then whichever counters the GPU gave}: see above) is flat, its
+# keys depend on the GPU: numbers by name, and its kind (None only as mypy sees power_limit_w, copied from the
+# device record after a .get() check).
+Sample = dict[str, str | float | None]
+
+
+class Device(TypedDict):
+    """A device record, once per GPU."""
+
+    kind: Literal["device"]
+    gpu: int
+    name: str
+    uuid: str
+    mem_total_bytes: int | None
+    power_limit_w: float | None
+    sm_clock_max_mhz: int | None
+    mem_clock_max_mhz: int | None
+    gpm_supported: bool
+    util_samples: bool
+
+
+class UtilSamples(TypedDict):
+    """Driver-buffered utilisation samples of one GPU (``util_samples=True``)."""
+
+    kind: Literal["util"]
+    gpu: int
+    t_ns: list[int]
+    util_gpu_ratio: list[float]
+
+
+class ProcUse(TypedDict):
+    pid: int
+    used_bytes: int
+
+
+class Procs(TypedDict):
+    """The compute processes on one GPU and the memory each holds."""
+
+    kind: Literal["procs"]
+    t_ns: int
+    gpu: int
+    procs: list[ProcUse]
 
 
 def import_nvml() -> Any:
@@ -151,7 +194,7 @@ class NvmlProbe:
                 pcie = t0 >= next_pcie
                 if pcie:
                     next_pcie = t0 + self.pcie_interval_s
-                recs: list[dict[str, Any] | None] = [self._sample(ctx, nv, i, h, devices[i], gpm_prev, pcie)
+                recs: list[Sample | UtilSamples | Procs | None] = [self._sample(ctx, nv, i, h, devices[i], gpm_prev, pcie)
                                                      for i, h in enumerate(handles)]
                 if self.util_samples and t0 >= next_util:
                     next_util = t0 + 1.0
@@ -179,7 +222,7 @@ class NvmlProbe:
                                                          "the driver answers without stopping the engine",
                                                          call_ms_mean=round(self.call_s * 1e3 / max(1, self.calls), 4))})
 
-    def _device(self, nv: Any, i: int, h: Any) -> dict[str, Any]:
+    def _device(self, nv: Any, i: int, h: Any) -> Device:
         mem = self._call(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
         limit = self._call(i, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h)
         gpm_ok = False
@@ -197,9 +240,9 @@ class NvmlProbe:
                 "gpm_supported": gpm_ok,
                 "util_samples": self.util_samples and hasattr(nv, "nvmlDeviceGetSamples")}
 
-    def _sample(self, ctx: CaptureContext, nv: Any, i: int, h: Any, dev: dict[str, Any],
-                gpm_prev: dict[int, Any], pcie: bool = True) -> dict[str, Any]:
-        r: dict[str, Any] = {"kind": "sample", "t_ns": ctx.now_ns(), "gpu": i}
+    def _sample(self, ctx: CaptureContext, nv: Any, i: int, h: Any, dev: Device,
+                gpm_prev: dict[int, Any], pcie: bool = True) -> Sample:
+        r: Sample = {"kind": "sample", "t_ns": ctx.now_ns(), "gpu": i}
         util = self._call(i, "util", nv.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
             r["util_gpu_ratio"] = util.gpu / 100.0
@@ -230,7 +273,7 @@ class NvmlProbe:
             r.update(self._gpm(nv, i, h, gpm_prev))
         return r
 
-    def _nvlink(self, nv: Any, i: int, h: Any) -> dict[str, Any]:
+    def _nvlink(self, nv: Any, i: int, h: Any) -> dict[str, int]:
         ids = (getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None),
                getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None))
         if None in ids or not hasattr(nv, "nvmlDeviceGetFieldValues"):
@@ -244,7 +287,7 @@ class NvmlProbe:
                 out[key] = int(fv.value.ullVal) * 1024  # cumulative KiB
         return out
 
-    def _gpm(self, nv: Any, i: int, h: Any, prev: dict[int, Any]) -> dict[str, Any]:
+    def _gpm(self, nv: Any, i: int, h: Any, prev: dict[int, Any]) -> dict[str, float]:
         cur = self._call(i, "gpm_alloc", nv.nvmlGpmSampleAlloc)
         if cur is None:
             return {}
@@ -268,9 +311,9 @@ class NvmlProbe:
         vals = {key: float(got.metrics[k].value) / 100.0 for k, key in enumerate(GPM_METRICS)}
         return {k: v for k, v in vals.items() if math.isfinite(v)}  # NaN: no reading (left out, not zero)
 
-    def _util_samples(self, ctx: CaptureContext, nv: Any, handles: list[Any], devices: list[dict[str, Any]],
-                      last: dict[int, int]) -> list[dict[str, Any] | None]:
-        out: list[dict[str, Any] | None] = []
+    def _util_samples(self, ctx: CaptureContext, nv: Any, handles: list[Any], devices: list[Device],
+                      last: dict[int, int]) -> list[UtilSamples]:
+        out: list[UtilSamples] = []
         if not hasattr(nv, "nvmlDeviceGetSamples"):
             return out
         offset_ns = time.time_ns() - ctx.now_ns()  # NVML stamps these with wall-clock microseconds
@@ -288,7 +331,7 @@ class NvmlProbe:
                         "util_gpu_ratio": [v / 100.0 for _, v in pts]})
         return out
 
-    def _procs(self, ctx: CaptureContext, nv: Any, i: int, h: Any) -> dict[str, Any] | None:
+    def _procs(self, ctx: CaptureContext, nv: Any, i: int, h: Any) -> Procs | None:
         got = self._call(i, "procs", nv.nvmlDeviceGetComputeRunningProcesses, h)
         if got is None:
             return None

@@ -85,7 +85,7 @@ def client_span(rec: dict[str, Any], *, anchor_unix_ns: int, anchor_mono_ns: int
     def unix(mono: int) -> int:
         return anchor_unix_ns + (mono - anchor_mono_ns)
 
-    attrs: dict[str, Any] = {"diagnose.rid": str(rec.get("rid")), "diagnose.phase": int(rec.get("phase") or 0),
+    attrs: dict[str, str | int | float | bool] = {"diagnose.rid": str(rec.get("rid")), "diagnose.phase": int(rec.get("phase") or 0),
                              "diagnose.warmup": bool(rec.get("warmup")), "http.request.method": "POST"}
     for key, attr in (("http_status", "http.response.status_code"), ("max_tokens", "gen_ai.request.max_tokens"),
                       ("prompt_tokens", "gen_ai.usage.prompt_tokens"),
@@ -182,7 +182,7 @@ class OtlpExportProbe:
         resource = Resource.create({"service.name": self.service_name, "diagnose.version": __version__,
                                     "diagnose.target": ctx.target.safe_url})
         scope = InstrumentationScope("diagnose.load", __version__)
-        detail: dict[str, Any] = {"endpoint": self.endpoint, "protocol": self.protocol}
+        detail: dict[str, str | int] = {"endpoint": self.endpoint, "protocol": self.protocol}
         why = await self._reachable()
         if why:  # a dead collector: counted span by span as usual, but nothing is sent (no retries, no wait)
             self.dead = f"collector unreachable: {why}"
@@ -197,7 +197,7 @@ class OtlpExportProbe:
             otel_log.setLevel(saved[0])
             otel_log.propagate = saved[1]
 
-    async def _run(self, ctx: CaptureContext, resource: Any, scope: Any, detail: dict[str, Any]) -> ProbeStatus:
+    async def _run(self, ctx: CaptureContext, resource: Any, scope: Any, detail: dict[str, str | int]) -> ProbeStatus:
         exporter = None if self.dead else await asyncio.to_thread(self._exporter)
         tail = RequestTail(ctx.bundle.path / "requests.jsonl")
         try:

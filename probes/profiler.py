@@ -19,6 +19,7 @@ import asyncio
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ class ProfilerProbe:
     def _engine(self, ctx: CaptureContext) -> str:
         return (self.engine or ctx.target.engine or "vllm").lower()
 
-    def _start_body(self, engine: str, prefix: str) -> dict[str, Any]:
+    def _start_body(self, engine: str, prefix: str) -> dict[str, str | int]:
         if engine == "sglang":
             return {"num_steps": self.iterations, "output_dir": str(self.profiler_dir), "profile_prefix": prefix}
         return {"max_iterations": self.iterations, "profile_prefix": prefix}
@@ -210,7 +211,7 @@ def _new_files(snap: dict[str, int], before: dict[str, int], prefix: str) -> lis
     return [n for n in snap if n not in before and (_is_trace(n) or n.endswith(TABLE_SUFFIX))]
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout_s: float
+async def _post(session: aiohttp.ClientSession, url: str, body: Mapping[str, object], timeout_s: float
                 ) -> tuple[int | None, str, str | None]:
     """(status, text, error) of one POST; never raises for network trouble or timeouts."""
     try:

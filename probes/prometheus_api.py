@@ -14,8 +14,9 @@ import asyncio
 import base64
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 
@@ -33,11 +34,21 @@ VALUE_ABS_MAX = 1e18
 ERROR_CHARS = 200  # of an error body, after redaction
 
 
+class QueryLogEntry(TypedDict):
+    """One API call: its path, the query (or match) asked, the answer's status, time and size."""
+
+    path: str
+    query: str
+    http_status: int
+    ms: float
+    bytes: int
+
+
 @dataclass
 class QueryLog:
     """What was asked, for the bundle's provenance: one entry per API call."""
 
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    entries: list[QueryLogEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -175,7 +186,7 @@ class PrometheusAPI:
         self.tally.usable += 1
         return t, v
 
-    def points(self, entry: dict[str, Any], **kw: Any) -> list[tuple[float, float]]:
+    def points(self, entry: Mapping[str, object], **kw: Any) -> list[tuple[float, float]]:
         """The usable points of one range-query series (see :meth:`point`)."""
         values = entry.get("values")
         if not isinstance(values, list):

@@ -53,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -370,7 +371,7 @@ class PySpyProbe:
 
     def _sample_cpu_now(self, ctx: CaptureContext, procs: list[ProcInfo], stream: Any) -> None:
         t = ctx.now_ns()
-        recs: list[dict[str, Any]] = []
+        recs: list[Mapping[str, object]] = []
         sysc = read_system_cpu()
         if sysc is not None:
             recs.append({"kind": "system_cpu", "t_ns": t, **sysc})
@@ -444,7 +445,7 @@ class PySpyProbe:
                 detail["native"] = True
             return ProbeStatus(self.name, "ok", (self._native + note).lstrip("; "), detail)
         total = 0
-        per_proc: dict[str, Any] = {}
+        per_proc: dict[str, dict[str, str | int | float]] = {}
         for r in self._recorders:
             p = r.proc
             n = r.samples
