@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -124,7 +124,7 @@ def readiness(url: str | None, from_dir: Path | None, output: Path, launch: str 
     _show(rr.run(req, lambda m: click.echo(m, err=True)), output, bundle=True)
 
 
-def _show(doc: dict[str, Any], output: Path, bundle: bool = False) -> None:
+def _show(doc: Mapping[str, object], output: Path, bundle: bool = False) -> None:
     """The card on stdout, where it was written (and, for a live run, that the folder is a bundle); exit 1 when a
     check failed."""
     from diagnose.readiness import card

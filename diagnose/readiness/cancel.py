@@ -26,7 +26,7 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from diagnose.errors import InputError
 from diagnose.probes.sse import StreamResult
@@ -88,7 +88,17 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _times(res: StreamResult, t0_ns: int) -> dict[str, Any]:
+class StreamTimes(TypedDict):
+    """One stream as the check saw it (seconds from the check's start; None: it never got there)."""
+
+    sent_s: float | None
+    first_token_s: float | None
+    end_s: float | None
+    tokens: int
+    ended: bool
+
+
+def _times(res: StreamResult, t0_ns: int) -> StreamTimes:
     """One stream as the check saw it, in seconds from the check's start: sent, first token, end; its tokens."""
     def s(ns: int | None) -> float | None:
         return round((ns - t0_ns) / 1e9, 4) if ns else None

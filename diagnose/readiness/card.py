@@ -32,8 +32,8 @@ Every number the card judges by is a threshold in rules/thresholds.yaml (``--thr
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 from diagnose.io import schemas
 from diagnose.numbers import fmt_value
@@ -95,7 +95,7 @@ def judge(check: str, sigs: Mapping[str, Signal], thr: Mapping[str, float]) -> F
     return res.findings[0] if res.findings else None
 
 
-def _fail(c: dict[str, Any], f: Finding, summary: str, **extra: Any) -> dict[str, Any]:
+def _fail(c: Check, f: Finding, summary: str, **extra: Unpack[FailExtra]) -> Check:
     return c | {"status": FAIL, "rule": f.rule_id, "fix": fix(f.rule_id), "summary": summary} | extra
 
 
@@ -108,9 +108,33 @@ def _f(v: Any, unit: str = "") -> str:
 NOT_ASKED = "not asked for (--checks)"
 
 
-def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> dict[str, Any]:
+class Check(TypedDict, total=False):
+    """One check of the card (readiness.json ``checks``): its status, the numbers behind it, the fix to try,
+    and the rule that judged it (where one fired); the overload check adds its ramp's step table (``rows``)."""
+
+    id: Required[str]
+    check: Required[str]
+    title: Required[str]
+    status: str
+    rule: str
+    summary: str
+    fix: str
+    numbers: Mapping[str, object]
+    rows: Sequence[Mapping[str, object]]
+
+
+class FailExtra(TypedDict, total=False):
+    numbers: Mapping[str, object]
+
+
+class Note(TypedDict, total=False):
+    rule: str
+    fix: str
+
+
+def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> Check:
     bound = thr[RELEASE]
-    c: dict[str, Any] = {"id": "RDY001", "check": "cancellation", "title": "Aborted streams release their work"}
+    c: Check = {"id": "RDY001", "check": "cancellation", "title": "Aborted streams release their work"}
     if m is None:
         return c | {"status": NOT_RUN, "summary": NOT_ASKED, "numbers": {}, "fix": ""}
     if "not_run" in m:
@@ -153,8 +177,8 @@ def cancellation(m: Mapping[str, Any] | None, thr: Mapping[str, float]) -> dict[
 
 
 def cold_start(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping[str, float],
-               asked: bool = True) -> dict[str, Any]:
-    c: dict[str, Any] = {"id": "RDY002", "check": "cold start", "title": "A fresh server answers its first users "
+               asked: bool = True) -> Check:
+    c: Check = {"id": "RDY002", "check": "cold start", "title": "A fresh server answers its first users "
                                                                         "as fast as warm ones"}
     if m is None:
         return c | {"status": NOT_RUN, "numbers": {}, "fix": "",
@@ -181,8 +205,8 @@ def cold_start(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mappi
                 "summary": f"first request {ratio:.1f}x the warm TTFT (at most {limit:g}x): {head}"}
 
 
-def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping[str, float]) -> dict[str, Any]:
-    c: dict[str, Any] = {"id": "RDY003", "check": "overload", "title": "Past its capacity the server bounds its "
+def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping[str, float]) -> Check:
+    c: Check = {"id": "RDY003", "check": "overload", "title": "Past its capacity the server bounds its "
                                                                      "queue, keeps what it admits and recovers"}
     if m is None:
         return c | {"status": NOT_RUN, "numbers": {}, "fix": "", "summary": NOT_ASKED}
@@ -230,14 +254,14 @@ def overload(m: Mapping[str, Any] | None, thr: Mapping[str, float], slo: Mapping
                                "give --overload-capacity)"}
     how = (f"it rejected {rejected} requests with 429/503 ({with_ra} with a Retry-After)" if rejected else
            "no request was rejected, yet the admitted ones kept their latency")
-    note = {"rule": f.rule_id, "fix": fix(f.rule_id)} if f is not None else {"fix": ""}  # RDY036: no Retry-After
+    note: Note = {"rule": f.rule_id, "fix": fix(f.rule_id)} if f is not None else {"fix": ""}  # RDY036: no Retry-After
     return c | {"status": PASS, **note,
                 "summary": f"bounded: {how}; {at} the admitted requests' TTFT P99 stayed within {limit_s}; "
                            f"{recovered}"}
 
 
-def failure(m: Mapping[str, Any] | None, thr: Mapping[str, float], asked: bool = True) -> dict[str, Any]:
-    c: dict[str, Any] = {"id": "RDY004", "check": "failure and recovery",
+def failure(m: Mapping[str, Any] | None, thr: Mapping[str, float], asked: bool = True) -> Check:
+    c: Check = {"id": "RDY004", "check": "failure and recovery",
                          "title": "After a crash and a restart the server serves again, soon, and retries stay "
                                   "bounded"}
     if m is None:
@@ -270,7 +294,7 @@ def failure(m: Mapping[str, Any] | None, thr: Mapping[str, float], asked: bool =
 def document(url: str, launch: str | None, slo: Mapping[str, float], thr: Mapping[str, float],
              cancel: Mapping[str, Any] | None, cold: Mapping[str, Any] | None, target: Mapping[str, Any],
              over: Mapping[str, Any] | None = None, asked: Collection[str] = ("cold-start", "failure"),
-             fail: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             fail: Mapping[str, Any] | None = None) -> dict[str, object]:
     checks = [cancellation(cancel, thr), cold_start(cold, thr, slo, "cold-start" in asked), overload(over, thr, slo),
               failure(fail, thr, "failure" in asked)]
     failed = [c["id"] for c in checks if c["status"] == FAIL]

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from diagnose.probes.sse import StreamResult
 from diagnose.readiness.target import Target, failure, ttft_ms
@@ -84,10 +84,29 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-async def measure(target: Target, plan: ColdPlan, since_start_s: float, t_healthy: float) -> dict[str, Any]:
+class ColdStart(TypedDict, total=False):
+    """The cold-start check's measurements (readiness.json ``measurements.cold_start``): times in seconds from
+    the process's start, TTFTs in ms; ``failed``: the first five failures' categories."""
+
+    healthy_s: Required[float]
+    stopped: str
+    first_request_failed: str
+    first_token_s: float
+    cold_ttft_ms: list[float]
+    warm_ttft_ms: list[float]
+    cold_ttft_p50_ms: float | None
+    warm_ttft_p50_ms: float | None
+    first_ttft_ms: float | None
+    first_vs_warm_ratio: float | None
+    cold_vs_warm_ratio: float | None
+    failed: list[str]
+    failed_count: int
+
+
+async def measure(target: Target, plan: ColdPlan, since_start_s: float, t_healthy: float) -> ColdStart:
     """The requests after healthy (``t_healthy``: the monotonic time it was seen healthy, ``since_start_s``
     seconds after the process started)."""
-    out: dict[str, Any] = {"healthy_s": round(since_start_s, 4)}
+    out: ColdStart = {"healthy_s": round(since_start_s, 4)}
     cold: list[float] = []
     warm: list[float] = []
     failed: list[str] = []

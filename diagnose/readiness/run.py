@@ -152,7 +152,7 @@ def _open_bundle(req: Request, target: Target) -> BundleWriter:
                               source=target.source, workload=workload, options=options, force=req.force)
 
 
-def run(req: Request, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run(req: Request, log: Callable[[str], None] = lambda _m: None) -> dict[str, object]:
     """Run every check that applies and write the folder; returns the readiness document."""
     from diagnose.runs import experiment as er
 
@@ -216,7 +216,7 @@ def _artifacts(bundle: BundleWriter, doc: Mapping[str, Any]) -> None:
                                         {"checks": checks, "failed": list(doc.get("failed") or [])}))
 
 
-def write(out: Path, doc: dict[str, Any]) -> None:
+def write(out: Path, doc: Mapping[str, object]) -> None:
     from diagnose.io import schemas
     from diagnose.io.outputs import write_bytes
     from diagnose.reports.render import Page, render_page
@@ -266,7 +266,7 @@ def read_doc(path: Path) -> dict[str, Any]:
 
 
 def rejudge(src: Path, out: Path, overrides: Mapping[str, float], slo: Mapping[str, float] | None,
-            force: bool) -> dict[str, Any]:
+            force: bool) -> dict[str, object]:
     """The card of a readiness run judged again from its own measurements: the thresholds it recorded with
     ``overrides`` applied, its SLO unless ``slo`` is given; written to ``out`` (never into ``src``)."""
     doc = read_doc(src)

@@ -51,8 +51,9 @@ class State:
     kv_usage: float | None = None
     busy_slots: tuple[int, ...] | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"t_s": round(self.t_s, 4), "in_flight": self.in_flight}
+    def as_dict(self) -> dict[str, float | list[int]]:
+        """Its fields as readiness.json keeps a sample: those not read left out, ``t_s`` rounded."""
+        d: dict[str, float | list[int]] = {"t_s": round(self.t_s, 4), "in_flight": self.in_flight}
         for k in ("running", "waiting", "kv_usage"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
