@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 STEP = 8  # tokens between prefix hashes: the first divergence is located to within this many tokens
 
@@ -29,8 +29,17 @@ def prompt_hash(text: str, max_tokens: int) -> str:
     return _h(f"{max_tokens}\0{text}".encode("utf-8", "surrogatepass"))
 
 
+class OutputHashes(TypedDict):
+    """A request record's output hashes: the whole output's, [count, prefix hash] marks, and what was hashed
+    (``token_ids`` or ``text``; left out by :func:`_text_hashes`, which its caller completes)."""
+
+    output_hash: str
+    output_prefix_hashes: list[list[Any]]
+    output_hash_of: NotRequired[str]
+
+
 def output_hashes(pieces: Sequence[str], tokens: Sequence[int],
-                  token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+                  token_ids: Sequence[int] | None = None) -> OutputHashes:
     """The output's hashes (see the module): of its token ids when the stream gave them (a non-empty list),
     else of its text."""
     if token_ids:
@@ -38,7 +47,7 @@ def output_hashes(pieces: Sequence[str], tokens: Sequence[int],
     return {**_text_hashes(pieces, tokens), "output_hash_of": "text"}
 
 
-def _id_hashes(ids: Sequence[int]) -> dict[str, Any]:
+def _id_hashes(ids: Sequence[int]) -> OutputHashes:
     """``output_hash`` of the token ids (each as 8 little-endian bytes), and a prefix hash at every multiple
     of ``STEP`` ids."""
     h = hashlib.blake2b(digest_size=8)
@@ -50,7 +59,7 @@ def _id_hashes(ids: Sequence[int]) -> dict[str, Any]:
     return {"output_hash": h.hexdigest(), "output_prefix_hashes": marks, "output_hash_of": "token_ids"}
 
 
-def _text_hashes(pieces: Sequence[str], tokens: Sequence[int]) -> dict[str, Any]:
+def _text_hashes(pieces: Sequence[str], tokens: Sequence[int]) -> OutputHashes:
     """``output_hash`` (16 hex digits) of the whole text, and ``output_prefix_hashes``: [tokens so far, hash of
     the text so far (8 hex digits)] each time the streamed tokens pass a multiple of ``STEP`` (one per chunk at
     most; a chunk of several tokens is hashed where it ends)."""

@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -100,7 +100,19 @@ def _over_budget(signum: int, frame: object) -> None:
     raise _OverBudget
 
 
-def parse_within_cpu(text: str, keep_all: bool, cpu_s: float) -> dict[str, Any]:
+class ParseAnswer(TypedDict, total=False):
+    """What the worker sends back for one scrape: the samples and families and the CPU the parse used, or an
+    error (category and message); ``work_cpu_ms``: the CPU of the whole request, reading and decoding too."""
+
+    samples: list[list[Any]]
+    families: list[dict[str, str]]
+    cpu_ms: float
+    error: str
+    message: str
+    work_cpu_ms: float
+
+
+def parse_within_cpu(text: str, keep_all: bool, cpu_s: float) -> ParseAnswer:
     """One parse in this process's main thread, ended once it has used ``cpu_s`` of CPU; the answer the
     worker sends back (with ``cpu_ms``, the CPU the parse used)."""
     c0 = time.process_time()

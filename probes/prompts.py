@@ -24,7 +24,7 @@ import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import orjson
 
@@ -215,8 +215,20 @@ class PromptFactory:
         return self.note
 
 
+class TokenizeBody(TypedDict, total=False):
+    """A /tokenize request: llama-server's (content, add_special) or a vLLM-style server's (model, then prompt
+    and add_special_tokens, or messages)."""
+
+    content: str
+    add_special: bool
+    model: str | None
+    prompt: str
+    messages: list[dict[str, str]]
+    add_special_tokens: bool
+
+
 def tokenize_body(engine: str | None, model: str | None, text: str | None,
-                  messages: Sequence[dict[str, str]] | None, special: bool = True) -> dict[str, Any] | None:
+                  messages: Sequence[dict[str, str]] | None, special: bool = True) -> TokenizeBody | None:
     """The /tokenize request that counts what the completion would (None: this server cannot count it).
     llama-server reads ``content`` (no chat template); vLLM-style servers read ``prompt`` or ``messages``."""
     if engine == "llamacpp":
@@ -225,13 +237,13 @@ def tokenize_body(engine: str | None, model: str | None, text: str | None,
         return {"content": text or "", "add_special": special}
     if messages is not None:
         return {"model": model, "messages": list(messages)}
-    body: dict[str, Any] = {"model": model, "prompt": text or ""}
+    body: TokenizeBody = {"model": model, "prompt": text or ""}
     if not special:
         body["add_special_tokens"] = False
     return body
 
 
-async def count_tokens(client: HttpClient, body: dict[str, Any] | None) -> int | None:
+async def count_tokens(client: HttpClient, body: TokenizeBody | None) -> int | None:
     """The server's token count for one /tokenize request (None: no usable answer)."""
     if body is None:
         return None
