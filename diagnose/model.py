@@ -6,7 +6,7 @@ Plain frozen dataclasses; nothing here imports probes, rules or reports.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -213,7 +213,7 @@ class Phase:
         return Window(self.start_s, self.end_s, self.phase, self.name)
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any], anchor_mono_ns: int) -> Phase | None:
+    def from_record(cls, rec: Mapping[str, object], anchor_mono_ns: int) -> Phase | None:
         """The phase a ``phases`` record describes; None when the record is unusable (no integer start)."""
         start = rec.get("start_ns")
         if isinstance(start, bool) or not isinstance(start, int):

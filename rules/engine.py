@@ -11,7 +11,7 @@ import string
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypedDict
 
 from diagnose.engines.experiments import resolve_value
 from diagnose.model import (
@@ -275,7 +275,14 @@ def cause_fit(causes: Sequence[Cause]) -> float:
     return FIT_OPEN if "open" in statuses else FIT_ALL_RULED_OUT
 
 
-def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> dict[str, Any]:
+class ShareOf(TypedDict, total=False):
+    """A finding's ``share`` and ``share_of`` (both, or neither when none of the rule's signals is known)."""
+
+    share: float
+    share_of: str
+
+
+def _share(spec: RuleSpec, signals: Mapping[str, Signal]) -> ShareOf:
     """``share`` (the first known of the rule's ``share:`` signals) and ``share_of`` (its name)."""
     for name in spec.share:
         s = signals.get(name)

@@ -62,10 +62,10 @@ class LengthDist:
     def fixed(self) -> bool:
         return self.kind == "fixed"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | float | list[list[float]] | None]:
         """What the manifest records (``workload.input_lengths`` / ``output_lengths``): the spec as given and its
         parameters; a histogram file's bins inline, so the bundle says what was drawn without the file."""
-        d: dict[str, Any] = {"kind": self.kind, "spec": self.text}
+        d: dict[str, str | float | list[list[float]] | None] = {"kind": self.kind, "spec": self.text}
         if self.kind == "fixed":
             d["value"] = self.value
         elif self.kind == "histogram":

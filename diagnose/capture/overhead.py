@@ -30,6 +30,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import socket
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -191,7 +192,7 @@ def rate_of(spent_s: float, elapsed_s: float) -> float:
     return spent_s / max(AMORTISE_S, elapsed_s)
 
 
-def budget_of(shared: dict[str, Any], options: dict[str, Any]) -> OverheadBudget | None:
+def budget_of(shared: MutableMapping[str, object], options: Mapping[str, object]) -> OverheadBudget | None:
     """The capture's budget (None when the capture runs without one: ``--overhead-budget off``, or a probe
     run on its own)."""
     b = shared.get("overhead")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -199,7 +199,7 @@ class EngineInfo:
     version: str | None = None
     models: tuple[str, ...] = ()
     evidence: tuple[str, ...] = ()
-    config: dict[str, Any] = field(default_factory=dict)  # e.g. max_num_seqs when an endpoint states it
+    config: dict[str, float] = field(default_factory=dict)  # e.g. max_num_seqs when an endpoint states it
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "models": list(self.models),
@@ -235,7 +235,7 @@ def _dig(d: Any, *keys: str) -> Any:
     return d
 
 
-def _config_from_server_info(info: dict[str, Any]) -> dict[str, Any]:
+def _config_from_server_info(info: Mapping[str, object]) -> dict[str, float]:
     """max_num_seqs (vLLM) / max_running_requests (SGLang) when the server info states it."""
     for path in (("max_running_requests",), ("server_args", "max_running_requests"),
                  ("vllm_config", "scheduler_config", "max_num_seqs"), ("scheduler_config", "max_num_seqs"),
@@ -254,7 +254,7 @@ async def detect_engine(base_url: str, session: aiohttp.ClientSession, *, timeou
     evidence: list[str] = []
     name = "unknown"
     version: str | None = None
-    config: dict[str, Any] = {}
+    config: dict[str, float] = {}
     models_doc = await _get(session, join_url(base, "/v1/models"), timeout_s, headers)
     data = models_doc.get("data") if isinstance(models_doc, dict) else None
     models = tuple(str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")) if isinstance(data, list) else ()
