@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -46,7 +46,24 @@ LOOP_FILES = re.compile(r"(^|[/\\])(asyncio|uvloop)[/\\]")
 _SECRET_FLAGS = re.compile(r"(key|token|secret|password)", re.I)
 
 
-def summarize(session: Any, who: str, top_n: int = 15) -> dict[str, Any]:
+class TopFunction(TypedDict):
+    function: str
+    file: str
+    self_s: float
+
+
+class ProfileSummary(TypedDict):
+    """The ``client_profile`` stream's record: a profiled loop's busy/idle split and its top self-time functions."""
+
+    kind: str  # "summary"
+    who: str  # "client" (attach --profile-client) or "server" (a profiled server process)
+    duration_s: float
+    busy_ratio: float
+    idle_ratio: float
+    top: list[TopFunction]
+
+
+def summarize(session: Any, who: str, top_n: int = 15) -> ProfileSummary:
     """Busy/idle split and top self-time functions of a pyinstrument Session (plain data)."""
     root = session.root_frame()
     duration = float(session.duration or 0.0)

@@ -26,7 +26,7 @@ import contextlib
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import orjson
@@ -53,11 +53,21 @@ def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 else None
 
 
-def slot_rows(doc: Any) -> list[dict[str, Any]] | None:
+class SlotRow(TypedDict):
+    """One slot of a ``/slots`` answer, numbers only (a record of the ``slots`` stream holds a list of them)."""
+
+    id: int | None
+    n_ctx: int | None
+    busy: bool
+    tokens: int | None  # held in its KV cache: n_past, else the prompt's tokens
+    decoded: int | None
+
+
+def slot_rows(doc: Any) -> list[SlotRow] | None:
     """The numbers of each slot of a ``/slots`` answer (None when it is not a list of slots)."""
     if not isinstance(doc, list):
         return None
-    out = []
+    out: list[SlotRow] = []
     for s in doc:
         if not isinstance(s, dict):
             return None

@@ -73,13 +73,6 @@ async def discover(api: PrometheusAPI, selector: str | None, win: FleetWindow) -
     return engine, FleetQueries(engine, names, selector)
 
 
-def _by_replica(result: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-    out: dict[Key, dict[str, Any]] = {}
-    for r in result:
-        out[replica_key(r["metric"])] = r
-    return out
-
-
 async def capture_fleet(api: PrometheusAPI, selector: str | None, win: FleetWindow, bundle: BundleWriter, *,
                         detail_max: int = DETAIL_MAX, log: Callable[[str], None] = lambda _m: None) -> ProbeStatus:
     """Query the fleet over ``win`` and write its streams into ``bundle`` (whose clock is anchored at the
