@@ -87,7 +87,6 @@ FLUSH_BACKLOG = 64  # records waiting: above this a turn serialises slices until
 FLUSH_BUDGET_MS = 0.5
 
 
-
 def request_record(rid: str, phase: int, api: str, res: StreamResult, *, warmup: bool, intended_ns: int | None,
                    capped: bool, max_tokens: int, prompt_tokens: int | None, prompt_tokens_source: str | None,
                    trace_id: str | None, span_id: str | None, error: str | None,
@@ -97,10 +96,12 @@ def request_record(rid: str, phase: int, api: str, res: StreamResult, *, warmup:
     closed is ``incomplete``)."""
     usage = res.usage or {}
     details = usage.get("prompt_tokens_details")
+    end = res.end_ns or now_ns()
     rec: dict[str, Any] = {
         "rid": rid, "phase": phase, "warmup": warmup, "api": api, "intended_ns": intended_ns,
-        "capped": capped, "sent_ns": res.sent_ns, "headers_ns": res.headers_ns,
-        "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": res.end_ns or now_ns(),
+        # a request closed before it went out (cancelled while connecting): sent when it ended
+        "capped": capped, "sent_ns": res.sent_ns or end, "headers_ns": res.headers_ns,
+        "first_token_ns": res.t_ns[0] if res.t_ns else None, "end_ns": end,
         "ok": error is None, "http_status": res.status, "error": error,
         "error_detail": error_detail, "prompt_tokens": prompt_tokens, "prompt_tokens_source": prompt_tokens_source,
         "prompt_tokens_usage": usage.get("prompt_tokens"), "max_tokens": max_tokens,
@@ -113,6 +114,12 @@ def request_record(rid: str, phase: int, api: str, res: StreamResult, *, warmup:
     if res.retry_after_s is not None:  # the server's Retry-After (429/503): how long it asked the client to wait
         rec["retry_after_s"] = res.retry_after_s
     return rec
+
+
+def chunk_record(rid: str, res: StreamResult) -> ChunkRecord:
+    """The ``chunks`` record of a request that received content: its chunks' arrival times and tokens."""
+    return {"rid": rid, "t_ns": res.t_ns, "tok": res.tok}
+
 
 class _RunRecords:
     """A load run's state (all of it, set here), its buffered records and its accounting."""
@@ -343,7 +350,7 @@ class _RunRecords:
             rec["output_text"] = "".join(res.text or [])
         self._req_buf.append(rec)
         if res.t_ns:
-            self._chunk_buf.append({"rid": rid, "t_ns": res.t_ns, "tok": res.tok})
+            self._chunk_buf.append(chunk_record(rid, res))
         cat = res.error or "ok"
         self.counts[cat] += 1
         st = self.stats

@@ -24,7 +24,7 @@ from diagnose.capture.redact import excerpt, scrub_text
 from diagnose.io.writer import BundleWriter, StreamWriter
 from diagnose.model import ProbeStatus
 from diagnose.probes.load_monitor import Monitor, RunningStats
-from diagnose.probes.load_records import request_record
+from diagnose.probes.load_records import chunk_record, request_record
 from diagnose.probes.sse import StreamResult, now_ns
 
 STREAMS = ("requests", "chunks", "phases", "client_health")
@@ -118,11 +118,10 @@ class Recorder:
                              prompt_tokens=pu if isinstance(pu, int) else None,
                              prompt_tokens_source="usage" if isinstance(pu, int) else None, trace_id=None,
                              span_id=None, error=error, error_detail=detail)
-        rec["sent_ns"] = res.sent_ns or rec["end_ns"]  # a request closed before it was sent: its end
         rec.update(tags or {})
         self._w["requests"].write(rec)
         if res.t_ns:
-            self._w["chunks"].write({"rid": rid, "t_ns": list(res.t_ns), "tok": list(res.tok)})
+            self._w["chunks"].write(chunk_record(rid, res))
         self.counts[error or "ok"] += 1
 
     # -- the manifest --------------------------------------------------------------------------------
